@@ -1,0 +1,59 @@
+"""zephon-nodes: elastically deterministic LLM training data on torchdata.nodes.
+
+The same recipe yields the same global batches, byte for byte, whatever the number of
+data-parallel ranks, loader workers or restarts.
+"""
+
+from zephon_nodes.checkpoint import load_state, merge_states, save_state
+from zephon_nodes.dataset import Dataset
+from zephon_nodes.digest import digest_microbatches, global_batch_digest
+from zephon_nodes.errors import CheckpointError, DataError, RecipeError, WorkerError, ZephonError
+from zephon_nodes.flush import Flush
+from zephon_nodes.lane import Lane, WorkItemNode
+from zephon_nodes.multiplexer import Multiplexer
+from zephon_nodes.pipeline import Pipeline, lanes_for_rank
+from zephon_nodes.pool import WorkerPool
+from zephon_nodes.recipe import (
+    DatasetSpec,
+    PackSpec,
+    Recipe,
+    ShuffleSpec,
+    TokenizerSpec,
+    WorkSpec,
+)
+from zephon_nodes.simulate import simulate
+from zephon_nodes.work import DatasetWorkSource, WorkItem, WorkSource
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "DataError",
+    "Dataset",
+    "DatasetSpec",
+    "DatasetWorkSource",
+    "Flush",
+    "Lane",
+    "Multiplexer",
+    "PackSpec",
+    "Pipeline",
+    "Recipe",
+    "RecipeError",
+    "ShuffleSpec",
+    "TokenizerSpec",
+    "WorkItem",
+    "WorkItemNode",
+    "WorkSource",
+    "WorkSpec",
+    "WorkerError",
+    "WorkerPool",
+    "ZephonError",
+    "__version__",
+    "digest_microbatches",
+    "global_batch_digest",
+    "lanes_for_rank",
+    "load_state",
+    "merge_states",
+    "save_state",
+    "simulate",
+]

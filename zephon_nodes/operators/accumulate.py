@@ -1,0 +1,138 @@
+"""Accumulators and the node that runs them between flush points."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from torchdata.nodes import BaseNode
+
+from zephon_nodes.errors import CheckpointError
+from zephon_nodes.flush import Flush, is_flush
+
+__all__ = ["Accumulator", "AccumulatorNode"]
+
+
+class _Boundary:
+    """A flush marker queued behind the flushed outputs, with the next window's start."""
+
+    __slots__ = ("marker", "start")
+
+    def __init__(self, marker: Flush, start: dict[str, Any]) -> None:
+        self.marker = marker
+        self.start = start
+
+
+class Accumulator(Protocol):
+    """Single-threaded, order-sensitive state between two flush points (packing, shuffling).
+
+    A new accumulator is made for every flush window, so nothing it holds can cross a flush.
+    """
+
+    def feed(self, item: Any) -> Iterable[Any]:
+        """Take one input; return the outputs that are complete now."""
+        ...
+
+    def flush(self) -> Iterable[Any]:
+        """Return everything still held (padded, drained, ...); called once per window."""
+        ...
+
+
+class AccumulatorNode(BaseNode[Any]):
+    """Run an accumulator over ``source``, flushing it at every :class:`Flush` marker.
+
+    State is flush/replay: the source's state at the start of the current window, the window
+    index and the number of outputs already yielded in it. Restore resets the source there,
+    runs a fresh accumulator and drops that many outputs, so the state never holds buffered
+    data, whatever the buffer size.
+
+    Args:
+        source: Upstream node yielding items and :class:`Flush` markers.
+        make: ``make(window) -> Accumulator``; seed any randomness from the window (and lane).
+    """
+
+    SOURCE_KEY = "source"
+    WINDOW_KEY = "window"
+    EMITTED_KEY = "emitted"
+
+    def __init__(self, source: BaseNode[Any], make: Callable[[int], Accumulator]) -> None:
+        super().__init__()
+        self.source = source
+        self.make = make
+        self._out: deque[Any] = deque()
+        self._window = 0
+        self._emitted = 0
+        self._window_start: dict[str, Any] = {}
+        self._acc: Accumulator = make(0)
+        self._source_done = False
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Restart from the beginning, or replay to the position in ``initial_state``."""
+        super().reset(initial_state)
+        self._out.clear()
+        self._source_done = False
+        if initial_state is None:
+            self.source.reset(None)
+            self._window, skip = 0, 0
+        else:
+            self.source.reset(initial_state[self.SOURCE_KEY])
+            self._window = int(initial_state[self.WINDOW_KEY])
+            skip = int(initial_state[self.EMITTED_KEY])
+        self._window_start = self.source.get_state()
+        self._acc = self.make(self._window)
+        self._emitted = 0
+        for _ in range(skip):
+            try:
+                item = self.next()
+            except StopIteration:
+                raise CheckpointError(
+                    f"replay ended before {skip} outputs of window {self._window}"
+                ) from None
+            if is_flush(item):
+                raise CheckpointError(
+                    f"window {self._window} holds fewer than {skip} outputs; the state does "
+                    f"not belong to this recipe"
+                )
+
+    def next(self) -> Any:
+        """Return the next output or :class:`Flush` marker."""
+        while not self._out:
+            if self._source_done:
+                raise StopIteration
+            try:
+                item = next(self.source)
+            except StopIteration:
+                self._source_done = True
+                self._out.extend(self._acc.flush())
+                continue
+            if is_flush(item):
+                self._out.extend(self._acc.flush())
+                self._out.append(_Boundary(item, self.source.get_state()))
+            else:
+                self._out.extend(self._acc.feed(item))
+        out = self._out.popleft()
+        if type(out) is _Boundary:
+            self._window = out.marker.window + 1
+            self._window_start = out.start
+            self._emitted = 0
+            self._acc = self.make(self._window)
+            return out.marker
+        self._emitted += 1
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        """Return (window start state, window, outputs yielded in the window)."""
+        return {
+            self.SOURCE_KEY: self._window_start,
+            self.WINDOW_KEY: self._window,
+            self.EMITTED_KEY: self._emitted,
+        }
+
+    def state_at_window(self, window: int) -> dict[str, Any]:
+        """Return the state that starts the stream at flush window ``window``."""
+        return {
+            self.SOURCE_KEY: self.source.state_at_window(window),  # type: ignore[attr-defined]
+            self.WINDOW_KEY: window,
+            self.EMITTED_KEY: 0,
+        }

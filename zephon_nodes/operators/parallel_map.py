@@ -1,0 +1,139 @@
+"""OrderedParallelMap: run a stateless operator on the rank's worker pool, in order."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from zephon_nodes.errors import WorkerError, ZephonError
+from zephon_nodes.flush import is_flush
+from zephon_nodes.pool import WorkerPool
+
+__all__ = ["OrderedParallelMap"]
+
+
+def _describe(item: Any) -> str:
+    describe = getattr(item, "describe", None)
+    return describe() if callable(describe) else f"item {type(item).__name__}"
+
+
+class OrderedParallelMap(BaseNode[Any]):
+    """Map ``fn`` over the items of ``source`` on a shared pool; results come back in order.
+
+    Items are numbered work groups (e.g. work items of a few dozen documents), submitted up
+    to ``lookahead`` ahead and re-sequenced, so the output is the same for any number of
+    workers or runner. :class:`~zephon_nodes.flush.Flush` markers bypass the pool and keep
+    their place. The first failure (exception, timeout, dead worker process) is raised as
+    :class:`~zephon_nodes.errors.WorkerError` naming the item, and raised again on every
+    later call: the node never hangs and never skips an item.
+
+    State: the source's state just before the next item to be yielded (a few integers for a
+    lane's work source); in-flight results are recomputed on restore.
+
+    Args:
+        source: Upstream node.
+        fn: Stateless, picklable (for the process runner) function of one item.
+        pool: The rank's shared worker pool.
+        lookahead: Items submitted ahead of the consumer.
+    """
+
+    SOURCE_KEY = "source"
+
+    def __init__(
+        self,
+        source: BaseNode[Any],
+        fn: Callable[[Any], Any],
+        pool: WorkerPool,
+        lookahead: int = 4,
+    ) -> None:
+        super().__init__()
+        if lookahead < 1:
+            raise ValueError(f"{lookahead=} must be >= 1")
+        self.source = source
+        self.fn = fn
+        self.pool = pool
+        self.lookahead = lookahead
+        self._queue: deque[tuple[dict[str, Any], Any, Any]] = deque()
+        self._source_done = False
+        self._error: BaseException | None = None
+        self._next_state: dict[str, Any] | None = None
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Restart from the beginning, or from the source state in ``initial_state``."""
+        super().reset(initial_state)
+        for _, _, fut in self._queue:
+            if isinstance(fut, cf.Future):
+                fut.cancel()
+        self._queue.clear()
+        self._source_done = False
+        self._error = None
+        self.source.reset(initial_state[self.SOURCE_KEY] if initial_state else None)
+        self._next_state = None
+
+    def _fill(self) -> None:
+        while not self._source_done and len(self._queue) < self.lookahead:
+            state = self.source.get_state()
+            try:
+                item = next(self.source)
+            except StopIteration:
+                self._source_done = True
+                self._next_state = state
+                break
+            if is_flush(item):
+                self._queue.append((state, item, None))
+            else:
+                self._queue.append((state, item, self.pool.submit(self.fn, item)))
+
+    def next(self) -> Any:
+        """Return the next result in source order."""
+        if self._error is not None:
+            raise self._error
+        self._fill()
+        if not self._queue:
+            raise StopIteration
+        _, item, fut = self._queue.popleft()
+        if fut is None:
+            return item
+        try:
+            return fut.result(timeout=self.pool.timeout_s)
+        except BaseException as e:
+            self._error = self._wrap(e, item)
+            for _, _, other in self._queue:
+                if isinstance(other, cf.Future):
+                    other.cancel()
+            raise self._error from e
+
+    def _wrap(self, e: BaseException, item: Any) -> BaseException:
+        name = getattr(self.fn, "name", type(self.fn).__name__)
+        where = _describe(item)
+        if isinstance(e, cf.TimeoutError):
+            return WorkerError(
+                f"operator {name!r} gave no result within timeout_s={self.pool.timeout_s} "
+                f"for {where} (a worker is blocked or was killed)"
+            )
+        if isinstance(e, BrokenProcessPool):
+            return WorkerError(f"a worker process died while running operator {name!r} on {where}")
+        if isinstance(e, ZephonError):
+            return e
+        if isinstance(e, Exception):
+            return WorkerError(f"operator {name!r} failed on {where}: {type(e).__name__}: {e}")
+        return e
+
+    def get_state(self) -> dict[str, Any]:
+        """Return the source state just before the next item to be yielded (a copy)."""
+        if self._queue:
+            state = self._queue[0][0]
+        elif self._next_state is not None:
+            state = self._next_state
+        else:
+            state = self.source.get_state()
+        return {self.SOURCE_KEY: state}
+
+    def state_at_window(self, window: int) -> dict[str, Any]:
+        """Return the state that starts the stream at flush window ``window``."""
+        return {self.SOURCE_KEY: self.source.state_at_window(window)}  # type: ignore[attr-defined]

@@ -1,0 +1,124 @@
+"""Pipeline: a recipe made runnable (datasets opened, work source and lanes built)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from torchdata.nodes import BaseNode
+
+from zephon_nodes.checkpoint import recipe_summary
+from zephon_nodes.dataset import Dataset
+from zephon_nodes.lane import Lane, WorkItemNode
+from zephon_nodes.operators.accumulate import AccumulatorNode
+from zephon_nodes.operators.chain import Chain
+from zephon_nodes.operators.pack import ConcatPacker
+from zephon_nodes.operators.parallel_map import OrderedParallelMap
+from zephon_nodes.operators.parse import ParseJsonl
+from zephon_nodes.operators.shuffle import ShuffleBuffer
+from zephon_nodes.operators.tokenize import Tokenize, load_tokenizer
+from zephon_nodes.pool import WorkerPool
+from zephon_nodes.recipe import Recipe
+from zephon_nodes.work import DatasetWorkSource, WorkSource
+
+if TYPE_CHECKING:
+    from zephon_nodes.multiplexer import Multiplexer
+
+__all__ = ["Pipeline", "lanes_for_rank"]
+
+
+def lanes_for_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> list[int]:
+    """Return the lanes rank ``dp_rank`` of ``dp_world_size`` owns (a contiguous block).
+
+    Raises:
+        ValueError: If the lanes do not divide evenly or the rank is out of range.
+    """
+    if dp_world_size < 1 or num_lanes % dp_world_size:
+        raise ValueError(f"{num_lanes=} must be a multiple of {dp_world_size=}")
+    if not 0 <= dp_rank < dp_world_size:
+        raise ValueError(f"{dp_rank=} must be in [0, {dp_world_size=})")
+    per = num_lanes // dp_world_size
+    return list(range(dp_rank * per, (dp_rank + 1) * per))
+
+
+class Pipeline:
+    """A recipe compiled into its work source and per-lane operator chains.
+
+    Building it opens (and indexes) every shard, loads the tokenizer once and computes the
+    recipe fingerprint. Lanes and rank multiplexers are then cheap to build.
+
+    Args:
+        recipe: The recipe.
+    """
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.canonical = recipe.canonical()
+        blob = json.dumps(self.canonical, sort_keys=True, separators=(",", ":"))
+        self.fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        self.summary = recipe_summary(self.canonical)
+        spec = recipe.datasets[0]
+        self.datasets = [Dataset.from_spec(spec, recipe.work.chunk_size)]
+        self.work_source: WorkSource = DatasetWorkSource(
+            self.datasets[0], recipe.seed, recipe.num_lanes, recipe.work.epochs
+        )
+        tok = load_tokenizer(recipe.tokenizer)
+        if recipe.pack.pad_id is not None:
+            self.pad_id = recipe.pack.pad_id
+        else:
+            self.pad_id = tok.pad_id if tok.pad_id >= 0 else tok.eos_id
+        self.stateless = Chain([ParseJsonl(), Tokenize(recipe.tokenizer)])
+
+    @property
+    def num_lanes(self) -> int:
+        """The recipe's lane count."""
+        return self.recipe.num_lanes
+
+    def build_lane(self, lane: int, pool: WorkerPool, lookahead: int = 4) -> Lane:
+        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle."""
+        r = self.recipe
+        node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
+        node = OrderedParallelMap(node, self.stateless, pool, lookahead=lookahead)
+        seq_len, pad_id = r.seq_len, self.pad_id
+        node = AccumulatorNode(node, lambda w: ConcatPacker(seq_len, pad_id))
+        if r.shuffle.buffer_size > 0:
+            size, seed = r.shuffle.buffer_size, r.seed
+            node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, seed, lane, w))
+        return Lane(node, lane)
+
+    def rank_node(
+        self,
+        dp_world_size: int = 1,
+        dp_rank: int = 0,
+        *,
+        local_batch_size: int | None = None,
+        pool: WorkerPool | None = None,
+        lanes: Sequence[int] | None = None,
+        lookahead: int = 4,
+    ) -> Multiplexer:
+        """Build the multiplexer node of one data-parallel rank.
+
+        Args:
+            dp_world_size: Number of data-parallel ranks ``R``.
+            dp_rank: This rank.
+            local_batch_size: Micro-batch size; default one micro-batch per step (``G/R``).
+            pool: Worker pool shared by the rank's lanes (default: 2 threads).
+            lanes: Explicit lanes for this rank (default: :func:`lanes_for_rank`).
+            lookahead: Work items each lane submits ahead.
+        """
+        from zephon_nodes.errors import RecipeError
+        from zephon_nodes.multiplexer import Multiplexer
+
+        L = self.num_lanes
+        if lanes is None:
+            if dp_world_size < 1 or L % dp_world_size:
+                raise RecipeError(
+                    f"num_lanes={L} must be a multiple of {dp_world_size=}; choose a lane "
+                    f"count that is a common multiple of every dp size you plan to use"
+                )
+            lanes = lanes_for_rank(L, dp_world_size, dp_rank)
+        pool = pool if pool is not None else WorkerPool(2, "thread")
+        built = {lane: self.build_lane(lane, pool, lookahead) for lane in lanes}
+        return Multiplexer(built, self, local_batch_size=local_batch_size)

@@ -1,0 +1,85 @@
+"""The worker pool a rank's lanes share: threads, processes, or inline.
+
+One pool per rank, shared by all of its lanes and operators (a private pool per lane and
+operator would mean hundreds of threads). The pool is a physical setting: it changes speed,
+never output.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+from collections.abc import Callable
+from typing import Any
+
+from zephon_nodes.errors import RecipeError
+
+__all__ = ["RUNNERS", "WorkerPool"]
+
+RUNNERS = ("thread", "process")
+
+
+class WorkerPool:
+    """Runs stateless operator calls on ``num_workers`` threads or processes.
+
+    Args:
+        num_workers: Workers; 0 runs every call inline in the calling thread.
+        runner: ``"thread"`` (for GIL-releasing work such as tokenizers) or ``"process"``
+            (spawned processes, for pure-Python operators; functions must be picklable).
+        timeout_s: Longest wait for one result before the lane raises
+            :class:`~zephon_nodes.errors.WorkerError` (a blocked or killed worker never hangs
+            the loader).
+    """
+
+    def __init__(self, num_workers: int = 2, runner: str = "thread", timeout_s: float = 300.0):
+        if runner not in RUNNERS:
+            raise RecipeError(f"{runner=} must be one of {RUNNERS}")
+        if num_workers < 0:
+            raise RecipeError(f"{num_workers=} must be >= 0")
+        if not timeout_s > 0:
+            raise RecipeError(f"{timeout_s=} must be > 0")
+        self.num_workers = num_workers
+        self.runner = runner
+        self.timeout_s = float(timeout_s)
+        self._executor: cf.Executor | None = None
+
+    def _get_executor(self) -> cf.Executor | None:
+        if self.num_workers == 0:
+            return None
+        if self._executor is None:
+            if self.runner == "thread":
+                self._executor = cf.ThreadPoolExecutor(
+                    self.num_workers, thread_name_prefix="zephon-worker"
+                )
+            else:
+                self._executor = cf.ProcessPoolExecutor(
+                    self.num_workers, mp_context=multiprocessing.get_context("spawn")
+                )
+        return self._executor
+
+    def submit(self, fn: Callable[[Any], Any], arg: Any) -> cf.Future[Any]:
+        """Schedule ``fn(arg)``; inline pools run it now and return a finished future."""
+        executor = self._get_executor()
+        if executor is not None:
+            return executor.submit(fn, arg)
+        fut: cf.Future[Any] = cf.Future()
+        try:
+            fut.set_result(fn(arg))
+        except BaseException as e:
+            fut.set_exception(e)
+        return fut
+
+    def close(self) -> None:
+        """Stop the workers (pending calls are cancelled)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"WorkerPool(num_workers={self.num_workers}, runner={self.runner!r})"

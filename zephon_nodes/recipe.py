@@ -1,0 +1,483 @@
+"""The recipe: everything that defines the data stream, and its fingerprint.
+
+A :class:`Recipe` holds the datasets, tokenizer, seed, lanes, batch geometry and operator
+parameters. Physical settings (ranks, workers, runner, prefetch, micro-batch size) are *not*
+part of it and never change a byte of output. :meth:`Recipe.fingerprint` is the SHA-256 of
+:meth:`Recipe.canonical`, a canonical JSON of every data-defining field, including a digest
+of the tokenizer file and the list of data files with their sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zephon_nodes.errors import RecipeError
+
+__all__ = [
+    "DatasetSpec",
+    "PackSpec",
+    "Recipe",
+    "ShuffleSpec",
+    "TokenizerSpec",
+    "WorkSpec",
+    "diff_canonical",
+]
+
+RECIPE_FORMAT = 1
+TOKENIZER_KINDS = ("sentencepiece", "bytes")
+PACK_MODES = ("concat",)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """Which tokenizer turns text into token ids.
+
+    Args:
+        kind: ``"sentencepiece"`` (a ``.model`` file) or ``"bytes"`` (UTF-8 bytes + 3; ids 0/1/2
+            are pad/bos/eos; needs no file, meant for tests and examples).
+        path: Tokenizer file, resolved relative to the recipe file.
+        add_bos: Prepend the beginning-of-sequence id to every document.
+        add_eos: Append the end-of-sequence id to every document.
+    """
+
+    kind: str = "sentencepiece"
+    path: Path | None = None
+    add_bos: bool = True
+    add_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in TOKENIZER_KINDS:
+            raise RecipeError(f"tokenizer.kind={self.kind!r} must be one of {TOKENIZER_KINDS}")
+        if self.kind == "sentencepiece" and self.path is None:
+            raise RecipeError("tokenizer.path is required for kind='sentencepiece'")
+
+    def canonical(self) -> dict[str, Any]:
+        """Data-defining fields: the kind, the file's SHA-256 (not its path) and bos/eos."""
+        digest = None
+        if self.path is not None:
+            if not Path(self.path).is_file():
+                raise RecipeError(f"tokenizer file not found: {self.path}")
+            digest = _file_sha256(Path(self.path))
+        return {
+            "kind": self.kind,
+            "sha256": digest,
+            "add_bos": self.add_bos,
+            "add_eos": self.add_eos,
+        }
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset: shard files (glob patterns) or, for tests, in-memory records.
+
+    Args:
+        name: Name used in errors, stats and the fingerprint.
+        paths: Glob patterns of ``.jsonl`` / ``.jsonl.zst`` shards, relative to ``base_dir``.
+        text_field: JSON field holding the document text.
+        weight: Mixture weight (a token share when several datasets are mixed).
+        records: In-memory records (dicts) instead of files; for tests and notebooks.
+        base_dir: Directory the patterns are relative to (the recipe file's directory).
+    """
+
+    name: str
+    paths: tuple[str, ...] = ()
+    text_field: str = "text"
+    weight: float = 1.0
+    records: tuple[Mapping[str, Any], ...] | None = None
+    base_dir: Path = field(default_factory=Path.cwd)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise RecipeError("dataset name must be a non-empty string")
+        if self.records is None and not self.paths:
+            raise RecipeError(f"dataset {self.name!r}: give `paths` (glob patterns) or `records`")
+        if not self.weight > 0:
+            raise RecipeError(f"dataset {self.name!r}: weight={self.weight} must be > 0")
+
+    def files(self) -> list[Path]:
+        """Resolve the glob patterns into a sorted list of files.
+
+        Raises:
+            RecipeError: If a pattern matches no file.
+        """
+        out: list[Path] = []
+        for pattern in self.paths:
+            full = pattern if os.path.isabs(pattern) else str(Path(self.base_dir) / pattern)
+            matches = sorted(glob.glob(full, recursive=True))
+            matches = [m for m in matches if os.path.isfile(m)]
+            if not matches:
+                raise RecipeError(
+                    f"dataset {self.name!r}: pattern {pattern!r} matches no file "
+                    f"(looked in {Path(full).parent})"
+                )
+            out.extend(Path(m) for m in matches)
+        seen: set[Path] = set()
+        unique = []
+        for p in out:
+            if p not in seen:
+                seen.add(p)
+                unique.append(p)
+        return unique
+
+    def canonical(self) -> dict[str, Any]:
+        """Data-defining fields, with each file's path (relative to ``base_dir``) and size."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "text_field": self.text_field,
+            "weight": float(self.weight),
+        }
+        if self.records is not None:
+            blob = json.dumps(list(self.records), sort_keys=True, ensure_ascii=False)
+            out["records_sha256"] = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+            out["num_records"] = len(self.records)
+        else:
+            files = []
+            for p in self.files():
+                try:
+                    rel = p.resolve().relative_to(Path(self.base_dir).resolve()).as_posix()
+                except ValueError:
+                    rel = p.resolve().as_posix()
+                files.append({"path": rel, "bytes": p.stat().st_size})
+            out["files"] = files
+        return out
+
+
+@dataclass(frozen=True)
+class WorkSpec:
+    """How datasets are cut into work items and repeated.
+
+    Args:
+        chunk_size: Records per work item (the last item of a shard may be shorter).
+        epochs: Passes over the data; ``None`` repeats forever (a new seeded order each epoch).
+    """
+
+    chunk_size: int = 64
+    epochs: int | None = 1
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise RecipeError(f"work.chunk_size={self.chunk_size} must be >= 1")
+        if self.epochs is not None and self.epochs < 1:
+            raise RecipeError(f"work.epochs={self.epochs} must be >= 1 (or 'inf')")
+
+
+@dataclass(frozen=True)
+class ShuffleSpec:
+    """Per-lane shuffle buffer applied to packed samples.
+
+    Args:
+        buffer_size: Samples held per lane; 0 disables the shuffle.
+    """
+
+    buffer_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.buffer_size < 0:
+            raise RecipeError(f"shuffle.buffer_size={self.buffer_size} must be >= 0")
+
+
+@dataclass(frozen=True)
+class PackSpec:
+    """How documents are packed into ``seq_len`` samples.
+
+    Args:
+        mode: ``"concat"``: TorchTitan-compatible concatenation (labels shifted inside each
+            document, positions reset per document).
+        pad_id: Input id used to pad the partial sample emitted at a flush; ``None`` uses the
+            tokenizer's pad id, or its eos id when it has none.
+    """
+
+    mode: str = "concat"
+    pad_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in PACK_MODES:
+            raise RecipeError(f"pack.mode={self.mode!r} must be one of {PACK_MODES}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that defines the data stream (and nothing that does not).
+
+    Args:
+        datasets: The datasets (one for now; mixing comes with several).
+        tokenizer: The tokenizer.
+        seed: Seed of every order-defining choice.
+        num_lanes: Number of logical lanes ``L`` (fixed for the life of a run).
+        global_batch_size: Samples per optimizer step ``G``; must be a multiple of ``L``.
+        seq_len: Tokens per sample.
+        flush_every: Work items per lane between flush points ``K``.
+        work: Chunking and epochs.
+        shuffle: Shuffle buffer.
+        pack: Packing mode.
+        source: Path of the TOML file the recipe came from, if any (not fingerprinted).
+    """
+
+    datasets: tuple[DatasetSpec, ...]
+    tokenizer: TokenizerSpec
+    seed: int = 0
+    num_lanes: int = 8
+    global_batch_size: int = 16
+    seq_len: int = 2048
+    flush_every: int = 8
+    work: WorkSpec = field(default_factory=WorkSpec)
+    shuffle: ShuffleSpec = field(default_factory=ShuffleSpec)
+    pack: PackSpec = field(default_factory=PackSpec)
+    source: Path | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.datasets:
+            raise RecipeError("a recipe needs at least one [[datasets]] entry")
+        names = [d.name for d in self.datasets]
+        if len(set(names)) != len(names):
+            raise RecipeError(f"dataset names must be unique, got {names}")
+        if len(self.datasets) > 1:
+            raise RecipeError(
+                f"{len(self.datasets)} datasets given; this version supports exactly one"
+            )
+        for name in ("num_lanes", "global_batch_size", "seq_len", "flush_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise RecipeError(f"{name}={value!r} must be a positive integer")
+        if self.seed < 0:
+            raise RecipeError(f"seed={self.seed} must be >= 0")
+        if self.global_batch_size % self.num_lanes:
+            raise RecipeError(
+                f"global_batch_size={self.global_batch_size} must be a multiple of "
+                f"num_lanes={self.num_lanes} (every step takes the same number of samples "
+                f"from each lane)"
+            )
+
+    @property
+    def samples_per_lane(self) -> int:
+        """Samples each lane contributes to every global batch (``G / L``)."""
+        return self.global_batch_size // self.num_lanes
+
+    def replace(self, **changes: Any) -> Recipe:
+        """Return a copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def canonical(self) -> dict[str, Any]:
+        """Return the canonical, JSON-safe description of every data-defining field."""
+        return {
+            "format": RECIPE_FORMAT,
+            "seed": self.seed,
+            "num_lanes": self.num_lanes,
+            "global_batch_size": self.global_batch_size,
+            "seq_len": self.seq_len,
+            "flush_every": self.flush_every,
+            "tokenizer": self.tokenizer.canonical(),
+            "datasets": [d.canonical() for d in self.datasets],
+            "work": {"chunk_size": self.work.chunk_size, "epochs": self.work.epochs},
+            "shuffle": {"buffer_size": self.shuffle.buffer_size},
+            "pack": {"mode": self.pack.mode, "pad_id": self.pack.pad_id},
+        }
+
+    def fingerprint(self) -> str:
+        """Return the SHA-256 (hex) of the canonical JSON of :meth:`canonical`."""
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str]) -> Recipe:
+        """Load a recipe from a TOML file; relative paths are resolved against its directory.
+
+        Raises:
+            RecipeError: If the file is missing, is not valid TOML, or holds invalid fields.
+        """
+        p = Path(path)
+        try:
+            with open(p, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise RecipeError(f"recipe file not found: {p}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise RecipeError(f"{p}: not a valid TOML file: {e}") from None
+        return cls.from_dict(data, base_dir=p.resolve().parent, source=p)
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], base_dir: Path | None = None, source: Path | None = None
+    ) -> Recipe:
+        """Build a recipe from the TOML structure (see ``docs/recipe.md``).
+
+        Args:
+            data: Parsed TOML.
+            base_dir: Directory relative paths are resolved against (default: cwd).
+            source: The file the data came from, used in error messages.
+        """
+        where = f"{source}: " if source else ""
+        base = Path(base_dir) if base_dir is not None else Path.cwd()
+        top = _Fields(data, where + "recipe")
+        try:
+            tok = top.table("tokenizer")
+            tok_path = tok.get("path", str, None)
+            tokenizer = TokenizerSpec(
+                kind=tok.get("kind", str, "sentencepiece"),
+                path=(base / tok_path) if tok_path is not None else None,
+                add_bos=tok.get("add_bos", bool, True),
+                add_eos=tok.get("add_eos", bool, True),
+            )
+            tok.done()
+            datasets = []
+            raw_datasets = top.raw("datasets", list, [])
+            for i, raw in enumerate(raw_datasets):
+                ds = _Fields(raw, f"{where}datasets[{i}]")
+                paths = ds.get("paths", list, [])
+                if isinstance(paths, str):
+                    paths = [paths]
+                if not all(isinstance(x, str) for x in paths):
+                    raise RecipeError(f"{where}datasets[{i}].paths must be a list of strings")
+                datasets.append(
+                    DatasetSpec(
+                        name=ds.get("name", str, f"dataset{i}"),
+                        paths=tuple(paths),
+                        text_field=ds.get("text_field", str, "text"),
+                        weight=float(ds.get("weight", (int, float), 1.0)),
+                        base_dir=base,
+                    )
+                )
+                ds.done()
+            work = top.table("work")
+            epochs_raw = work.get("epochs", (int, str), 1)
+            if isinstance(epochs_raw, str):
+                if epochs_raw not in ("inf", "infinite"):
+                    raise RecipeError(
+                        f"{where}work.epochs={epochs_raw!r} must be an integer or 'inf'"
+                    )
+                epochs: int | None = None
+            else:
+                epochs = epochs_raw
+            work_spec = WorkSpec(chunk_size=work.get("chunk_size", int, 64), epochs=epochs)
+            work.done()
+            sh = top.table("shuffle")
+            shuffle = ShuffleSpec(buffer_size=sh.get("buffer_size", int, 0))
+            sh.done()
+            pk = top.table("pack")
+            pack = PackSpec(mode=pk.get("mode", str, "concat"), pad_id=pk.get("pad_id", int, None))
+            pk.done()
+            recipe = cls(
+                datasets=tuple(datasets),
+                tokenizer=tokenizer,
+                seed=top.get("seed", int, 0),
+                num_lanes=top.get("num_lanes", int, 8),
+                global_batch_size=top.get("global_batch_size", int, 16),
+                seq_len=top.get("seq_len", int, 2048),
+                flush_every=top.get("flush_every", int, 8),
+                work=work_spec,
+                shuffle=shuffle,
+                pack=pack,
+                source=source,
+            )
+            top.done()
+        except RecipeError as e:
+            msg = str(e)
+            if where and not msg.startswith(where):
+                msg = where + msg
+            raise RecipeError(msg) from None
+        return recipe
+
+
+class _Fields:
+    """Typed access to one TOML table that reports unknown keys."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, Mapping):
+            raise RecipeError(f"{where} must be a table, got {type(data).__name__}")
+        self.data = data
+        self.where = where
+        self.used: set[str] = set()
+
+    def raw(self, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
+        self.used.add(key)
+        if key not in self.data:
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) and typ is not bool and bool not in _as_tuple(typ):
+            raise RecipeError(f"{self.where}.{key}={value!r} must be {_type_names(typ)}")
+        if not isinstance(value, typ):
+            raise RecipeError(
+                f"{self.where}.{key}={value!r} must be {_type_names(typ)}, "
+                f"got {type(value).__name__}"
+            )
+        return value
+
+    def get(self, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
+        return self.raw(key, typ, default)
+
+    def table(self, key: str) -> _Fields:
+        self.used.add(key)
+        return _Fields(self.data.get(key, {}), f"{self.where}.{key}".removeprefix("recipe."))
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise RecipeError(f"{self.where}: unknown key(s) {unknown}")
+
+
+def _as_tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:
+    return typ if isinstance(typ, tuple) else (typ,)
+
+
+def _type_names(typ: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in _as_tuple(typ))
+
+
+def diff_canonical(expected: Any, got: Any, prefix: str = "") -> list[str]:
+    """List the fields that differ between two canonical recipe descriptions.
+
+    Args:
+        expected: Canonical dict of the recipe the checkpoint was written with.
+        got: Canonical dict of the recipe now in use.
+        prefix: Dotted path prefix for nested fields.
+
+    Returns:
+        Lines such as ``"seq_len: checkpoint has 128, recipe has 256"``.
+    """
+    if isinstance(expected, Mapping) and isinstance(got, Mapping):
+        out: list[str] = []
+        for key in sorted(set(expected) | set(got)):
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key not in expected:
+                out.append(f"{name}: only in the recipe ({got[key]!r})")
+            elif key not in got:
+                out.append(f"{name}: only in the checkpoint ({expected[key]!r})")
+            else:
+                out.extend(diff_canonical(expected[key], got[key], name))
+        return out
+    if (
+        isinstance(expected, Sequence)
+        and isinstance(got, Sequence)
+        and not isinstance(expected, str)
+        and not isinstance(got, str)
+        and len(expected) == len(got)
+    ):
+        out = []
+        for i, (a, b) in enumerate(zip(expected, got, strict=True)):
+            out.extend(diff_canonical(a, b, f"{prefix}[{i}]"))
+        return out
+    if expected != got:
+        return [f"{prefix}: checkpoint has {_short(expected)}, recipe has {_short(got)}"]
+    return []
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 120 else text[:117] + "..."

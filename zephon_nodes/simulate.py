@@ -1,0 +1,94 @@
+"""Simulate ``R`` data-parallel ranks in one process and digest every global batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from zephon_nodes.checkpoint import merge_states
+from zephon_nodes.digest import digest_microbatches
+from zephon_nodes.multiplexer import Multiplexer
+from zephon_nodes.pipeline import Pipeline
+from zephon_nodes.pool import WorkerPool
+
+__all__ = ["StepResult", "simulate"]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One global batch: its step number (from 1), digest, and the batch rows' count."""
+
+    step: int
+    digest: str
+    rows: int
+    tokens: int
+
+
+def simulate(
+    pipeline: Pipeline,
+    dp_world_size: int,
+    steps: int,
+    *,
+    num_workers: int = 2,
+    runner: str = "thread",
+    local_batch_size: int | None = None,
+    lane_assignment: Sequence[Sequence[int]] | None = None,
+    resume_state: Mapping[str, Any] | None = None,
+    save_at: int | None = None,
+    on_save: Callable[[dict[str, Any]], None] | None = None,
+    pool: WorkerPool | None = None,
+    keep_batches: bool = False,
+) -> Iterator[tuple[StepResult, list[dict[str, torch.Tensor]] | None]]:
+    """Run ``dp_world_size`` rank multiplexers and yield each global batch's digest.
+
+    Args:
+        pipeline: The compiled recipe.
+        dp_world_size: Number of simulated ranks.
+        steps: Steps to produce (after the resumed step, if any).
+        num_workers: Workers of the (shared) pool.
+        runner: ``"thread"`` or ``"process"``.
+        local_batch_size: Micro-batch size per rank (default: one micro-batch per step).
+        lane_assignment: Lanes of each rank (default: contiguous blocks).
+        resume_state: A merged global state to resume from.
+        save_at: Call ``on_save`` with the merged state after this step.
+        on_save: Receives the merged state.
+        pool: A pool to use instead of creating one.
+        keep_batches: Also yield the step's micro-batches.
+
+    Yields:
+        ``(StepResult, micro-batches or None)`` per step; ends early when the data ends.
+    """
+    own_pool = pool is None
+    pool = pool if pool is not None else WorkerPool(num_workers, runner)
+    try:
+        ranks: list[Multiplexer] = []
+        for r in range(dp_world_size):
+            lanes = lane_assignment[r] if lane_assignment is not None else None
+            ranks.append(
+                pipeline.rank_node(
+                    dp_world_size, r, local_batch_size=local_batch_size, pool=pool, lanes=lanes
+                )
+            )
+        for node in ranks:
+            node.reset(dict(resume_state) if resume_state is not None else None)
+        first = ranks[0].step
+        for t in range(first + 1, first + steps + 1):
+            mbs: list[dict[str, torch.Tensor]] = []
+            try:
+                for node in ranks:
+                    for _ in range(node.micro_per_step):
+                        mbs.append(next(node))
+            except StopIteration:
+                return
+            tokens = sum(int((mb["labels"] != -100).sum()) for mb in mbs)
+            rows = sum(int(mb["input"].shape[0]) for mb in mbs)
+            result = StepResult(t, digest_microbatches(mbs), rows, tokens)
+            if save_at is not None and t == save_at and on_save is not None:
+                on_save(merge_states([node.state_dict() for node in ranks]))
+            yield result, (mbs if keep_batches else None)
+    finally:
+        if own_pool:
+            pool.close()

@@ -1,0 +1,150 @@
+"""Work items and the WorkSource: a pure function from (lane, index) to a work item."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from zephon_nodes.dataset import Dataset
+from zephon_nodes.seeding import permutation
+from zephon_nodes.shards import Shard
+
+__all__ = ["DatasetWorkSource", "WorkItem", "WorkSource"]
+
+_PERMUTATION_TAG = 0x5045524D  # "PERM"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """A group of consecutive records of one shard: the unit operators run on.
+
+    Attributes:
+        dataset: Index of the dataset in the recipe.
+        dataset_name: Name of the dataset.
+        text_field: JSON field holding the text.
+        item: Index of the work item within its dataset.
+        epoch: Epoch of the dataset this item belongs to.
+        shard: The shard to read.
+        start: First record (inclusive).
+        stop: End record (exclusive).
+        lane: Lane the item was dealt to.
+        position: Index of the item in its lane's stream.
+    """
+
+    dataset: int
+    dataset_name: str
+    text_field: str
+    item: int
+    epoch: int
+    shard: Shard
+    start: int
+    stop: int
+    lane: int
+    position: int
+
+    def describe(self) -> str:
+        """Say where the item's records are, for error messages."""
+        return (
+            f"dataset {self.dataset_name!r}, {self.shard.path} records [{self.start}, "
+            f"{self.stop}) (lane {self.lane}, work item {self.position})"
+        )
+
+
+class WorkSource(ABC):
+    """Decides which work item each lane processes at each position.
+
+    Implementations must be pure functions of the recipe: ``work(lane, i)`` returns the same
+    item whatever the number of ranks, workers or restarts, and costs O(1) or O(log n), so a
+    lane can jump to any position on restore.
+
+    Args:
+        num_lanes: Number of lanes items are dealt to.
+    """
+
+    def __init__(self, num_lanes: int) -> None:
+        self.num_lanes = num_lanes
+
+    @abstractmethod
+    def work(self, lane: int, i: int) -> WorkItem | None:
+        """Return work item ``i`` of ``lane``, or None when the lane's stream has ended."""
+
+
+class DatasetWorkSource(WorkSource):
+    """Work items of one dataset: a seeded permutation per epoch, dealt round-robin to lanes.
+
+    Global item ``g`` is item ``perm_e[g mod N]`` of epoch ``e = g // N``; lane ``l`` takes
+    global items ``l, l + L, l + 2L, ...``. None of this depends on the number of ranks.
+
+    Args:
+        dataset: The dataset.
+        seed: Recipe seed.
+        num_lanes: Number of lanes.
+        epochs: Number of epochs, or None for an endless stream.
+        dataset_index: Index of the dataset in the recipe (mixed into the seed).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        seed: int,
+        num_lanes: int,
+        epochs: int | None,
+        dataset_index: int = 0,
+    ) -> None:
+        super().__init__(num_lanes)
+        self.dataset = dataset
+        self.seed = seed
+        self.epochs = epochs
+        self.dataset_index = dataset_index
+        self._perms: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    @property
+    def total_items(self) -> int | None:
+        """Items over all epochs, or None if endless."""
+        if self.epochs is None:
+            return None
+        return self.epochs * self.dataset.num_work_items
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Return the seeded order of the dataset's work items in ``epoch``."""
+        perm = self._perms.get(epoch)
+        if perm is None:
+            perm = permutation(
+                self.dataset.num_work_items,
+                self.seed,
+                self.dataset_index,
+                epoch,
+                _PERMUTATION_TAG,
+            )
+            self._perms[epoch] = perm
+            while len(self._perms) > 4:
+                self._perms.popitem(last=False)
+        return perm
+
+    def work(self, lane: int, i: int) -> WorkItem | None:
+        """Return work item ``i`` of ``lane``, or None past the last epoch."""
+        n = self.dataset.num_work_items
+        if n == 0:
+            return None
+        g = i * self.num_lanes + lane
+        total = self.total_items
+        if total is not None and g >= total:
+            return None
+        epoch, pos = divmod(g, n)
+        item = int(self.permutation(epoch)[pos])
+        shard, start, stop = self.dataset.locate(item)
+        return WorkItem(
+            dataset=self.dataset_index,
+            dataset_name=self.dataset.name,
+            text_field=self.dataset.text_field,
+            item=item,
+            epoch=epoch,
+            shard=self.dataset.shards[shard],
+            start=start,
+            stop=stop,
+            lane=lane,
+            position=i,
+        )
