@@ -87,11 +87,12 @@ def load_tokenizer(spec: TokenizerSpec) -> Tokenizer:
                 if spec.kind == "bytes":
                     tok = ByteTokenizer()
                 elif spec.kind == "sentencepiece":
-                    tok = SentencePieceTokenizer(spec.path)  # type: ignore[arg-type]
+                    assert spec.path is not None
+                    tok = SentencePieceTokenizer(spec.path)
                 else:
                     raise RecipeError(f"unknown tokenizer kind {spec.kind!r}")
                 _TOKENIZERS[key] = tok
-    return tok  # type: ignore[no-any-return]
+    return tok
 
 
 @dataclass(frozen=True)
