@@ -15,6 +15,9 @@ __all__ = ["main"]
 COMMANDS = {
     "digest": "digest",
     "demo": "demo",
+    "verify": "verify",
+    "inspect": "inspect",
+    "lanes": "lanes",
 }
 
 

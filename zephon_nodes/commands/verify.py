@@ -1,0 +1,196 @@
+"""``zephon verify``: run a recipe under many physical settings and compare every digest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from zephon_nodes.errors import RecipeError
+from zephon_nodes.pipeline import Pipeline
+from zephon_nodes.pool import RUNNERS
+from zephon_nodes.recipe import Recipe
+from zephon_nodes.verification import (
+    SettingResult,
+    VerifyResult,
+    default_dp_sizes,
+    default_matrix,
+    run_matrix,
+)
+
+__all__ = ["add_parser", "format_table", "run"]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _runner_list(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if v not in RUNNERS]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"runners must be among {RUNNERS}, got {text!r}")
+    return values
+
+
+def add_parser(sub: Any) -> None:
+    """Register the subcommand."""
+    p = sub.add_parser(
+        "verify",
+        help="check that a recipe gives identical global batches under many settings",
+        description=(
+            "Run RECIPE under a matrix of physical settings (dp sizes, workers, thread and "
+            "process runners, checkpoint-and-resume from each dp size to each other) and "
+            "compare every step's global batch digest with a reference run (one rank, "
+            "operators inline). Exit status 0 only if every setting is identical."
+        ),
+    )
+    p.add_argument("recipe", help="recipe TOML file")
+    p.add_argument("--steps", type=int, default=16, help="steps per setting (default 16)")
+    p.add_argument(
+        "--dp",
+        type=_int_list,
+        default=None,
+        help="dp sizes, e.g. 1,2,4 (default: every divisor of num_lanes up to 8)",
+    )
+    p.add_argument("--workers", type=_int_list, default=[1, 2], help="pool workers (default 1,2)")
+    p.add_argument(
+        "--runners",
+        type=_runner_list,
+        default=list(RUNNERS),
+        help="runners (default thread,process)",
+    )
+    p.add_argument(
+        "--checkpoint-step",
+        type=int,
+        default=None,
+        help="save after this step and resume at every other dp size (default: half the steps)",
+    )
+    p.add_argument("--no-resume", action="store_true", help="skip the checkpoint settings")
+    p.add_argument(
+        "--report",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also write a picture: .html (inline SVG) or .png (needs matplotlib); repeatable",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.set_defaults(func=run)
+
+
+def format_table(result: VerifyResult) -> str:
+    """Render the result as a plain-text table (one row per setting)."""
+    rows = [("setting", "steps", "result", "tokens/s")]
+
+    def row(r: SettingResult, label: str | None = None) -> tuple[str, str, str, str]:
+        if label is not None:
+            verdict = label
+        elif r.error is not None:
+            verdict = "error: " + r.error[:60]
+        elif r.first_diff is None:
+            verdict = "identical"
+        else:
+            verdict = f"differs at step {r.first_diff}"
+        return (r.setting.name, str(len(r.digests)), verdict, f"{r.tokens_per_s:,.0f}")
+
+    rows.append(row(result.reference, "(reference)"))
+    rows.extend(row(r) for r in result.results)
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append(
+            f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>{widths[3]}}"
+        )
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    same = sum(r.identical for r in result.results)
+    lines.append("")
+    lines.append(
+        f"{same}/{len(result.results)} settings identical to the reference over "
+        f"{len(result.reference.digests)} steps"
+        + ("" if result.ok else "  ** MISMATCH: the guarantee does not hold **")
+    )
+    return "\n".join(lines)
+
+
+class _Progress:
+    """A tqdm bar on a terminal, plain lines otherwise (both on ``stream``)."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.stream = stream
+        self.total = total
+        self.done = 0
+        self.bar: Any = None
+        if stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=stream, unit="setting", leave=False)
+
+    def __call__(self, r: SettingResult) -> None:
+        self.done += 1
+        verdict = "identical" if r.identical else "DIFFERS"
+        if self.done == 1:
+            verdict = "reference"
+        if self.bar is not None:
+            self.bar.set_description(r.setting.name)
+            self.bar.update(1)
+        else:
+            print(
+                f"[{self.done}/{self.total}] {r.setting.name}: {verdict} "
+                f"({len(r.digests)} steps, {r.seconds:.2f} s)",
+                file=self.stream,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``zephon verify``; return 0 if every setting matches, 1 otherwise."""
+    if args.steps < 1:
+        raise RecipeError(f"--steps={args.steps} must be >= 1")
+    for path in args.report:
+        if Path(path).suffix.lower() not in (".html", ".htm", ".png"):
+            raise RecipeError(f"--report {path}: expected a .html or .png file name")
+    recipe = Recipe.from_toml(args.recipe)
+    pipeline = Pipeline(recipe)
+    dp_sizes = args.dp if args.dp is not None else default_dp_sizes(recipe.num_lanes)
+    settings = default_matrix(
+        recipe.num_lanes,
+        dp_sizes=dp_sizes,
+        workers=args.workers,
+        runners=args.runners,
+        resume=not args.no_resume,
+        checkpoint_step=args.checkpoint_step,
+    )
+    progress = _Progress(len(settings) + 1, sys.stderr)
+    try:
+        result = run_matrix(pipeline, settings, args.steps, on_result=progress)
+    finally:
+        progress.close()
+    if args.report:
+        from zephon_nodes.baselines import naive_digests
+        from zephon_nodes.report import ReportData, write_report
+
+        baseline = {d: naive_digests(pipeline, d, args.steps) for d in dp_sizes}
+        data = ReportData.from_results(result, baseline, title=str(args.recipe))
+        for path in args.report:
+            write_report(data, path)
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(format_table(result))
+    return 0 if result.ok else 1
