@@ -30,6 +30,12 @@ __all__ = [
     "recipe_summary",
     "save_state",
     "validate_state",
+    "COMMIT_FILE",
+    "checkpoint_path",
+    "commit_checkpoint",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "save_rank_state",
 ]
 
 FORMAT = "zephon-nodes/1"
@@ -158,6 +164,11 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     first = states[0]
     lanes: dict[str, Any] = {}
     for s in states:
+        if not isinstance(s, Mapping) or not isinstance(s.get("lanes"), Mapping):
+            raise CheckpointError("each rank state must be a dict with a 'lanes' dict")
+        bad = [k for k in s["lanes"] if not (isinstance(k, str) and k.isascii() and k.isdigit())]
+        if bad:
+            raise CheckpointError(f"checkpoint lane key(s) {bad[:4]} are not lane numbers")
         for key in ("format", "fingerprint", "num_lanes", "step"):
             if s.get(key) != first.get(key):
                 raise CheckpointError(
@@ -174,15 +185,12 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def save_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> Path:
-    """Write ``state`` as JSON to ``directory/zephon_state.json`` (temp file, then rename)."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    target = d / STATE_FILE
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=STATE_FILE + ".", suffix=".tmp")
+def _write_json_atomic(target: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to a temporary name in ``target``'s directory, then rename."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(state, f, sort_keys=True)
+            json.dump(obj, f, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -190,6 +198,14 @@ def save_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> P
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def save_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> Path:
+    """Write ``state`` as JSON to ``directory/zephon_state.json`` (temp file, then rename)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    target = d / STATE_FILE
+    _write_json_atomic(target, state)
     return target
 
 
@@ -206,11 +222,182 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"no checkpoint state at {p}")
     if p.stat().st_size > _MAX_STATE_BYTES:
         raise CheckpointError(f"{p}: {p.stat().st_size} bytes is too large for a state file")
-    raw = p.read_bytes()
-    try:
-        state = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{p}: not a zephon-nodes state (invalid JSON: {e})") from None
+    state = _read_json(p, "state")
     if not isinstance(state, dict):
         raise CheckpointError(f"{p}: a state must be a JSON object, got {type(state).__name__}")
     return state
+
+
+def _read_json(p: Path, what: str) -> Any:
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{p}: cannot read the checkpoint {what}: {e}") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(
+            f"{p}: not a zephon-nodes {what} (not UTF-8 text at byte {e.start}; a pickle or "
+            f"other binary file?)"
+        ) from None
+    except (ValueError, RecursionError) as e:
+        # ValueError covers JSONDecodeError and integers beyond Python's digit limit.
+        raise CheckpointError(f"{p}: not a zephon-nodes {what} (invalid JSON: {e})") from None
+
+
+# Multi-rank checkpoints -------------------------------------------------------------------
+#
+#   root/step_0000000012/rank_00000.json   one file per rank (its lanes), temp name + rename
+#   root/step_0000000012/rank_00001.json
+#   root/step_0000000012/COMMITTED.json    written last (after every rank's file exists)
+#
+# A step directory without COMMITTED.json is incomplete and is never picked as the latest.
+
+COMMIT_FILE = "COMMITTED.json"
+_STEP_PREFIX = "step_"
+_COMMIT_FORMAT = "zephon-nodes-checkpoint/1"
+
+
+def checkpoint_path(root: str | os.PathLike[str], step: int) -> Path:
+    """Return the directory of step ``step``'s checkpoint under ``root``."""
+    if not _is_int(step) or step < 0:
+        raise CheckpointError(f"{step=} must be an integer >= 0")
+    return Path(root) / f"{_STEP_PREFIX}{step:010d}"
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank_{rank:05d}.json"
+
+
+def save_rank_state(
+    root: str | os.PathLike[str], step: int, rank: int, state: Mapping[str, Any]
+) -> Path:
+    """Write one rank's state (its lanes) into step ``step``'s checkpoint under ``root``.
+
+    The file is written to a temporary name and renamed, so a killed writer leaves either no
+    file or a complete one. Call :func:`commit_checkpoint` once every rank has saved.
+
+    Args:
+        root: The run's checkpoint directory.
+        step: The step the state was taken after (must equal ``state["step"]``).
+        rank: This data-parallel rank.
+        state: The rank's :class:`~zephon_nodes.multiplexer.Multiplexer` state.
+
+    Raises:
+        CheckpointError: If the state is not a step-boundary state of step ``step``.
+    """
+    if not isinstance(state, Mapping) or state.get("step") != step:
+        got = state.get("step") if isinstance(state, Mapping) else type(state).__name__
+        raise CheckpointError(f"save_rank_state({step=}): the state is for step {got!r}")
+    if state.get("micro", 0) != 0:
+        raise CheckpointError(
+            f"save_rank_state({step=}): the state was taken in the middle of a step "
+            f"(micro={state.get('micro')!r}); multi-rank checkpoints are taken between steps"
+        )
+    if not _is_int(rank) or rank < 0:
+        raise CheckpointError(f"{rank=} must be an integer >= 0")
+    d = checkpoint_path(root, step)
+    d.mkdir(parents=True, exist_ok=True)
+    target = d / _rank_file(rank)
+    _write_json_atomic(target, dict(state))
+    return target
+
+
+def commit_checkpoint(root: str | os.PathLike[str], step: int, world_size: int) -> Path:
+    """Mark step ``step``'s checkpoint complete (call once, after every rank has saved).
+
+    Checks that the files of ranks ``0 .. world_size-1`` exist, then writes
+    ``COMMITTED.json`` (temp name + rename) listing them with their SHA-256, so later damage
+    to a rank file is detected on load.
+
+    Raises:
+        CheckpointError: If a rank's file is missing.
+    """
+    d = checkpoint_path(root, step)
+    files: dict[str, str] = {}
+    for rank in range(world_size):
+        f = d / _rank_file(rank)
+        if not f.is_file():
+            raise CheckpointError(
+                f"cannot commit the checkpoint of step {step}: rank {rank} of {world_size} "
+                f"has not saved {f}"
+            )
+        files[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
+    marker = {"format": _COMMIT_FORMAT, "step": step, "world_size": world_size, "files": files}
+    target = d / COMMIT_FILE
+    _write_json_atomic(target, marker)
+    return d
+
+
+def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """Return the newest committed step directory under ``root``, or None if there is none.
+
+    Directories without ``COMMITTED.json`` (a job killed while writing) are ignored.
+    """
+    r = Path(root)
+    if not r.is_dir():
+        return None
+    best: tuple[int, Path] | None = None
+    for d in r.iterdir():
+        name = d.name
+        if not name.startswith(_STEP_PREFIX) or not (
+            name[len(_STEP_PREFIX) :].isascii() and name[len(_STEP_PREFIX) :].isdigit()
+        ):
+            continue
+        if not (d / COMMIT_FILE).is_file():
+            continue
+        step = int(name[len(_STEP_PREFIX) :])
+        if best is None or step > best[0]:
+            best = (step, d)
+    return best[1] if best is not None else None
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a committed multi-rank checkpoint and merge the ranks into one global state.
+
+    Args:
+        path: A step directory, or a root holding step directories (the latest committed
+            one is loaded).
+
+    Returns:
+        The merged state; pass it to every rank's ``Multiplexer.reset`` (any dp size).
+
+    Raises:
+        CheckpointError: If nothing is committed, the marker or a rank file is missing,
+            damaged or changed since the commit, or the ranks disagree.
+    """
+    d = Path(path)
+    if not (d / COMMIT_FILE).is_file():
+        latest = latest_checkpoint(d)
+        if latest is None:
+            raise CheckpointError(f"{d}: no committed checkpoint (no {COMMIT_FILE} found)")
+        d = latest
+    marker_path = d / COMMIT_FILE
+    if marker_path.stat().st_size > _MAX_STATE_BYTES:
+        raise CheckpointError(f"{marker_path}: too large for a commit marker")
+    marker = _read_json(marker_path, "commit marker")
+    if not isinstance(marker, dict) or marker.get("format") != _COMMIT_FORMAT:
+        got = marker.get("format") if isinstance(marker, dict) else type(marker).__name__
+        raise CheckpointError(
+            f"{marker_path}: unsupported commit marker format {got!r}, expected {_COMMIT_FORMAT!r}"
+        )
+    files, step = marker.get("files"), marker.get("step")
+    if not isinstance(files, dict) or not files or not _is_int(step):
+        raise CheckpointError(f"{marker_path}: the marker misses its 'files' or 'step'")
+    states = []
+    for name, digest in sorted(files.items()):
+        f = d / str(name)
+        if "/" in str(name) or "\\" in str(name) or not f.is_file():
+            raise CheckpointError(f"{d}: rank file {name!r} listed in {COMMIT_FILE} is missing")
+        if hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+            raise CheckpointError(
+                f"{f}: the file changed after the checkpoint was committed (SHA-256 mismatch; "
+                f"truncated or overwritten?)"
+            )
+        states.append(load_state(f))
+    merged = merge_states(states)
+    if merged.get("step") != step:
+        raise CheckpointError(
+            f"{d}: the rank states are for step {merged.get('step')!r}, the marker says {step}"
+        )
+    return merged

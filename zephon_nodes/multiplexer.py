@@ -98,6 +98,14 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             num_lanes=p.num_lanes,
             lanes=self.lanes,
         )
+        flush_every = p.recipe.flush_every
+        for i in self.lanes:
+            w = positions[i][0]
+            if w > 0 and p.work_source.work(i, (w - 1) * flush_every) is None:
+                raise CheckpointError(
+                    f"checkpoint lane {i}: window {w} is beyond the end of the lane's stream "
+                    f"(its work item {(w - 1) * flush_every} does not exist)"
+                )
         micro = initial_state["micro"]
         if micro:
             if initial_state.get("layout") != self._layout():

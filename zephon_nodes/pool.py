@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +19,70 @@ from zephon_nodes.errors import RecipeError
 __all__ = ["RUNNERS", "WorkerPool"]
 
 RUNNERS = ("thread", "process")
+
+
+class _DaemonThreadExecutor(cf.Executor):
+    """A fixed set of daemon threads.
+
+    Unlike ``ThreadPoolExecutor`` (whose threads are joined at interpreter exit), an operator
+    blocked forever cannot keep the process alive after the loader has raised its timeout
+    error: the job exits and can be restarted.
+    """
+
+    def __init__(self, num_workers: int, prefix: str) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._shutdown = False
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{prefix}-{i}", daemon=True)
+            for i in range(num_workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _work(self) -> None:
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            fut, fn, args, kwargs = task
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as e:
+                fut.set_exception(e)
+                del e
+            else:
+                fut.set_result(result)
+            del task, fut
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        """Schedule ``fn(*args, **kwargs)``."""
+        fut: cf.Future[Any] = cf.Future()
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new calls after the pool was closed")
+            self._queue.put((fut, fn, args, kwargs))
+        return fut
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop the threads once they finish their current call."""
+        with self._lock:
+            self._shutdown = True
+            if cancel_futures:
+                while True:
+                    try:
+                        task = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if task is not None:
+                        task[0].cancel()
+            for _ in self._threads:
+                self._queue.put(None)
+        if wait:
+            for t in self._threads:
+                t.join()
 
 
 class WorkerPool:
@@ -28,7 +94,8 @@ class WorkerPool:
             (spawned processes, for pure-Python operators; functions must be picklable).
         timeout_s: Longest wait for one result before the lane raises
             :class:`~zephon_nodes.errors.WorkerError` (a blocked or killed worker never hangs
-            the loader).
+            the loader). A thread blocked forever does not keep the process from exiting
+            either (the threads are daemons); process workers are stopped by :meth:`close`.
     """
 
     def __init__(self, num_workers: int = 2, runner: str = "thread", timeout_s: float = 300.0):
@@ -48,9 +115,7 @@ class WorkerPool:
             return None
         if self._executor is None:
             if self.runner == "thread":
-                self._executor = cf.ThreadPoolExecutor(
-                    self.num_workers, thread_name_prefix="zephon-worker"
-                )
+                self._executor = _DaemonThreadExecutor(self.num_workers, "zephon-worker")
             else:
                 self._executor = cf.ProcessPoolExecutor(
                     self.num_workers, mp_context=multiprocessing.get_context("spawn")

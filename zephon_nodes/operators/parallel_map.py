@@ -87,7 +87,12 @@ class OrderedParallelMap(BaseNode[Any]):
             if is_flush(item):
                 self._queue.append((state, item, None))
             else:
-                self._queue.append((state, item, self.pool.submit(self.fn, item)))
+                try:
+                    fut = self.pool.submit(self.fn, item)
+                except Exception as e:  # a broken or closed pool: raised in order, wrapped
+                    fut = cf.Future()
+                    fut.set_exception(e)
+                self._queue.append((state, item, fut))
 
     def next(self) -> Any:
         """Return the next result in source order."""
