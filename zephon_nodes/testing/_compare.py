@@ -12,8 +12,13 @@ import torch
 __all__ = ["difference", "short"]
 
 
-def difference(a: Any, b: Any, path: str = "") -> str | None:
-    """Return where ``a`` and ``b`` first differ (e.g. ``[3]['input']: ...``), or None."""
+def difference(a: Any, b: Any, path: str = "", strict: bool = False) -> str | None:
+    """Return where ``a`` and ``b`` first differ (e.g. ``[3]['input']: ...``), or None.
+
+    With ``strict``, containers must also have the same type (a tuple is not a list).
+    """
+    if strict and type(a) is not type(b):
+        return f"{path or 'value'}: {type(a).__name__} vs {type(b).__name__}"
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{path or 'value'}: {type(a).__name__} vs {type(b).__name__}"
@@ -30,7 +35,7 @@ def difference(a: Any, b: Any, path: str = "") -> str | None:
         if type(a) is not type(b):
             return f"{path or 'value'}: {type(a).__name__} vs {type(b).__name__}"
         for f in dataclasses.fields(a):
-            d = difference(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+            d = difference(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}", strict)
             if d:
                 return d
         return None
@@ -38,13 +43,13 @@ def difference(a: Any, b: Any, path: str = "") -> str | None:
         if set(a) != set(b):
             return f"{path or 'value'}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
         for k in a:
-            d = difference(a[k], b[k], f"{path}[{k!r}]")
+            d = difference(a[k], b[k], f"{path}[{k!r}]", strict)
             if d:
                 return d
         return None
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         for i, (x, y) in enumerate(zip(a, b, strict=False)):
-            d = difference(x, y, f"{path}[{i}]")
+            d = difference(x, y, f"{path}[{i}]", strict)
             if d:
                 return d
         if len(a) != len(b):

@@ -13,8 +13,9 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import FlakyFailure
 from torchdata.nodes import BaseNode, Loader
 
 from zephon_nodes.flush import is_flush
@@ -76,6 +77,39 @@ def _fresh_copy(op: Any) -> Any:
         return op
 
 
+def _run(check: Callable[[], None]) -> None:
+    """Run a Hypothesis check; turn several failures, or a flaky one, into one AssertionError.
+
+    A wrong operator that keeps state between calls can fail differently from one example to
+    the next (Hypothesis then reports an exception group); the first assertion is reported,
+    with a note when it did not reproduce on the same input.
+    """
+    try:
+        settings(report_multiple_bugs=False)(check)()
+    except BaseExceptionGroup as group:
+        first = _first_assertion(group)
+        if first is None:
+            raise
+        note = ""
+        if isinstance(group, FlakyFailure):
+            note = (
+                " (this failure did not reproduce on the same input: the code under test "
+                "keeps state between calls)"
+            )
+        raise AssertionError(f"{first}{note}") from group
+
+
+def _first_assertion(group: BaseExceptionGroup[Any]) -> AssertionError | None:
+    for e in group.exceptions:
+        if isinstance(e, AssertionError):
+            return e
+        if isinstance(e, BaseExceptionGroup):
+            found = _first_assertion(e)
+            if found is not None:
+                return found
+    return None
+
+
 # --- worker invariance ----------------------------------------------------------------------
 
 
@@ -112,17 +146,17 @@ def assert_worker_invariant(
     def check(items: list[Any]) -> None:
         alone = [_fresh_copy(op)(x) for x in items]
         same = [op(x) for x in items]
-        _expect(alone, same, items, f"{name}: applied in order on one instance", name)
+        _expect(alone, same, items, "applied in order on one instance", name)
         for pool in pools:
             futures = [pool.submit(op, x) for x in items]
             got = [f.result(timeout=pool.timeout_s) for f in futures]
-            _expect(alone, got, items, f"{name}: on {pool}", name)
+            _expect(alone, got, items, f"on {pool}", name)
             futures = [pool.submit(op, x) for x in reversed(items)]
             got = [f.result(timeout=pool.timeout_s) for f in futures][::-1]
-            _expect(alone, got, items, f"{name}: on {pool}, submitted in reverse order", name)
+            _expect(alone, got, items, f"on {pool}, submitted in reverse order", name)
 
     try:
-        check()
+        _run(check)
     finally:
         for pool in pools:
             pool.close()
@@ -233,12 +267,13 @@ def assert_flush_replay_exact(
             d = difference(outputs[p:], _drain(resumed))
             if d is not None:
                 raise AssertionError(
-                    f"accumulator {name!r}: restoring the state taken before output #{p} "
-                    f"(flush_every={k}, {len(items)} inputs) does not reproduce the rest of "
-                    f"the stream ({d})"
+                    f"accumulator {name!r} is not flush/replay exact: restoring the state "
+                    f"taken before output #{p} (flush_every={k}, {len(items)} inputs) does not "
+                    f"reproduce the rest of the stream ({d}). Does it keep state across a "
+                    f"flush, or depend on anything but its window and inputs?"
                 )
 
-    check()
+    _run(check)
 
 
 # --- state round trip -----------------------------------------------------------------------
@@ -294,7 +329,7 @@ def assert_state_roundtrip(
     def check(items: list[Any], k: int) -> None:
         _roundtrip(lambda: _accumulate(make, items, k), _name(make), json_safe, max_positions)
 
-    check()
+    _run(check)
 
 
 def _positions(n: int, limit: int) -> list[int]:
@@ -335,7 +370,7 @@ def _roundtrip(
                 raise AssertionError(
                     f"node {name!r}: the state before output #{p} is not JSON-safe ({e})"
                 ) from None
-            d = difference(snap, back)
+            d = difference(snap, back, strict=True)
             if d is not None:
                 raise AssertionError(
                     f"node {name!r}: the state before output #{p} changes in a JSON round "
