@@ -1,0 +1,333 @@
+"""ZephonDataLoader in one process: launch checks, batches, and the DCP state conversion.
+
+DCP across ranks is simulated here by the union of the ranks' state dicts (what DCP keeps
+when replicated keys are identical and lane keys unique); the torchrun tests use the real
+CheckpointManager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+from tests.integrations.assets import Assets, write_hf_assets, write_recipe
+from tests.integrations.tt_helpers import Row, step_digest, take_steps
+from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.integrations.torchtitan import ZephonDataLoader, lane_key
+from zephon_nodes.pipeline import Pipeline
+from zephon_nodes.recipe import Recipe
+from zephon_nodes.simulate import simulate
+
+SPL = 2  # samples per lane per step in the default recipe (G=8, L=4)
+
+
+def build(recipe: Path | str, world: int, rank: int, lbs: int = 2, tok: Any = None, **cfg: Any):
+    """Build the loader the way TorchTitan's trainer does (seq_len 64, one worker)."""
+    config = ZephonDataLoader.Config(recipe=str(recipe), num_workers=1, **cfg)
+    return config.build(
+        dp_world_size=world,
+        dp_rank=rank,
+        tokenizer=tok,
+        seq_len=64,
+        local_batch_size=lbs,
+        snapshot_every_n_steps=None,
+    )
+
+
+def expected_digests(recipe: Path, steps: int) -> list[str]:
+    pipeline = Pipeline(Recipe.from_toml(recipe))
+    return [r.digest for r, _ in simulate(pipeline, 2, steps, num_workers=1)]
+
+
+def run_ranks(loaders: list[ZephonDataLoader], iters: list[Any], steps: int) -> list[str]:
+    per_rank: list[list[list[Row]]] = []
+    for loader, it in zip(loaders, iters, strict=True):
+        share = loader.pipeline.recipe.global_batch_size // loader.dp_world_size
+        per_rank.append(take_steps(it, steps, share // loader.local_batch_size))
+    return [step_digest([rr[t] for rr in per_rank], SPL) for t in range(steps)]
+
+
+def union(states: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """What DCP stores from several ranks: replicated keys must agree, lane keys are unique."""
+    out: dict[str, torch.Tensor] = {}
+    for sd in states:
+        for k, v in sd.items():
+            if k in out and not k.startswith("lane_"):
+                assert torch.equal(out[k], v), f"replicated key {k} differs between ranks"
+            assert not (k in out and k.startswith("lane_")), f"lane key {k} saved twice"
+            out[k] = v.clone()
+    return out
+
+
+def dcp_load(loader: ZephonDataLoader, stored: dict[str, torch.Tensor]) -> None:
+    """Mimic DCP: ask the new loader for its keys, fill them in place, hand them back."""
+    wanted = loader.state_dict()
+    for k, v in wanted.items():
+        if k not in stored:
+            raise KeyError(f"Missing key in checkpoint state_dict: dataloader.{k}")
+        assert v.shape == stored[k].shape and v.dtype == stored[k].dtype, k
+        v.copy_(stored[k])
+    loader.load_state_dict(wanted)
+
+
+class TestLaunchChecks:
+    """Every bad combination fails at build time with a message naming what to change."""
+
+    def test_lanes_not_divisible_by_dp(self, recipe_path: Path) -> None:
+        with pytest.raises(
+            RecipeError, match=r"num_lanes=4 must be a multiple of .*dp_world_size=3"
+        ):
+            build(recipe_path, 3, 0)
+
+    def test_global_batch_not_divisible_by_lanes(self, assets: Assets, tmp_path: Path) -> None:
+        bad = write_recipe(tmp_path / "r.toml", assets, global_batch_size=6)
+        with pytest.raises(
+            RecipeError, match=r"global_batch_size=6 must be a multiple of num_lanes=4"
+        ):
+            build(bad, 2, 0)
+
+    def test_rank_share_not_divisible_by_local_batch(self, recipe_path: Path) -> None:
+        with pytest.raises(RecipeError, match=r"= 4 samples per step.*local_batch_size=3"):
+            build(recipe_path, 2, 0, lbs=3)
+
+    def test_seq_len_mismatch(self, recipe_path: Path) -> None:
+        config = ZephonDataLoader.Config(recipe=str(recipe_path))
+        with pytest.raises(RecipeError, match=r"training.seq_len=128 but the recipe's seq_len=64"):
+            config.build(
+                dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=128, local_batch_size=8
+            )
+
+    def test_tokenizer_vocab_mismatch(
+        self, assets: Assets, recipe_path: Path, tmp_path: Path
+    ) -> None:
+        other = HuggingFaceTokenizer(
+            tokenizer_path=str(write_hf_assets(assets.sp_model, tmp_path / "hf", vocab_size=500))
+        )
+        with pytest.raises(RecipeError, match=r"vocab_size=500, the recipe tokenizer .* has 512"):
+            build(recipe_path, 2, 0, tok=other)
+
+    def test_tokenizer_bos_mismatch(self, recipe_path: Path) -> None:
+        fake = SimpleNamespace(get_vocab_size=lambda: 512, bos_id=5, eos_id=2)
+        with pytest.raises(RecipeError, match=r"bos_id=5, the recipe tokenizer .* bos_id=1"):
+            build(recipe_path, 2, 0, tok=fake)
+
+    def test_tokenizer_eos_mismatch(self, recipe_path: Path) -> None:
+        fake = SimpleNamespace(get_vocab_size=lambda: 512, bos_id=1, eos_id=0)
+        with pytest.raises(RecipeError, match=r"eos_id=0, the recipe tokenizer .* eos_id=2"):
+            build(recipe_path, 2, 0, tok=fake)
+
+    def test_matching_tokenizer_accepted(self, assets: Assets, recipe_path: Path) -> None:
+        tok = HuggingFaceTokenizer(tokenizer_path=str(assets.hf_assets))
+        assert build(recipe_path, 2, 1, tok=tok).lanes == [2, 3]
+
+    def test_tokenizer_check_can_be_disabled(self, recipe_path: Path) -> None:
+        fake = SimpleNamespace(get_vocab_size=lambda: 7, bos_id=5, eos_id=6)
+        assert build(recipe_path, 1, 0, tok=fake, check_tokenizer=False).lanes == [0, 1, 2, 3]
+
+    def test_recipe_required(self) -> None:
+        with pytest.raises(RecipeError, match=r"--dataloader.recipe"):
+            ZephonDataLoader.Config().build(
+                dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=64, local_batch_size=8
+            )
+
+    def test_dataset_path_refused(self, recipe_path: Path) -> None:
+        config = ZephonDataLoader.Config(recipe=str(recipe_path), dataset_path="/data/c4")
+        with pytest.raises(RecipeError, match=r"dataset_path='/data/c4'.*not used"):
+            config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=64, local_batch_size=8)
+
+    @pytest.mark.parametrize(
+        ("field", "value", "match"),
+        [
+            ("runner", "gpu", "runner='gpu'"),
+            ("num_workers", -1, "num_workers=-1"),
+            ("prefetch", -2, "prefetch=-2"),
+            ("lookahead", 0, "lookahead=0"),
+            ("worker_timeout_s", 0.0, "worker_timeout_s=0.0"),
+        ],
+    )
+    def test_bad_physical_settings(self, field: str, value: Any, match: str) -> None:
+        with pytest.raises(RecipeError, match=match):
+            ZephonDataLoader.Config(recipe="r.toml", **{field: value})
+
+
+class TestConfig:
+    """The Config follows TorchTitan's Configurable rules."""
+
+    def test_slots_kw_only_and_owner(self) -> None:
+        assert "__slots__" in ZephonDataLoader.Config.__dict__
+        assert all(f.kw_only for f in dataclasses.fields(ZephonDataLoader.Config))
+        assert ZephonDataLoader.Config._owner is ZephonDataLoader
+
+    def test_validator_can_replace_infinite(self) -> None:
+        config = dataclasses.replace(ZephonDataLoader.Config(recipe="r.toml"), infinite=False)
+        assert config.infinite is False
+
+    def test_every_field_documented(self) -> None:
+        import inspect
+
+        import zephon_nodes.integrations.torchtitan as mod
+
+        source = inspect.getsource(mod.ZephonDataLoader.Config)
+        own = [f.name for f in dataclasses.fields(ZephonDataLoader.Config)]
+        for name in own:
+            if name in ("dataset", "dataset_path"):
+                continue  # inherited from TorchTitan's BaseDataLoader.Config
+            after = source.split(f"\n        {name}:", 1)[1].split("\n", 2)[1]
+            assert after.strip().startswith('"""'), f"field {name} has no docstring line"
+
+
+class TestBatches:
+    """The loader yields exactly the recipe's global batches, at any dp size and prefetch."""
+
+    @pytest.mark.parametrize(
+        ("world", "lbs", "prefetch"), [(2, 2, 2), (2, 4, 0), (1, 4, 1), (4, 1, 2)]
+    )
+    def test_digests_match_simulation(
+        self, recipe_path: Path, world: int, lbs: int, prefetch: int
+    ) -> None:
+        loaders = [build(recipe_path, world, r, lbs=lbs, prefetch=prefetch) for r in range(world)]
+        got = run_ranks(loaders, [iter(x) for x in loaders], 4)
+        assert got == expected_digests(recipe_path, 4)
+
+    def test_batch_format(self, recipe_path: Path) -> None:
+        inputs, labels = next(iter(build(recipe_path, 2, 0)))
+        assert set(inputs) == {"input", "positions"}
+        assert inputs["input"].shape == labels.shape == inputs["positions"].shape == (2, 64)
+        assert inputs["input"].dtype == labels.dtype == torch.int64
+
+
+class TestState:
+    """State through DCP-style dicts: per-lane keys, replicated keys, any new dp size."""
+
+    def test_keys_and_dtypes(self, recipe_path: Path) -> None:
+        sd = build(recipe_path, 2, 1).state_dict()
+        lanes = sorted(k for k in sd if k.startswith("lane_"))
+        assert lanes == [lane_key(2), lane_key(3)] == ["lane_00002", "lane_00003"]
+        for k, v in sd.items():
+            assert isinstance(v, torch.Tensor), k
+            assert v.dtype == (torch.uint8 if k == "fingerprint" else torch.int64), k
+        assert sd["fingerprint"].shape == (32,)
+        assert {"zephon_format", "num_lanes", "step", "micro", "recipe_seq_len"} <= set(sd)
+
+    @pytest.mark.parametrize(("world", "lbs"), [(1, 4), (4, 1), (2, 2)])
+    def test_resume_at_another_dp_size(self, recipe_path: Path, world: int, lbs: int) -> None:
+        first = [build(recipe_path, 2, r) for r in range(2)]
+        run_ranks(first, [iter(x) for x in first], 3)
+        stored = union([x.state_dict() for x in first])
+        assert int(stored["step"]) == 3
+        resumed = [build(recipe_path, world, r, lbs=lbs) for r in range(world)]
+        for r, loader in enumerate(resumed):
+            per = 4 // world
+            expected = {lane_key(i) for i in range(r * per, (r + 1) * per)}
+            assert {k for k in loader.state_dict() if k.startswith("lane_")} == expected
+            dcp_load(loader, stored)
+        got = run_ranks(resumed, [iter(x) for x in resumed], 3)
+        assert got == expected_digests(recipe_path, 6)[3:]
+
+    def test_state_after_load_is_the_loaded_state(self, recipe_path: Path) -> None:
+        first = [build(recipe_path, 2, r) for r in range(2)]
+        run_ranks(first, [iter(x) for x in first], 2)
+        stored = union([x.state_dict() for x in first])
+        again = build(recipe_path, 1, 0, lbs=8)
+        dcp_load(again, stored)
+        resaved = again.state_dict()
+        assert set(resaved) == set(stored)
+        assert all(
+            torch.equal(resaved[k], stored[k])
+            for k in stored
+            if k not in ("dp_world_size", "local_batch_size")
+        )
+
+    @pytest.mark.parametrize(
+        ("override", "match"),
+        [
+            ({"seed": 8}, r"seed: checkpoint has 7, recipe has 8"),
+            ({"flush_every": 3}, r"flush_every: checkpoint has 2, recipe has 3"),
+            ({"global_batch_size": 16}, r"global_batch_size: checkpoint has 8, recipe has 16"),
+        ],
+    )
+    def test_other_recipe_names_the_field(
+        self,
+        assets: Assets,
+        recipe_path: Path,
+        tmp_path: Path,
+        override: dict[str, Any],
+        match: str,
+    ) -> None:
+        first = [build(recipe_path, 2, r) for r in range(2)]
+        run_ranks(first, [iter(x) for x in first], 1)
+        stored = union([x.state_dict() for x in first])
+        other = build(write_recipe(tmp_path / "other.toml", assets, **override), 2, 0)
+        with pytest.raises(CheckpointError, match=match):
+            dcp_load(other, stored)
+
+    def test_other_seq_len_names_the_field(
+        self, assets: Assets, recipe_path: Path, tmp_path: Path
+    ) -> None:
+        first = build(recipe_path, 1, 0, lbs=8)
+        stored = union([first.state_dict()])
+        path = write_recipe(tmp_path / "other.toml", assets, seq_len=32)
+        other = ZephonDataLoader.Config(recipe=str(path)).build(
+            dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32, local_batch_size=8
+        )
+        with pytest.raises(CheckpointError, match=r"seq_len: checkpoint has 64, recipe has 32"):
+            dcp_load(other, stored)
+
+    def test_other_data_names_the_field(
+        self, assets: Assets, recipe_path: Path, tmp_path: Path
+    ) -> None:
+        stored = union([build(recipe_path, 1, 0, lbs=8).state_dict()])
+        corpus = tmp_path / "corpus.jsonl"
+        corpus.write_text(
+            assets.corpus.read_text(encoding="utf-8")[:-200].rsplit("\n", 1)[0] + "\n"
+        )
+        path = write_recipe(tmp_path / "other.toml", dataclasses.replace(assets, corpus=corpus))
+        with pytest.raises(CheckpointError, match=r"different recipe .*: datasets differs"):
+            dcp_load(build(path, 1, 0, lbs=8), stored)
+
+    def test_default_loader_state_refused(self, recipe_path: Path) -> None:
+        loader = build(recipe_path, 1, 0, lbs=8)
+        with pytest.raises(CheckpointError, match=r"not written by ZephonDataLoader"):
+            loader.load_state_dict({"dp_rank_0": b"...", "world_size": 1})
+
+    def test_inconsistent_lane_step_refused(self, recipe_path: Path) -> None:
+        stored = union([build(recipe_path, 1, 0, lbs=8).state_dict()])
+        stored["lane_00002"] = torch.tensor([0, 0, 5])
+        with pytest.raises(
+            CheckpointError, match=r"lane 2 was saved at step 5, the checkpoint is at step 0"
+        ):
+            dcp_load(build(recipe_path, 1, 0, lbs=8), stored)
+
+    def test_mid_step_state_resumes_on_same_layout_only(self, recipe_path: Path) -> None:
+        first = [build(recipe_path, 2, r, lbs=2) for r in range(2)]
+        iters = [iter(x) for x in first]
+        run_ranks(first, iters, 2)
+        for it in iters:  # the first of two micro-batches of step 3
+            next(it)
+        stored = union([x.state_dict() for x in first])
+        assert int(stored["micro"]) == 1
+        with pytest.raises(
+            CheckpointError, match=r"after micro-batch 1 of step 3.*only at dp_world_size=2"
+        ):
+            dcp_load(build(recipe_path, 4, 0, lbs=1), stored)
+        with pytest.raises(
+            CheckpointError, match=r"local_batch_size=2, this job has .*local_batch_size=1"
+        ):
+            dcp_load(build(recipe_path, 2, 0, lbs=1), stored)
+        same = [build(recipe_path, 2, r, lbs=2) for r in range(2)]
+        for loader in same:
+            dcp_load(loader, stored)
+        iters = [iter(x) for x in same]
+        second_half = [take_steps(it, 1, 1)[0] for it in iters]
+        rest = run_ranks(same, iters, 2)
+        head = run_ranks(first, [iter(x) for x in first], 1)  # finish step 3 on the original
+        del head
+        want = expected_digests(recipe_path, 5)
+        assert rest == want[3:]
+        assert len(second_half[0]) == 2

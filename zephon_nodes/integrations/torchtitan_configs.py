@@ -1,0 +1,36 @@
+r"""Example TorchTitan 0.3.0 config registry: llama3's debug model fed by ZephonDataLoader.
+
+Use it as TorchTitan's ``--module``; every config function returns a ``Trainer.Config``::
+
+    torchrun --nproc_per_node 2 -m torchtitan.train \
+        --module zephon_nodes.integrations.torchtitan_configs \
+        --config zephon_llama3_debugmodel \
+        --dataloader.recipe data/recipe.toml --hf_assets_path data/hf_assets \
+        --training.seq_len 256 --training.local_batch_size 4 \
+        --training.global_batch_size 16
+
+``--training.seq_len`` must equal the recipe's ``seq_len`` and ``--training.global_batch_size``
+its ``global_batch_size`` (the loader checks seq_len at launch; see ``docs/torchtitan.md``).
+Importing this module imports ``torchtitan.trainer``, which needs ``triton`` (the
+``trainer`` extra).
+"""
+
+from __future__ import annotations
+
+from torchtitan.models.llama3.config_registry import llama3_debugmodel
+from torchtitan.trainer import Trainer
+
+from zephon_nodes.integrations.torchtitan import ZephonDataLoader
+
+__all__ = ["zephon_llama3_debugmodel"]
+
+
+def zephon_llama3_debugmodel() -> Trainer.Config:
+    """Llama3 ``debugmodel`` (6 layers, dim 256, vocab 2048) with :class:`ZephonDataLoader`.
+
+    Everything but the dataloader is TorchTitan's ``llama3_debugmodel``; pass the recipe
+    with ``--dataloader.recipe`` and the matching tokenizer folder with ``--hf_assets_path``.
+    """
+    config = llama3_debugmodel()
+    config.dataloader = ZephonDataLoader.Config()
+    return config
