@@ -1,0 +1,59 @@
+"""Hypothesis strategies shared by the test suite (recipes, corpora, layouts)."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from zephon_nodes import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
+
+documents = st.one_of(
+    st.just(""),
+    st.text(max_size=6),
+    st.text(alphabet=st.characters(codec="utf-8"), min_size=5, max_size=40),
+    st.text(alphabet="ab \n", min_size=20, max_size=60),
+    st.text(alphabet="xyz", min_size=150, max_size=400),
+)
+
+corpora = st.lists(documents, min_size=0, max_size=40)
+
+
+@st.composite
+def recipes(draw: st.DrawFn, min_docs: int = 8) -> Recipe:
+    """A small recipe over an in-memory corpus with the byte tokenizer.
+
+    Corpora mix empty, tiny, unicode and long documents; chunk sizes are drawn so that most
+    lanes get work items, and epochs are 1, 2 or endless (callers cap the steps).
+    """
+    texts = draw(st.lists(documents, min_size=min_docs, max_size=60))
+    num_lanes = draw(st.sampled_from([1, 2, 4, 8]))
+    per_lane = draw(st.integers(1, 3))
+    max_chunk = max(1, min(9, len(texts) // num_lanes))
+    return Recipe(
+        datasets=(DatasetSpec("corpus", records=tuple({"text": t} for t in texts)),),
+        tokenizer=TokenizerSpec(
+            kind="bytes", add_bos=draw(st.booleans()), add_eos=draw(st.booleans())
+        ),
+        seed=draw(st.integers(0, 2**32)),
+        num_lanes=num_lanes,
+        global_batch_size=num_lanes * per_lane,
+        seq_len=draw(st.integers(2, 48)),
+        flush_every=draw(st.integers(1, 5)),
+        work=WorkSpec(
+            chunk_size=draw(st.integers(1, max_chunk)),
+            epochs=draw(st.sampled_from([1, 2, None])),
+        ),
+        shuffle=ShuffleSpec(draw(st.sampled_from([0, 1, 3, 8]))),
+    )
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of ``n``."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def lane_assignments(draw: st.DrawFn, num_lanes: int, world: int) -> list[list[int]]:
+    """An arbitrary split of the lanes into ``world`` equal groups."""
+    order = draw(st.permutations(list(range(num_lanes))))
+    per = num_lanes // world
+    return [sorted(order[r * per : (r + 1) * per]) for r in range(world)]
