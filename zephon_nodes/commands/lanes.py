@@ -86,7 +86,8 @@ def add_parser(sub: Any) -> None:
             "List the lane counts L that are common multiples of every dp size and divide "
             "the global batch, with the replay a restore may cost per lane (at most "
             "--flush-every work items) and per rank. Fewer lanes replay less at restore; more "
-            "lanes allow larger dp sizes later."
+            "lanes allow larger dp sizes later. Flush padding depends on --flush-every, not "
+            "on the lane count."
         ),
     )
     p.add_argument("--dp", required=True, help="dp sizes, comma-separated, e.g. 8,16,32")
@@ -136,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(
         f"suggested: num_lanes={best.num_lanes} (the smallest that fits dp sizes {dp_sizes}: "
-        f"least replay and fewest partial samples at flushes). A restore replays at most "
-        f"--flush-every={args.flush_every} work items per lane, in parallel across lanes; "
+        f"least replay at restore and fewest shuffle buffers per rank). A restore replays at "
+        f"most --flush-every={args.flush_every} work items per lane, on the rank's worker pool; "
         f"choose a larger multiple of {base} if the run may grow beyond dp={max(dp_sizes)}."
     )
     return 0

@@ -21,6 +21,7 @@ from torchdata.nodes import BaseNode, Loader
 from zephon_nodes.flush import is_flush
 from zephon_nodes.lane import WorkItemNode
 from zephon_nodes.operators.accumulate import AccumulatorNode
+from zephon_nodes.pipeline import Pipeline
 from zephon_nodes.pool import WorkerPool
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.testing._compare import difference, short
@@ -445,7 +446,7 @@ def assert_save_load_state(node: BaseNode[Any], midpoint: int) -> None:
 
 
 def assert_elastic(
-    recipe: Recipe,
+    recipe: Recipe | Pipeline,
     *,
     steps: int = 8,
     dp_sizes: Sequence[int] | None = None,
@@ -456,20 +457,21 @@ def assert_elastic(
     """Check that a recipe gives identical global batches across physical settings.
 
     Runs the recipe under every dp size (default: the divisors of ``num_lanes`` up to 8) x
-    ``workers`` x ``runners``, plus a checkpoint at ``checkpoint_step`` (default
-    ``steps // 2``) resumed from each dp size at each other, and compares each step's global
-    batch digest with a one-rank inline reference.
+    ``workers`` x ``runners``, plus a checkpoint after ``checkpoint_step`` (default: half the
+    steps) resumed from each dp size at each other, and compares each step's global batch
+    digest with a one-rank inline reference. ``recipe`` may also be a
+    :class:`~zephon_nodes.pipeline.Pipeline`, for example a subclass whose ``build_lane``
+    adds your own operators.
 
     Raises:
         AssertionError: Naming the smallest failing setting and its first differing step.
     """
-    from zephon_nodes.pipeline import Pipeline
     from zephon_nodes.verification import default_dp_sizes, default_matrix, run_matrix
 
-    pipeline = Pipeline(recipe)
-    sizes = list(dp_sizes) if dp_sizes is not None else default_dp_sizes(recipe.num_lanes)
+    pipeline = recipe if isinstance(recipe, Pipeline) else Pipeline(recipe)
+    sizes = list(dp_sizes) if dp_sizes is not None else default_dp_sizes(pipeline.num_lanes)
     settings = default_matrix(
-        recipe.num_lanes,
+        pipeline.num_lanes,
         dp_sizes=sizes,
         workers=workers,
         runners=runners,
