@@ -135,10 +135,22 @@ class WorkerPool:
         return fut
 
     def close(self) -> None:
-        """Stop the workers (pending calls are cancelled)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Stop the workers (pending calls are cancelled; worker processes are killed).
+
+        Worker processes are killed rather than awaited: one blocked in an operator would
+        otherwise keep the interpreter from exiting. A later :meth:`submit` starts new ones.
+        """
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        processes = getattr(executor, "_processes", None) or {}
+        procs = list(processes.values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in procs:
+            proc.join(timeout=5)
 
     def __enter__(self) -> WorkerPool:
         return self

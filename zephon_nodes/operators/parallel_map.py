@@ -117,6 +117,8 @@ class OrderedParallelMap(BaseNode[Any]):
         name = getattr(self.fn, "name", type(self.fn).__name__)
         where = _describe(item)
         if isinstance(e, cf.TimeoutError):
+            if self.pool.runner == "process":
+                self.pool.close()  # kill the blocked worker: it would hang interpreter exit
             return WorkerError(
                 f"operator {name!r} gave no result within timeout_s={self.pool.timeout_s} "
                 f"for {where} (a worker is blocked or was killed)"
