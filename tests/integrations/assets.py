@@ -114,7 +114,11 @@ def build_assets(root: Path, num_docs: int = 400) -> Assets:
 
 
 def write_recipe(path: Path, assets: Assets, **overrides: Any) -> Path:
-    """Write a recipe TOML over the assets; ``overrides`` replace top-level scalars."""
+    """Write a recipe TOML over the assets; ``overrides`` replace top-level scalars.
+
+    ``epochs`` (default ``"inf"``) sets ``work.epochs``.
+    """
+    epochs = overrides.pop("epochs", "inf")
     top: dict[str, Any] = {
         "seed": 7,
         "num_lanes": 4,
@@ -136,7 +140,7 @@ def write_recipe(path: Path, assets: Assets, **overrides: Any) -> Path:
         "",
         "[work]",
         "chunk_size = 4",
-        'epochs = "inf"',
+        f"epochs = {json.dumps(epochs)}",
         "",
         "[shuffle]",
         "buffer_size = 4",

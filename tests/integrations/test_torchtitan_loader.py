@@ -17,7 +17,7 @@ import torch
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from tests.integrations.assets import Assets, write_hf_assets, write_recipe
-from tests.integrations.tt_helpers import Row, step_digest, take_steps
+from tests.integrations.tt_helpers import Row, rows_of, step_digest, take_steps
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader, lane_key
 from zephon_nodes.pipeline import Pipeline
@@ -129,6 +129,18 @@ class TestLaunchChecks:
     def test_tokenizer_check_can_be_disabled(self, recipe_path: Path) -> None:
         fake = SimpleNamespace(get_vocab_size=lambda: 7, bos_id=5, eos_id=6)
         assert build(recipe_path, 1, 0, tok=fake, check_tokenizer=False).lanes == [0, 1, 2, 3]
+
+    def test_endless_recipe_refused_when_not_infinite(self, recipe_path: Path) -> None:
+        with pytest.raises(RecipeError, match=r"infinite=False .* never ends .*validator.steps"):
+            build(recipe_path, 2, 0, infinite=False)
+
+    def test_finite_recipe_accepted_when_not_infinite(self, assets: Assets, tmp_path: Path) -> None:
+        path = write_recipe(tmp_path / "finite.toml", assets, epochs=1)
+        loader = build(path, 1, 0, lbs=8, infinite=False)
+        pipeline = Pipeline(Recipe.from_toml(path))
+        steps = sum(1 for _ in simulate(pipeline, 1, 10**6, num_workers=1))
+        assert steps > 10
+        assert sum(1 for _ in loader) == steps  # one micro-batch per step, then the end
 
     def test_recipe_required(self) -> None:
         with pytest.raises(RecipeError, match=r"--dataloader.recipe"):
@@ -308,8 +320,7 @@ class TestState:
         first = [build(recipe_path, 2, r, lbs=2) for r in range(2)]
         iters = [iter(x) for x in first]
         run_ranks(first, iters, 2)
-        for it in iters:  # the first of two micro-batches of step 3
-            next(it)
+        head = [rows_of(next(it)) for it in iters]  # the first of two micro-batches of step 3
         stored = union([x.state_dict() for x in first])
         assert int(stored["micro"]) == 1
         with pytest.raises(
@@ -324,10 +335,33 @@ class TestState:
         for loader in same:
             dcp_load(loader, stored)
         iters = [iter(x) for x in same]
-        second_half = [take_steps(it, 1, 1)[0] for it in iters]
-        rest = run_ranks(same, iters, 2)
-        head = run_ranks(first, [iter(x) for x in first], 1)  # finish step 3 on the original
-        del head
+        tails = [rows_of(next(it)) for it in iters]  # the second micro-batch of step 3
         want = expected_digests(recipe_path, 5)
-        assert rest == want[3:]
-        assert len(second_half[0]) == 2
+        assert step_digest([h + t for h, t in zip(head, tails, strict=True)], SPL) == want[2]
+        assert run_ranks(same, iters, 2) == want[3:]
+
+    def test_malformed_values_refused(self, recipe_path: Path) -> None:
+        stored = union([build(recipe_path, 1, 0, lbs=8).state_dict()])
+        stored["step"] = torch.tensor([1.0])
+        with pytest.raises(CheckpointError, match=r"dataloader.step: expected an int64 tensor"):
+            build(recipe_path, 1, 0, lbs=8).load_state_dict(stored)
+
+
+class TestRealDcp:
+    """torch.distributed.checkpoint in one process (no process group), as TorchTitan saves."""
+
+    @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+    def test_round_trip_and_no_pickled_items(self, recipe_path: Path, tmp_path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemReader
+
+        loader = build(recipe_path, 1, 0, lbs=4)
+        run_ranks([loader], [iter(loader)], 3)
+        dcp.save({"dataloader": loader}, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
+        meta = FileSystemReader(str(tmp_path / "ckpt")).read_metadata()
+        kinds = {type(v).__name__ for v in meta.state_dict_metadata.values()}
+        assert kinds == {"TensorStorageMetadata"}
+        resumed = build(recipe_path, 1, 0, lbs=8)
+        dcp.load({"dataloader": resumed}, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
+        got = run_ranks([resumed], [iter(resumed)], 3)
+        assert got == expected_digests(recipe_path, 6)[3:]

@@ -369,7 +369,7 @@ class ZephonDataLoader(BaseDataLoader):
         """Refuse a TorchTitan tokenizer whose vocab size or bos/eos ids differ."""
 
         infinite: bool = True
-        """Set by TorchTitan's validator; the recipe's work.epochs decides where data ends."""
+        """Set by TorchTitan's validator; False refuses an endless recipe (work.epochs='inf')."""
 
         def __post_init__(self) -> None:
             if self.num_workers < 0:
@@ -415,6 +415,13 @@ class ZephonDataLoader(BaseDataLoader):
         )
         if config.check_tokenizer:
             check_tokenizer(recipe, tokenizer)
+        if not config.infinite and recipe.work.epochs is None:
+            raise RecipeError(
+                f"dataloader.infinite=False (TorchTitan's validator with validator.steps=-1 "
+                f"reads until the data ends) but recipe {config.recipe} never ends "
+                f"(work.epochs = 'inf'): set --validator.steps, or give the validator a recipe "
+                f"with a finite work.epochs"
+            )
         if config.infinite and recipe.work.epochs is not None:
             logger.info(
                 "recipe %s ends after %d epoch(s) (work.epochs); set work.epochs = 'inf' "
