@@ -29,9 +29,15 @@ class WorkerTag:
     name = "worker-tag"
 
     def __call__(self, batch: DocBatch) -> DocBatch:
-        name = threading.current_thread().name
-        worker = int(name.rsplit("_", 1)[1]) + 1 if name.startswith("zephon-worker") else 0
+        thread = threading.current_thread()
+        if thread is threading.main_thread():
+            worker = 0
+        else:  # workers are numbered 1, 2, ... in the order they first run this operator
+            worker = _WORKER_IDS.setdefault(thread.ident or 0, len(_WORKER_IDS) + 1)
         return DocBatch((batch.tokens + worker).astype(np.int32), batch.lengths)
+
+
+_WORKER_IDS: dict[int, int] = {}
 
 
 class ThreadIdentity:
