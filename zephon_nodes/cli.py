@@ -18,6 +18,7 @@ COMMANDS = {
     "verify": "verify",
     "inspect": "inspect",
     "lanes": "lanes",
+    "stats": "stats",
 }
 
 

@@ -13,15 +13,14 @@ from zephon_nodes.checkpoint import recipe_summary
 from zephon_nodes.dataset import Dataset
 from zephon_nodes.lane import Lane, WorkItemNode
 from zephon_nodes.operators.accumulate import AccumulatorNode
-from zephon_nodes.operators.chain import Chain
+from zephon_nodes.operators.bestfit import BestFitPacker
 from zephon_nodes.operators.pack import ConcatPacker
 from zephon_nodes.operators.parallel_map import OrderedParallelMap
-from zephon_nodes.operators.parse import ParseJsonl
 from zephon_nodes.operators.shuffle import ShuffleBuffer
-from zephon_nodes.operators.tokenize import Tokenize, load_tokenizer
+from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.pool import WorkerPool
 from zephon_nodes.recipe import Recipe
-from zephon_nodes.work import DatasetWorkSource, WorkSource
+from zephon_nodes.work import WorkSource
 
 if TYPE_CHECKING:
     from zephon_nodes.multiplexer import Multiplexer
@@ -51,25 +50,34 @@ class Pipeline:
 
     Args:
         recipe: The recipe.
+        provenance: Add ``dataset_ids`` (each token's dataset index, -1 on padding) to the
+            samples, for statistics (``zephon stats``); changes the digests.
     """
 
-    def __init__(self, recipe: Recipe) -> None:
+    def __init__(self, recipe: Recipe, *, provenance: bool = False) -> None:
+        from zephon_nodes.assembly import stateless_chain, work_source
+        from zephon_nodes.sources import open_dataset
+
         self.recipe = recipe
+        self.provenance = provenance
         self.canonical = recipe.canonical()
-        blob = json.dumps(self.canonical, sort_keys=True, separators=(",", ":"))
-        self.fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
-        self.summary = recipe_summary(self.canonical)
-        spec = recipe.datasets[0]
-        self.datasets = [Dataset.from_spec(spec, recipe.work.chunk_size)]
-        self.work_source: WorkSource = DatasetWorkSource(
-            self.datasets[0], recipe.seed, recipe.num_lanes, recipe.work.epochs
-        )
         tok = load_tokenizer(recipe.tokenizer)
         if recipe.pack.pad_id is not None:
             self.pad_id = recipe.pack.pad_id
         else:
             self.pad_id = tok.pad_id if tok.pad_id >= 0 else tok.eos_id
-        self.stateless = Chain([ParseJsonl(), Tokenize(recipe.tokenizer)])
+        self.stateless = stateless_chain(recipe, tok)
+        opened = [open_dataset(spec, recipe.work.chunk_size) for spec in recipe.datasets]
+        self.datasets: list[Dataset] = [o.dataset for o in opened]
+        self.skipped_files = {o.dataset.name: dict(o.skipped_files) for o in opened}
+        self.work_source: WorkSource
+        self.work_source, estimate = work_source(recipe, self.datasets, self.stateless)
+        if estimate is not None:
+            # The token estimate the mixture was planned with is part of the data identity.
+            self.canonical["mixture"]["estimate"] = estimate
+        blob = json.dumps(self.canonical, sort_keys=True, separators=(",", ":"))
+        self.fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        self.summary = recipe_summary(self.canonical)
 
     @property
     def num_lanes(self) -> int:
@@ -81,8 +89,12 @@ class Pipeline:
         r = self.recipe
         node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
         node = OrderedParallelMap(node, self.stateless, pool, lookahead=lookahead)
-        seq_len, pad_id = r.seq_len, self.pad_id
-        node = AccumulatorNode(node, lambda w: ConcatPacker(seq_len, pad_id))
+        seq_len, pad_id, prov = r.seq_len, self.pad_id, self.provenance
+        if r.pack.mode == "bestfit":
+            bins = r.pack.bins
+            node = AccumulatorNode(node, lambda w: BestFitPacker(seq_len, pad_id, bins, prov))
+        else:
+            node = AccumulatorNode(node, lambda w: ConcatPacker(seq_len, pad_id, prov))
         if r.shuffle.buffer_size > 0:
             size, seed = r.shuffle.buffer_size, r.seed
             node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, seed, lane, w))

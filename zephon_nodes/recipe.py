@@ -24,6 +24,8 @@ from zephon_nodes.errors import RecipeError
 
 __all__ = [
     "DatasetSpec",
+    "MixtureSpec",
+    "OperatorSpec",
     "PackSpec",
     "Recipe",
     "ShuffleSpec",
@@ -33,8 +35,13 @@ __all__ = [
 ]
 
 RECIPE_FORMAT = 1
-TOKENIZER_KINDS = ("sentencepiece", "bytes")
-PACK_MODES = ("concat",)
+TOKENIZER_KINDS = ("sentencepiece", "bytes", "hf", "custom")
+PACK_MODES = ("concat", "bestfit")
+LONG_DOCUMENTS = ("split", "drop")
+ON_ERROR = ("raise", "skip")
+ON_EXHAUSTED = ("end", "repeat")
+SCHEDULE_UNITS = ("steps", "tokens")
+OPERATOR_KINDS = ("filter", "map")
 
 
 def _file_sha256(path: Path) -> str:
@@ -50,23 +57,35 @@ class TokenizerSpec:
     """Which tokenizer turns text into token ids.
 
     Args:
-        kind: ``"sentencepiece"`` (a ``.model`` file) or ``"bytes"`` (UTF-8 bytes + 3; ids 0/1/2
-            are pad/bos/eos; needs no file, meant for tests and examples).
-        path: Tokenizer file, resolved relative to the recipe file.
+        kind: ``"sentencepiece"`` (a ``.model`` file), ``"hf"`` (a Hugging Face ``tokenizers``
+            ``tokenizer.json`` file), ``"custom"`` (an object registered in Python with
+            :func:`~zephon_nodes.registry.register_tokenizer`) or ``"bytes"`` (UTF-8 bytes + 3;
+            ids 0/1/2 are pad/bos/eos; needs no file, meant for tests and examples).
+        path: Tokenizer file, resolved relative to the recipe file (optional for
+            ``"custom"``: when given, its digest joins the fingerprint).
         add_bos: Prepend the beginning-of-sequence id to every document.
         add_eos: Append the end-of-sequence id to every document.
+        name: Registered name of a ``"custom"`` tokenizer.
     """
 
     kind: str = "sentencepiece"
     path: Path | None = None
     add_bos: bool = True
     add_eos: bool = True
+    name: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in TOKENIZER_KINDS:
             raise RecipeError(f"tokenizer.kind={self.kind!r} must be one of {TOKENIZER_KINDS}")
-        if self.kind == "sentencepiece" and self.path is None:
-            raise RecipeError("tokenizer.path is required for kind='sentencepiece'")
+        if self.kind in ("sentencepiece", "hf") and self.path is None:
+            raise RecipeError(f"tokenizer.path is required for kind={self.kind!r}")
+        if self.kind == "custom" and not self.name:
+            raise RecipeError(
+                "tokenizer.name is required for kind='custom' (the name given to "
+                "zephon_nodes.register_tokenizer)"
+            )
+        if self.kind != "custom" and self.name is not None:
+            raise RecipeError(f"tokenizer.name is only used with kind='custom', not {self.kind!r}")
 
     def canonical(self) -> dict[str, Any]:
         """Data-defining fields: the kind, the file's SHA-256 (not its path) and bos/eos."""
@@ -75,12 +94,19 @@ class TokenizerSpec:
             if not Path(self.path).is_file():
                 raise RecipeError(f"tokenizer file not found: {self.path}")
             digest = _file_sha256(Path(self.path))
-        return {
+        out: dict[str, Any] = {
             "kind": self.kind,
             "sha256": digest,
             "add_bos": self.add_bos,
             "add_eos": self.add_eos,
         }
+        if self.kind == "custom":
+            from zephon_nodes.registry import lookup
+
+            assert self.name is not None
+            out["name"] = self.name
+            out["version"] = lookup("tokenizer", self.name).version
+        return out
 
 
 @dataclass(frozen=True)
@@ -94,6 +120,11 @@ class DatasetSpec:
         weight: Mixture weight (a token share when several datasets are mixed).
         records: In-memory records (dicts) instead of files; for tests and notebooks.
         base_dir: Directory the patterns are relative to (the recipe file's directory).
+        on_exhausted: When the dataset has run ``work.epochs`` passes: ``"end"`` ends the
+            whole stream (default), ``"repeat"`` starts another pass in a new seeded order,
+            forever.
+        on_error: Bad input (corrupt or truncated file, invalid JSON or UTF-8, missing or
+            non-string field, empty file): ``"raise"`` (default) or ``"skip"`` (skip and count).
     """
 
     name: str
@@ -102,6 +133,8 @@ class DatasetSpec:
     weight: float = 1.0
     records: tuple[Mapping[str, Any], ...] | None = None
     base_dir: Path = field(default_factory=Path.cwd)
+    on_exhausted: str = "end"
+    on_error: str = "raise"
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -110,6 +143,15 @@ class DatasetSpec:
             raise RecipeError(f"dataset {self.name!r}: give `paths` (glob patterns) or `records`")
         if not self.weight > 0:
             raise RecipeError(f"dataset {self.name!r}: weight={self.weight} must be > 0")
+        if self.on_exhausted not in ON_EXHAUSTED:
+            raise RecipeError(
+                f"dataset {self.name!r}: on_exhausted={self.on_exhausted!r} must be one of "
+                f"{ON_EXHAUSTED}"
+            )
+        if self.on_error not in ON_ERROR:
+            raise RecipeError(
+                f"dataset {self.name!r}: on_error={self.on_error!r} must be one of {ON_ERROR}"
+            )
 
     def files(self) -> list[Path]:
         """Resolve the glob patterns into a sorted list of files.
@@ -156,6 +198,12 @@ class DatasetSpec:
                     rel = p.resolve().as_posix()
                 files.append({"path": rel, "bytes": p.stat().st_size})
             out["files"] = files
+        # New fields join the canonical form only when set, so older recipes keep their
+        # fingerprint.
+        if self.on_exhausted != "end":
+            out["on_exhausted"] = self.on_exhausted
+        if self.on_error != "raise":
+            out["on_error"] = self.on_error
         return out
 
 
@@ -200,16 +248,172 @@ class PackSpec:
     Args:
         mode: ``"concat"``: TorchTitan-compatible concatenation (labels shifted inside each
             document, positions reset per document).
+            ``"bestfit"``: documents are not split; each goes whole into the open sample with
+            the least room that fits it (samples carry ``document_ids``).
         pad_id: Input id used to pad the partial sample emitted at a flush; ``None`` uses the
             tokenizer's pad id, or its eos id when it has none.
+        long_documents: ``"bestfit"`` only: a document longer than ``seq_len`` is cut into
+            ``seq_len`` pieces (``"split"``, default) or dropped and counted (``"drop"``).
+        bins: ``"bestfit"`` only: samples held open at once (more: less padding).
     """
 
     mode: str = "concat"
     pad_id: int | None = None
+    long_documents: str = "split"
+    bins: int = 16
 
     def __post_init__(self) -> None:
         if self.mode not in PACK_MODES:
             raise RecipeError(f"pack.mode={self.mode!r} must be one of {PACK_MODES}")
+        if self.long_documents not in LONG_DOCUMENTS:
+            raise RecipeError(
+                f"pack.long_documents={self.long_documents!r} must be one of {LONG_DOCUMENTS}"
+            )
+        if self.bins < 1:
+            raise RecipeError(f"pack.bins={self.bins} must be >= 1")
+
+    def canonical(self) -> dict[str, Any]:
+        """Data-defining fields (best-fit settings only in best-fit mode)."""
+        out: dict[str, Any] = {"mode": self.mode, "pad_id": self.pad_id}
+        if self.mode == "bestfit":
+            out["long_documents"] = self.long_documents
+            out["bins"] = self.bins
+        return out
+
+
+@dataclass(frozen=True)
+class MixtureSpec:
+    """How several datasets are mixed (ignored with a single dataset).
+
+    Weights are *token* shares. Without a schedule each dataset's ``weight`` is used; a
+    schedule gives the weights at points of training progress, interpolated linearly
+    between points and held after the last one.
+
+    Args:
+        schedule: ``((at, {dataset name: weight, ...}), ...)``, ``at`` strictly increasing from
+            0; every point names every dataset.
+        unit: Unit of ``at``: ``"steps"`` (global batches) or ``"tokens"``.
+        estimate_records: Records sampled (seeded) per dataset to estimate tokens per record.
+        tokens_per_record: Stored estimate per dataset name; skips the sampling when given.
+        block: Work items per plan block (a power of two): the plan is exact per block, and
+            the order inside a block is shuffled so lanes see a mix.
+    """
+
+    schedule: tuple[tuple[float, Mapping[str, float]], ...] | None = None
+    unit: str = "steps"
+    estimate_records: int = 512
+    tokens_per_record: Mapping[str, float] | None = None
+    block: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.unit not in SCHEDULE_UNITS:
+            raise RecipeError(f"mixture.unit={self.unit!r} must be one of {SCHEDULE_UNITS}")
+        if self.estimate_records < 1:
+            raise RecipeError(f"mixture.estimate_records={self.estimate_records} must be >= 1")
+        if not 1 <= self.block <= 1 << 20 or self.block & (self.block - 1):
+            raise RecipeError(f"mixture.block={self.block} must be a power of two <= 2**20")
+        if self.tokens_per_record is not None:
+            for name, value in self.tokens_per_record.items():
+                if not (isinstance(value, (int, float)) and value > 0):
+                    raise RecipeError(
+                        f"mixture.tokens_per_record[{name!r}]={value!r} must be a number > 0"
+                    )
+        if self.schedule is not None:
+            if not self.schedule:
+                raise RecipeError("mixture.weights must hold at least one point")
+            last = None
+            for k, (at, weights) in enumerate(self.schedule):
+                if not (isinstance(at, (int, float)) and at >= 0):
+                    raise RecipeError(f"mixture.weights[{k}].at={at!r} must be a number >= 0")
+                if k == 0 and at != 0:
+                    raise RecipeError(f"mixture.weights[0].at={at!r} must be 0")
+                if last is not None and not at > last:
+                    raise RecipeError(
+                        f"mixture.weights[{k}].at={at!r} must be > the previous point's {last!r}"
+                    )
+                last = at
+                for name, w in weights.items():
+                    if not (isinstance(w, (int, float)) and w >= 0):
+                        raise RecipeError(
+                            f"mixture.weights[{k}].{name}={w!r} must be a number >= 0"
+                        )
+                if not sum(weights.values()) > 0:
+                    raise RecipeError(f"mixture.weights[{k}]: the weights sum to 0")
+
+    def check(self, names: Sequence[str]) -> None:
+        """Check the schedule and stored estimate against the recipe's dataset names."""
+        expected = sorted(names)
+        if self.schedule is not None:
+            for k, (_, weights) in enumerate(self.schedule):
+                if sorted(weights) != expected:
+                    raise RecipeError(
+                        f"mixture.weights[{k}] names {sorted(weights)}; every point must give "
+                        f"a weight to each dataset {expected}"
+                    )
+        if self.tokens_per_record is not None and sorted(self.tokens_per_record) != expected:
+            raise RecipeError(
+                f"mixture.tokens_per_record names {sorted(self.tokens_per_record)}, expected "
+                f"{expected}"
+            )
+
+    def canonical(self) -> dict[str, Any]:
+        """Data-defining fields of the mixture plan."""
+        return {
+            "plan": "split-tree/1",
+            "block": self.block,
+            "unit": self.unit,
+            "estimate_records": self.estimate_records,
+            "tokens_per_record": (
+                {k: float(v) for k, v in sorted(self.tokens_per_record.items())}
+                if self.tokens_per_record is not None
+                else None
+            ),
+            "schedule": (
+                [
+                    {"at": float(at), "weights": {k: float(v) for k, v in sorted(w.items())}}
+                    for at, w in self.schedule
+                ]
+                if self.schedule is not None
+                else None
+            ),
+        }
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    """A user filter or map over document texts, registered in Python by name.
+
+    Args:
+        kind: ``"filter"`` (keep documents for which the function returns True) or ``"map"``.
+        name: Name given to :func:`~zephon_nodes.registry.register_filter` / ``register_map``.
+        params: Keyword arguments passed to the function (JSON-safe values).
+        datasets: Names of the datasets it applies to; ``None``: all.
+    """
+
+    kind: str
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    datasets: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPERATOR_KINDS:
+            raise RecipeError(f"operator kind={self.kind!r} must be one of {OPERATOR_KINDS}")
+        try:
+            json.dumps(dict(self.params), sort_keys=True)
+        except (TypeError, ValueError) as e:
+            raise RecipeError(f"{self.kind} {self.name!r}: params must be JSON-safe: {e}") from None
+
+    def canonical(self) -> dict[str, Any]:
+        """Name, registered version, parameters and datasets."""
+        from zephon_nodes.registry import lookup
+
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "version": lookup(self.kind, self.name).version,
+            "params": json.loads(json.dumps(dict(self.params), sort_keys=True)),
+            "datasets": list(self.datasets) if self.datasets is not None else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -217,7 +421,7 @@ class Recipe:
     """Everything that defines the data stream (and nothing that does not).
 
     Args:
-        datasets: The datasets (one for now; mixing comes with several).
+        datasets: The datasets; several are mixed by token share (see ``mixture``).
         tokenizer: The tokenizer.
         seed: Seed of every order-defining choice.
         num_lanes: Number of logical lanes ``L`` (fixed for the life of a run).
@@ -227,6 +431,8 @@ class Recipe:
         work: Chunking and epochs.
         shuffle: Shuffle buffer.
         pack: Packing mode.
+        mixture: Mixing plan settings and weight schedule (several datasets only).
+        operators: User filters and maps over document texts, applied in order.
         source: Path of the TOML file the recipe came from, if any (not fingerprinted).
     """
 
@@ -240,6 +446,8 @@ class Recipe:
     work: WorkSpec = field(default_factory=WorkSpec)
     shuffle: ShuffleSpec = field(default_factory=ShuffleSpec)
     pack: PackSpec = field(default_factory=PackSpec)
+    mixture: MixtureSpec = field(default_factory=MixtureSpec)
+    operators: tuple[OperatorSpec, ...] = ()
     source: Path | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -249,9 +457,15 @@ class Recipe:
         if len(set(names)) != len(names):
             raise RecipeError(f"dataset names must be unique, got {names}")
         if len(self.datasets) > 1:
-            raise RecipeError(
-                f"{len(self.datasets)} datasets given; this version supports exactly one"
-            )
+            self.mixture.check(names)
+        elif self.mixture.schedule is not None:
+            raise RecipeError("mixture.weights (a schedule) needs at least two datasets")
+        for op in self.operators:
+            unknown = sorted(set(op.datasets or ()) - set(names))
+            if unknown:
+                raise RecipeError(
+                    f"{op.kind} {op.name!r}: datasets {unknown} are not in the recipe ({names})"
+                )
         for name in ("num_lanes", "global_batch_size", "seq_len", "flush_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -287,7 +501,11 @@ class Recipe:
             "datasets": [d.canonical() for d in self.datasets],
             "work": {"chunk_size": self.work.chunk_size, "epochs": self.work.epochs},
             "shuffle": {"buffer_size": self.shuffle.buffer_size},
-            "pack": {"mode": self.pack.mode, "pad_id": self.pack.pad_id},
+            "pack": self.pack.canonical(),
+            # Keys below appear only when used, so single-dataset recipes without operators
+            # keep the fingerprint they had before these features existed.
+            **({"mixture": self.mixture.canonical()} if len(self.datasets) > 1 else {}),
+            **({"operators": [op.canonical() for op in self.operators]} if self.operators else {}),
         }
 
     def fingerprint(self) -> str:
@@ -334,8 +552,12 @@ class Recipe:
                 path=(base / tok_path) if tok_path is not None else None,
                 add_bos=tok.get("add_bos", bool, True),
                 add_eos=tok.get("add_eos", bool, True),
+                name=tok.get("name", str, None),
             )
             tok.done()
+            default_on_error = top.get("on_error", str, "raise")
+            mx = top.table("mixture")
+            schedule_raw = mx.raw("weights", list, None)
             datasets = []
             raw_datasets = top.raw("datasets", list, [])
             for i, raw in enumerate(raw_datasets):
@@ -345,6 +567,11 @@ class Recipe:
                     paths = [paths]
                 if not all(isinstance(x, str) for x in paths):
                     raise RecipeError(f"{where}datasets[{i}].paths must be a list of strings")
+                if schedule_raw is not None and "weight" in raw:
+                    raise RecipeError(
+                        f"{where}datasets[{i}].weight: give weights either per dataset or as "
+                        f"a schedule in [mixture] weights, not both"
+                    )
                 datasets.append(
                     DatasetSpec(
                         name=ds.get("name", str, f"dataset{i}"),
@@ -352,9 +579,16 @@ class Recipe:
                         text_field=ds.get("text_field", str, "text"),
                         weight=float(ds.get("weight", (int, float), 1.0)),
                         base_dir=base,
+                        on_exhausted=ds.get("on_exhausted", str, "end"),
+                        on_error=ds.get("on_error", str, default_on_error),
                     )
                 )
                 ds.done()
+            mixture = _parse_mixture(mx, schedule_raw, where)
+            mx.done()
+            operators = []
+            for i, raw in enumerate(top.raw("operators", list, [])):
+                operators.append(_parse_operator(_Fields(raw, f"{where}operators[{i}]")))
             work = top.table("work")
             epochs_raw = work.get("epochs", (int, str), 1)
             if isinstance(epochs_raw, str):
@@ -371,7 +605,12 @@ class Recipe:
             shuffle = ShuffleSpec(buffer_size=sh.get("buffer_size", int, 0))
             sh.done()
             pk = top.table("pack")
-            pack = PackSpec(mode=pk.get("mode", str, "concat"), pad_id=pk.get("pad_id", int, None))
+            pack = PackSpec(
+                mode=pk.get("mode", str, "concat"),
+                pad_id=pk.get("pad_id", int, None),
+                long_documents=pk.get("long_documents", str, "split"),
+                bins=pk.get("bins", int, 16),
+            )
             pk.done()
             recipe = cls(
                 datasets=tuple(datasets),
@@ -384,6 +623,8 @@ class Recipe:
                 work=work_spec,
                 shuffle=shuffle,
                 pack=pack,
+                mixture=mixture,
+                operators=tuple(operators),
                 source=source,
             )
             top.done()
@@ -393,6 +634,50 @@ class Recipe:
                 msg = where + msg
             raise RecipeError(msg) from None
         return recipe
+
+
+def _parse_mixture(mx: _Fields, schedule_raw: Any, where: str) -> MixtureSpec:
+    schedule = None
+    if schedule_raw is not None:
+        points = []
+        for k, point in enumerate(schedule_raw):
+            if not isinstance(point, Mapping) or "at" not in point:
+                raise RecipeError(
+                    f"{where}mixture.weights[{k}] must be a table like "
+                    f"{{at = 0, web = 0.7, code = 0.3}}, got {point!r}"
+                )
+            at = point["at"]
+            weights = {str(n): w for n, w in point.items() if n != "at"}
+            points.append((at, weights))
+        schedule = tuple(points)
+    tpr = mx.raw("tokens_per_record", Mapping, None)
+    return MixtureSpec(
+        schedule=schedule,
+        unit=mx.get("unit", str, "steps"),
+        estimate_records=mx.get("estimate_records", int, 512),
+        tokens_per_record=dict(tpr) if tpr is not None else None,
+        block=mx.get("block", int, 1024),
+    )
+
+
+def _parse_operator(op: _Fields) -> OperatorSpec:
+    kinds = [k for k in OPERATOR_KINDS if k in op.data]
+    if len(kinds) != 1:
+        raise RecipeError(
+            f"{op.where} must name exactly one of {list(OPERATOR_KINDS)} "
+            f'(e.g. filter = "min_chars"), got keys {sorted(op.data)}'
+        )
+    datasets = op.get("datasets", list, None)
+    if datasets is not None and not all(isinstance(x, str) for x in datasets):
+        raise RecipeError(f"{op.where}.datasets must be a list of dataset names")
+    spec = OperatorSpec(
+        kind=kinds[0],
+        name=op.get(kinds[0], str, ""),
+        params=dict(op.raw("params", Mapping, {})),
+        datasets=tuple(datasets) if datasets is not None else None,
+    )
+    op.done()
+    return spec
 
 
 class _Fields:

@@ -22,6 +22,7 @@ import numpy as np
 import zstandard
 
 from zephon_nodes.errors import DataError
+from zephon_nodes.parquet import ParquetShard
 
 __all__ = ["FileShard", "MemoryShard", "Shard", "cache_dir", "open_shard"]
 
@@ -117,7 +118,7 @@ class MemoryShard:
         return f"{self.path} record {record}"
 
 
-Shard = FileShard | MemoryShard
+Shard = FileShard | MemoryShard | ParquetShard
 
 _INDEX_CACHE: dict[str, np.ndarray] = {}
 

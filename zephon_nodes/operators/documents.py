@@ -6,7 +6,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DocBatch", "TextBatch"]
+__all__ = ["DocBatch", "Skipped", "TextBatch", "add_skipped"]
+
+# ``((reason, count), ...)`` sorted by reason: what a stateless operator dropped from a work
+# item (bad records under ``on_error = "skip"``, filtered documents). It travels with the
+# batch so that counts come out in stream order, whatever the number of workers.
+Skipped = tuple[tuple[str, int], ...]
+
+
+def add_skipped(skipped: Skipped, reason: str, count: int) -> Skipped:
+    """Return ``skipped`` with ``count`` more under ``reason`` (kept sorted)."""
+    if count <= 0:
+        return skipped
+    counts = dict(skipped)
+    counts[reason] = counts.get(reason, 0) + count
+    return tuple(sorted(counts.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,10 +30,14 @@ class TextBatch:
     Attributes:
         texts: Document texts.
         source: Where the batch came from (for messages), e.g. a work item's description.
+        dataset: Index of the dataset in the recipe (-1: unknown).
+        skipped: Records or documents dropped so far, by reason.
     """
 
     texts: list[str]
     source: str = ""
+    dataset: int = -1
+    skipped: Skipped = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +47,14 @@ class DocBatch:
     Attributes:
         tokens: All documents' ids, one after another (int32).
         lengths: Length of each document (int64); they sum to ``len(tokens)``.
+        dataset: Index of the dataset in the recipe (-1: unknown).
+        skipped: Records or documents dropped so far, by reason.
     """
 
     tokens: np.ndarray
     lengths: np.ndarray
+    dataset: int = -1
+    skipped: Skipped = ()
 
     def documents(self) -> list[np.ndarray]:
         """Split back into one array per document."""

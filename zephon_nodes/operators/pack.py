@@ -38,12 +38,15 @@ class ConcatPacker:
     Args:
         seq_len: Tokens per sample.
         pad_id: Input id for padding at a flush.
+        provenance: Also emit ``dataset_ids`` (each token's dataset index, -1 on padding),
+            for statistics; off in training, so digests are unaffected.
     """
 
-    def __init__(self, seq_len: int, pad_id: int) -> None:
+    def __init__(self, seq_len: int, pad_id: int, provenance: bool = False) -> None:
         self.seq_len = seq_len
         self.pad_id = pad_id
-        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.provenance = provenance
+        self._parts: list[tuple[np.ndarray, ...]] = []
         self._held = 0
 
     def feed(self, batch: DocBatch) -> list[Sample]:
@@ -65,7 +68,10 @@ class ConcatPacker:
         offsets = np.cumsum(pairs) - pairs
         positions = np.arange(len(inputs), dtype=np.int64) - np.repeat(offsets, pairs)
         if len(inputs):
-            self._parts.append((inputs, labels, positions))
+            part: tuple[np.ndarray, ...] = (inputs, labels, positions)
+            if self.provenance:
+                part += (np.full(len(inputs), batch.dataset, dtype=np.int64),)
+            self._parts.append(part)
             self._held += len(inputs)
         return self._emit(final=False)
 
@@ -80,12 +86,13 @@ class ConcatPacker:
             rows += 1
         if rows == 0:
             return []
-        inputs, labels, positions = (np.concatenate(x) for x in zip(*self._parts, strict=True))
+        cols = [np.concatenate(x) for x in zip(*self._parts, strict=True)]
+        inputs, labels, positions = cols[:3]
         used = min(rows * s, self._held)
         if final:
             self._parts, self._held = [], 0
         else:
-            rest = (inputs[used:], labels[used:], positions[used:])
+            rest = tuple(c[used:] for c in cols)
             self._parts = [rest] if len(rest[0]) else []
             self._held -= used
         pad = rows * s - used
@@ -94,4 +101,9 @@ class ConcatPacker:
         pos = np.concatenate([positions[:used], np.zeros(pad, dtype=np.int64)])
         inp, lab, pos = inp.reshape(rows, s), lab.reshape(rows, s), pos.reshape(rows, s)
         _normalize_positions(pos)
-        return [{"input": inp[i], "labels": lab[i], "positions": pos[i]} for i in range(rows)]
+        out = [{"input": inp[i], "labels": lab[i], "positions": pos[i]} for i in range(rows)]
+        if self.provenance:
+            ds = np.concatenate([cols[3][:used], np.full(pad, -1, dtype=np.int64)])
+            for i, row in enumerate(ds.reshape(rows, s)):
+                out[i]["dataset_ids"] = row
+        return out

@@ -3,62 +3,102 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.operators.documents import TextBatch
+from zephon_nodes.operators.documents import Skipped, TextBatch, add_skipped
 from zephon_nodes.work import WorkItem
 
-__all__ = ["ParseJsonl"]
+__all__ = ["ParseJsonl", "classify_file_error"]
+
+
+def classify_file_error(message: str, path: str = "") -> str:
+    """Return the skip reason of a file-level :class:`DataError` message about ``path``."""
+    text = message.replace(path, "").lower() if path else message.lower()
+    if "truncated" in text:
+        return "truncated_file"
+    if "zstd" in text:
+        return "corrupt_zstd"
+    if "parquet" in text:
+        return "unreadable_parquet"
+    if "empty" in text:
+        return "empty_file"
+    return "unreadable_file"
+
+
+def _text_of(raw: Any, field_name: str) -> tuple[str | None, str, str]:
+    """Return ``(text, "", "")`` or ``(None, reason, message)`` for one raw record."""
+    record: Any
+    if isinstance(raw, bytes):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return None, "invalid_utf8", f"invalid UTF-8 at byte {e.start}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            return None, "invalid_json", f"invalid JSON: {e.msg} (column {e.colno})"
+    else:
+        record = raw
+    if not isinstance(record, dict):
+        return None, "not_an_object", f"a record must be a JSON object, got {type(record).__name__}"
+    if field_name not in record:
+        return (
+            None,
+            "missing_field",
+            (f"missing text field {field_name!r} (keys: {sorted(record)[:8]})"),
+        )
+    text = record[field_name]
+    if not isinstance(text, str):
+        return (
+            None,
+            "non_string_field",
+            (f"field {field_name!r} must be a string, got {type(text).__name__}"),
+        )
+    return text, "", ""
 
 
 @dataclass(frozen=True)
 class ParseJsonl:
     """Stateless operator: ``WorkItem -> TextBatch`` (JSON lines -> the text field).
 
-    Raises :class:`~zephon_nodes.errors.DataError` naming the file and line for invalid
-    UTF-8, invalid JSON, a record that is not an object, or a missing or non-string field.
+    Raises :class:`~zephon_nodes.errors.DataError` naming the dataset, file, line and reason
+    for invalid UTF-8, invalid JSON, a record that is not an object, or a missing or
+    non-string field. For datasets in ``skip`` such records are dropped instead and counted
+    per reason in :attr:`TextBatch.skipped` (a pure function of the work item, so the same
+    records are skipped at any number of workers or ranks).
+
+    Args:
+        name: Operator name (messages).
+        skip: Indexes of the datasets whose ``on_error`` is ``"skip"``.
     """
 
     name: str = "parse"
+    skip: frozenset[int] = field(default_factory=frozenset)
 
     def __call__(self, item: WorkItem) -> TextBatch:
         """Read and parse the records of ``item``."""
+        skipping = item.dataset in self.skip
+        skipped: Skipped = ()
+        try:
+            rows = item.shard.read(item.start, item.stop)
+        except DataError as e:
+            if not skipping:
+                raise DataError(f"dataset {item.dataset_name!r}: {e}") from None
+            skipped = add_skipped(
+                (), classify_file_error(str(e), item.shard.path), item.stop - item.start
+            )
+            return TextBatch([], item.describe(), item.dataset, skipped)
         texts = []
-        field = item.text_field
-        for record_no, raw in item.shard.read(item.start, item.stop):
-            record: Any
-            if isinstance(raw, bytes):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(
-                        f"{item.shard.where(record_no)}: invalid UTF-8 at byte {e.start}"
-                    ) from None
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(
-                        f"{item.shard.where(record_no)}: invalid JSON: {e.msg} (column {e.colno})"
-                    ) from None
+        for record_no, raw in rows:
+            text, reason, message = _text_of(raw, item.text_field)
+            if text is not None:
+                texts.append(text)
+            elif skipping:
+                skipped = add_skipped(skipped, reason, 1)
             else:
-                record = raw
-            if not isinstance(record, dict):
                 raise DataError(
-                    f"{item.shard.where(record_no)}: a record must be a JSON object, "
-                    f"got {type(record).__name__}"
+                    f"dataset {item.dataset_name!r}: {item.shard.where(record_no)}: {message}"
                 )
-            if field not in record:
-                raise DataError(
-                    f"{item.shard.where(record_no)}: missing text field {field!r} "
-                    f"(keys: {sorted(record)[:8]})"
-                )
-            text = record[field]
-            if not isinstance(text, str):
-                raise DataError(
-                    f"{item.shard.where(record_no)}: field {field!r} must be a string, "
-                    f"got {type(text).__name__}"
-                )
-            texts.append(text)
-        return TextBatch(texts, item.describe())
+        return TextBatch(texts, item.describe(), item.dataset, skipped)

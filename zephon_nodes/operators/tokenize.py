@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,11 +13,22 @@ from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.documents import DocBatch, TextBatch
 from zephon_nodes.recipe import TokenizerSpec
 
-__all__ = ["ByteTokenizer", "SentencePieceTokenizer", "Tokenize", "Tokenizer", "load_tokenizer"]
+__all__ = [
+    "ByteTokenizer",
+    "HFTokenizer",
+    "SentencePieceTokenizer",
+    "Tokenize",
+    "Tokenizer",
+    "load_tokenizer",
+]
 
 
 class Tokenizer(Protocol):
-    """What the tokenize operator needs from a tokenizer."""
+    """What the tokenize operator needs from a tokenizer (the protocol custom ones implement).
+
+    ``pad_id`` may be -1 (no pad piece: the eos id pads). ``encode_batch`` must be a pure
+    function of its input, and thread-safe when the thread runner is used.
+    """
 
     bos_id: int
     eos_id: int
@@ -72,6 +83,75 @@ class SentencePieceTokenizer:
         return self.sp.encode(texts, out_type=int, num_threads=1)
 
 
+# Special tokens looked up (first match wins) in a tokenizer.json without bos/eos settings.
+_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "[BOS]", "<|startoftext|>", "[CLS]")
+_EOS_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "[EOS]", "<|endoftext|>", "[SEP]")
+_PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>")
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizers`` file (``tokenizer.json``).
+
+    Encodes groups of documents with ``encode_batch`` (Rust, without the GIL; per-document
+    ``encode`` holds it). Special ids are found by name in the file's vocabulary:
+    bos among ``<|begin_of_text|>``, ``<s>``, ``<bos>``, ``[BOS]``, ...; eos among
+    ``<|end_of_text|>``, ``</s>``, ``<eos>``, ``<|endoftext|>``, ...; pad among ``<pad>``,
+    ``[PAD]``, ... (the file is hashed into the fingerprint, so these are recipe-defined).
+
+    Args:
+        path: The ``tokenizer.json`` file.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from tokenizers import Tokenizer as _HF
+        except ImportError:  # pragma: no cover - tokenizers is in the torchtitan extra
+            raise RecipeError(
+                "tokenizer kind 'hf' needs the `tokenizers` package: pip install tokenizers"
+            ) from None
+        self.path = str(path)
+        try:
+            self.tok = _HF.from_file(self.path)
+        except Exception as e:
+            raise RecipeError(f"cannot load tokenizer file {self.path}: {e}") from None
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+
+        def find(names: tuple[str, ...]) -> int:
+            return next((int(vocab[n]) for n in names if n in vocab), -1)
+
+        self.bos_id = find(_BOS_NAMES)
+        self.eos_id = find(_EOS_NAMES)
+        self.pad_id = find(_PAD_NAMES)
+        self.vocab_size = int(self.tok.get_vocab_size(with_added_tokens=True))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Return the ids of each text (no special tokens added)."""
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def _custom_tokenizer(name: str) -> Tokenizer:
+    from zephon_nodes.registry import lookup
+
+    obj = lookup("tokenizer", name).obj
+    if not hasattr(obj, "encode_batch") and callable(obj):
+        obj = obj()
+    missing = [a for a in ("bos_id", "eos_id", "pad_id", "encode_batch") if not hasattr(obj, a)]
+    if missing:
+        raise RecipeError(
+            f"custom tokenizer {name!r} ({type(obj).__name__}) lacks {missing}; it must "
+            f"implement zephon_nodes.operators.tokenize.Tokenizer"
+        )
+    return obj
+
+
+def _check_special(spec: TokenizerSpec, tok: Tokenizer) -> None:
+    where = spec.path if spec.path is not None else spec.name
+    if spec.add_bos and tok.bos_id < 0:
+        raise RecipeError(f"tokenizer {where}: add_bos is set but it has no bos token")
+    if spec.add_eos and tok.eos_id < 0:
+        raise RecipeError(f"tokenizer {where}: add_eos is set but it has no eos token")
+
+
 _TOKENIZERS: dict[tuple[str, str | None], Any] = {}
 _LOCK = threading.Lock()
 
@@ -89,6 +169,16 @@ def load_tokenizer(spec: TokenizerSpec) -> Tokenizer:
                 elif spec.kind == "sentencepiece":
                     assert spec.path is not None
                     tok = SentencePieceTokenizer(spec.path)
+                elif spec.kind == "hf":
+                    assert spec.path is not None
+                    tok = HFTokenizer(spec.path)
+                    _check_special(spec, tok)
+                elif spec.kind == "custom":
+                    # Never cached: the registration may change between recipes.
+                    assert spec.name is not None
+                    custom = _custom_tokenizer(spec.name)
+                    _check_special(spec, custom)
+                    return custom
                 else:
                     raise RecipeError(f"unknown tokenizer kind {spec.kind!r}")
                 _TOKENIZERS[key] = tok
@@ -101,14 +191,17 @@ class Tokenize:
 
     Args:
         spec: The recipe's tokenizer spec (the tokenizer itself is loaded in each worker).
+        tokenizer: A tokenizer object to use instead of loading ``spec`` (custom tokenizers:
+            it travels with the operator, so it must pickle for the process runner).
     """
 
     spec: TokenizerSpec
     name: str = "tokenize"
+    tokenizer: Any = field(default=None, compare=False, repr=False)
 
     def __call__(self, batch: TextBatch) -> DocBatch:
         """Tokenize every text of the batch."""
-        tok = load_tokenizer(self.spec)
+        tok = self.tokenizer if self.tokenizer is not None else load_tokenizer(self.spec)
         ids = tok.encode_batch(batch.texts) if batch.texts else []
         extra = int(self.spec.add_bos) + int(self.spec.add_eos)
         lengths = np.fromiter((len(x) + extra for x in ids), dtype=np.int64, count=len(ids))
@@ -122,4 +215,4 @@ class Tokenize:
             if self.spec.add_eos:
                 tokens[pos + n - 1] = tok.eos_id
             pos += n
-        return DocBatch(tokens, lengths)
+        return DocBatch(tokens, lengths, batch.dataset, batch.skipped)

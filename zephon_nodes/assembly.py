@@ -1,0 +1,80 @@
+"""Assemble a recipe's datasets, stateless operator chain and WorkSource."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from zephon_nodes.dataset import Dataset
+from zephon_nodes.mixing import MixingWorkSource, estimate_tokens_per_record
+from zephon_nodes.operators.bestfit import LongDocuments
+from zephon_nodes.operators.chain import Chain
+from zephon_nodes.operators.filter import Filter
+from zephon_nodes.operators.map import Map
+from zephon_nodes.operators.parse import ParseJsonl
+from zephon_nodes.operators.tokenize import Tokenize, Tokenizer
+from zephon_nodes.recipe import Recipe
+from zephon_nodes.schedule import WeightSchedule
+from zephon_nodes.work import DatasetWorkSource, WorkSource
+
+__all__ = ["stateless_chain", "work_source"]
+
+
+def stateless_chain(recipe: Recipe, tokenizer: Tokenizer) -> Chain:
+    """Return the operators run on the pool for every work item, fused into one call.
+
+    Parse (with each dataset's ``on_error``), the recipe's filters and maps in order,
+    tokenize, then (best-fit packing only) the long-document rule.
+    """
+    index = {d.name: i for i, d in enumerate(recipe.datasets)}
+    skip = frozenset(i for i, d in enumerate(recipe.datasets) if d.on_error == "skip")
+    ops: list[Any] = [ParseJsonl(skip=skip)]
+    for spec in recipe.operators:
+        ops.append(
+            Filter.from_spec(spec, index) if spec.kind == "filter" else Map.from_spec(spec, index)
+        )
+    custom = tokenizer if recipe.tokenizer.kind == "custom" else None
+    ops.append(Tokenize(recipe.tokenizer, tokenizer=custom))
+    if recipe.pack.mode == "bestfit":
+        ops.append(LongDocuments(recipe.seq_len, recipe.pack.long_documents))
+    return Chain(ops)
+
+
+def work_source(
+    recipe: Recipe, datasets: Sequence[Dataset], chain: Chain
+) -> tuple[WorkSource, dict[str, float] | None]:
+    """Return the recipe's WorkSource and the token estimate it was planned with.
+
+    One dataset: :class:`DatasetWorkSource` (``on_exhausted = "repeat"`` makes it endless).
+    Several: :class:`MixingWorkSource`, planned with ``mixture.tokens_per_record`` or, when
+    absent, an estimate from a seeded sample (returned, so it can join the fingerprint).
+    """
+    epochs = recipe.work.epochs
+    if len(datasets) == 1:
+        if recipe.datasets[0].on_exhausted == "repeat":
+            epochs = None
+        return DatasetWorkSource(datasets[0], recipe.seed, recipe.num_lanes, epochs), None
+    stored = recipe.mixture.tokens_per_record
+    estimate: dict[str, float] | None = None
+    if stored is not None:
+        per_record = [float(stored[d.name]) for d in recipe.datasets]
+    else:
+        per_record = estimate_tokens_per_record(
+            datasets, chain, recipe.seed, recipe.mixture.estimate_records
+        )
+        estimate = {d.name: v for d, v in zip(recipe.datasets, per_record, strict=True)}
+    per_item = [
+        c * ds.num_records / ds.num_work_items if ds.num_work_items else 0.0
+        for c, ds in zip(per_record, datasets, strict=True)
+    ]
+    source = MixingWorkSource(
+        datasets,
+        recipe.seed,
+        recipe.num_lanes,
+        epochs,
+        [d.on_exhausted for d in recipe.datasets],
+        WeightSchedule.from_recipe(recipe),
+        per_item,
+        recipe.mixture.block,
+    )
+    return source, estimate

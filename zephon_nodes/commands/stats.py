@@ -1,0 +1,176 @@
+"""``zephon stats``: token shares, padding and skipped records over the first S global batches."""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from zephon_nodes.errors import RecipeError
+from zephon_nodes.multiplexer import Multiplexer
+from zephon_nodes.operators.pack import IGNORE_INDEX
+from zephon_nodes.pipeline import Pipeline
+from zephon_nodes.pool import WorkerPool
+from zephon_nodes.recipe import Recipe
+
+__all__ = ["add_parser", "compute_stats", "run"]
+
+FILTER_PREFIX = "filter:"
+
+
+def add_parser(sub: Any) -> None:
+    """Register the subcommand."""
+    p = sub.add_parser(
+        "stats",
+        help="token shares per dataset, padding and skipped records over the first S steps",
+        description=(
+            "Run the recipe for --steps global batches and report, over those batches: "
+            "non-padding tokens per dataset and their shares (token_shares), the padding "
+            "fraction (padding_fraction), and, over the work items read to make them (whole "
+            "flush windows), documents per dataset and records skipped by reason."
+        ),
+    )
+    p.add_argument("recipe", help="recipe TOML file")
+    p.add_argument("--steps", type=int, required=True, help="global batches to measure")
+    p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
+    p.add_argument("--num-workers", type=int, default=2, help="pool workers (default 2)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def _shares(counts: Mapping[str, float]) -> dict[str, float]:
+    total = sum(counts.values())
+    return {k: (v / total if total else 0.0) for k, v in counts.items()}
+
+
+def compute_stats(
+    recipe: Recipe, steps: int, dp_world_size: int = 1, num_workers: int = 2
+) -> dict[str, Any]:
+    """Measure a recipe's first ``steps`` global batches (see the command's description).
+
+    Token counts come from a ``dataset_ids`` field the pipeline adds in provenance mode
+    (every other field is as in training). Documents and skipped records are counted by
+    running the stateless operators again over the work items each lane read up to the end
+    of its last flush window touched; the counts travel on the batches
+    (:attr:`~zephon_nodes.operators.documents.DocBatch.skipped`) and are summed in lane and
+    item order, so they are the same at every dp size and worker count.
+
+    Returns:
+        A JSON-safe dict; ``token_shares`` maps dataset names to fractions of non-padding
+        tokens and ``padding_fraction`` is the padded share of all positions.
+    """
+    if steps < 1:
+        raise RecipeError(f"--steps={steps} must be >= 1")
+    pipeline = Pipeline(recipe, provenance=True)
+    names = [d.name for d in recipe.datasets]
+    tokens = np.zeros(len(names), dtype=np.int64)
+    padding = positions = produced = 0
+    with WorkerPool(num_workers, "thread") as pool:
+        ranks: list[Multiplexer] = [
+            pipeline.rank_node(dp_world_size, r, pool=pool) for r in range(dp_world_size)
+        ]
+        for node in ranks:
+            node.reset(None)
+        try:
+            for _ in range(steps):
+                batches = [next(node) for node in ranks for _ in range(node.micro_per_step)]
+                for mb in batches:
+                    labels = mb["labels"].numpy()
+                    ds = mb["dataset_ids"].numpy()
+                    real = labels != IGNORE_INDEX
+                    tokens += np.bincount(ds[real], minlength=len(names))[: len(names)]
+                    padding += int((~real).sum())
+                    positions += labels.size
+                produced += 1
+        except StopIteration:
+            pass
+        lanes: dict[int, Any] = {}
+        for node in ranks:
+            for lane, (w, c) in node.get_state()["lanes"].items():
+                lanes[int(lane)] = (w, c)
+        documents, skipped = _count_items(pipeline, lanes, pool)
+    per_dataset = {n: int(t) for n, t in zip(names, tokens.tolist(), strict=True)}
+    skipped_records: dict[str, dict[str, int]] = {n: {} for n in names} | {
+        n: {r: c for r, c in v.items() if not r.startswith(FILTER_PREFIX)}
+        for n, v in skipped.items()
+    }
+    filtered = {
+        n: {r[len(FILTER_PREFIX) :]: c for r, c in v.items() if r.startswith(FILTER_PREFIX)}
+        for n, v in skipped.items()
+    }
+    out: dict[str, Any] = {
+        "recipe": str(recipe.source) if recipe.source else None,
+        "fingerprint": pipeline.fingerprint,
+        "steps": produced,
+        "dp_world_size": dp_world_size,
+        "tokens": int(tokens.sum()),
+        "positions": positions,
+        "padding_fraction": padding / positions if positions else 0.0,
+        "tokens_per_dataset": per_dataset,
+        "token_shares": _shares(per_dataset),
+        "documents_per_dataset": documents,
+        "document_shares": _shares(documents),
+        "skipped_records": skipped_records,
+        "skipped_files": pipeline.skipped_files,
+        "filtered": filtered,
+    }
+    if len(names) > 1 and recipe.mixture.schedule is None:
+        out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
+    if "estimate" in pipeline.canonical.get("mixture", {}):
+        out["estimated_tokens_per_record"] = pipeline.canonical["mixture"]["estimate"]
+    return out
+
+
+def _count_items(
+    pipeline: Pipeline, lanes: Mapping[int, tuple[int, int]], pool: WorkerPool
+) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Count documents and skipped records over the work items the lanes read."""
+    k = pipeline.recipe.flush_every
+    names = [d.name for d in pipeline.recipe.datasets]
+    items = []
+    for lane in sorted(lanes):
+        window, consumed = lanes[lane]
+        for i in range((window + (1 if consumed else 0)) * k):
+            item = pipeline.work_source.work(lane, i)
+            if item is None:
+                break
+            items.append(item)
+    documents = dict.fromkeys(names, 0)
+    skipped: dict[str, dict[str, int]] = {n: {} for n in names}
+    with cf.ThreadPoolExecutor(max(pool.num_workers, 1)) as ex:
+        for item, batch in zip(items, ex.map(pipeline.stateless, items), strict=True):
+            name = names[item.dataset]
+            documents[name] += len(batch.lengths)
+            for reason, count in batch.skipped:
+                skipped[name][reason] = skipped[name].get(reason, 0) + count
+    return documents, skipped
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``zephon stats``."""
+    stats = compute_stats(
+        Recipe.from_toml(args.recipe), args.steps, args.dp_world_size, args.num_workers
+    )
+    if args.json:
+        print(json.dumps(stats, sort_keys=True))
+        return 0
+    print(
+        f"{stats['steps']} steps, {stats['tokens']} tokens, padding {stats['padding_fraction']:.4f}"
+    )
+    weights = stats.get("weights", {})
+    print(f"{'dataset':<20} {'tokens':>12} {'token share':>12} {'weight':>8} {'doc share':>10}")
+    for name, count in stats["tokens_per_dataset"].items():
+        w = f"{weights[name]:.4f}" if name in weights else "-"
+        print(
+            f"{name:<20} {count:>12} {stats['token_shares'][name]:>12.4f} {w:>8} "
+            f"{stats['document_shares'][name]:>10.4f}"
+        )
+    for key in ("skipped_records", "skipped_files", "filtered"):
+        for name, reasons in stats[key].items():
+            for reason, count in sorted(reasons.items()):
+                print(f"{key}: {name}: {reason}: {count}")
+    return 0

@@ -1,0 +1,174 @@
+"""Best-fit packing: whole documents into ``seq_len`` samples, with per-token document ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from zephon_nodes.operators.documents import DocBatch, add_skipped
+from zephon_nodes.operators.pack import IGNORE_INDEX, Sample
+
+__all__ = ["DOCUMENT_IDS", "BestFitPacker", "LongDocuments"]
+
+DOCUMENT_IDS = "document_ids"
+DATASET_IDS = "dataset_ids"
+
+
+@dataclass(frozen=True)
+class LongDocuments:
+    """Stateless operator: ``DocBatch -> DocBatch`` making every document fit ``seq_len``.
+
+    A document of ``n`` tokens yields ``n - 1`` (input, label) pairs. One with more than
+    ``seq_len`` pairs is cut into pieces of ``seq_len + 1`` tokens overlapping by one token
+    (``"split"``: every pair appears once, positions restart per piece), or dropped and
+    counted under ``"too_long"`` (``"drop"``).
+
+    Args:
+        seq_len: Tokens per sample.
+        mode: ``"split"`` or ``"drop"``.
+    """
+
+    seq_len: int
+    mode: str = "split"
+    name: str = "long_documents"
+
+    def __call__(self, batch: DocBatch) -> DocBatch:
+        """Split or drop the documents longer than ``seq_len`` pairs."""
+        s = self.seq_len
+        lengths = batch.lengths
+        if not len(lengths) or int(lengths.max()) - 1 <= s:
+            return batch
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        pieces: list[np.ndarray] = []
+        new_lengths: list[int] = []
+        dropped = 0
+        for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+            doc = batch.tokens[start : start + n]
+            if n - 1 <= s:
+                pieces.append(doc)
+                new_lengths.append(n)
+            elif self.mode == "drop":
+                dropped += 1
+            else:
+                for a in range(0, n - 1, s):
+                    piece = doc[a : a + s + 1]
+                    pieces.append(piece)
+                    new_lengths.append(len(piece))
+        tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=batch.tokens.dtype)
+        return DocBatch(
+            tokens,
+            np.asarray(new_lengths, dtype=np.int64),
+            batch.dataset,
+            add_skipped(batch.skipped, "too_long", dropped),
+        )
+
+
+class _Bin:
+    __slots__ = ("docs", "order", "used")
+
+    def __init__(self, order: int) -> None:
+        self.order = order
+        self.used = 0
+        self.docs: list[tuple[np.ndarray, int]] = []
+
+
+class BestFitPacker:
+    """Accumulator: documents -> samples, each document whole in one sample (best fit).
+
+    Keeps up to ``bins`` samples open. Each document (``n - 1`` pairs, at most ``seq_len``;
+    see :class:`LongDocuments`) goes into the open sample with the least room that still
+    fits it (the oldest on ties); a sample that becomes full is emitted at once. When no
+    open sample fits and ``bins`` are open, the fullest one is emitted (padded) to make room.
+    At a flush every open sample is emitted, oldest first, padded. Everything is
+    single-threaded and ordered, so the samples depend only on the lane's documents.
+
+    Samples hold ``input``, ``labels`` (shifted inside each document, -100 on padding),
+    ``positions`` (0.. per document, 0 on padding) and ``document_ids`` (0, 1, ... per
+    document within the sample, -1 on padding: ``document_ids[i] == document_ids[j]`` is
+    the block-diagonal attention mask). With ``provenance`` they also hold ``dataset_ids``
+    (the recipe index of each token's dataset, -1 on padding).
+
+    Args:
+        seq_len: Tokens per sample.
+        pad_id: Input id of padding.
+        bins: Samples held open at once.
+        provenance: Add the ``dataset_ids`` field.
+    """
+
+    def __init__(self, seq_len: int, pad_id: int, bins: int = 16, provenance: bool = False):
+        if bins < 1:
+            raise ValueError(f"{bins=} must be >= 1")
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+        self.bins = bins
+        self.provenance = provenance
+        self._open: list[_Bin] = []
+        self._made = 0
+
+    def feed(self, batch: DocBatch) -> list[Sample]:
+        """Place the batch's documents; return the samples completed or evicted."""
+        out: list[Sample] = []
+        tokens = batch.tokens.astype(np.int64, copy=False)
+        ends = np.cumsum(batch.lengths)
+        for start, n in zip((ends - batch.lengths).tolist(), batch.lengths.tolist(), strict=True):
+            pairs = n - 1
+            if pairs <= 0:
+                continue
+            if pairs > self.seq_len:
+                raise ValueError(
+                    f"a document of {pairs} pairs does not fit seq_len={self.seq_len}; run "
+                    f"LongDocuments before BestFitPacker"
+                )
+            target = self._best(pairs)
+            if target is None:
+                if len(self._open) >= self.bins:
+                    fullest = max(self._open, key=lambda b: (b.used, -b.order))
+                    self._open.remove(fullest)
+                    out.append(self._sample(fullest))
+                target = _Bin(self._made)
+                self._made += 1
+                self._open.append(target)
+            target.docs.append((tokens[start : start + n], batch.dataset))
+            target.used += pairs
+            if target.used == self.seq_len:
+                self._open.remove(target)
+                out.append(self._sample(target))
+        return out
+
+    def _best(self, pairs: int) -> _Bin | None:
+        best: _Bin | None = None
+        room = self.seq_len + 1
+        for b in self._open:  # oldest first, so ties keep the oldest
+            free = self.seq_len - b.used
+            if pairs <= free < room:
+                best, room = b, free
+        return best
+
+    def flush(self) -> list[Sample]:
+        """Emit every open sample, oldest first, padded."""
+        out = [self._sample(b) for b in sorted(self._open, key=lambda b: b.order)]
+        self._open = []
+        return out
+
+    def _sample(self, b: _Bin) -> Sample:
+        s = self.seq_len
+        inp = np.full(s, self.pad_id, dtype=np.int64)
+        lab = np.full(s, IGNORE_INDEX, dtype=np.int64)
+        pos = np.zeros(s, dtype=np.int64)
+        doc = np.full(s, -1, dtype=np.int64)
+        ds = np.full(s, -1, dtype=np.int64)
+        at = 0
+        for k, (t, dataset) in enumerate(b.docs):
+            m = len(t) - 1
+            inp[at : at + m] = t[:-1]
+            lab[at : at + m] = t[1:]
+            pos[at : at + m] = np.arange(m)
+            doc[at : at + m] = k
+            ds[at : at + m] = dataset
+            at += m
+        sample = {"input": inp, "labels": lab, "positions": pos, DOCUMENT_IDS: doc}
+        if self.provenance:
+            sample[DATASET_IDS] = ds
+        return sample

@@ -1,0 +1,131 @@
+"""Parquet shards: random access to the text column by row groups (needs ``pyarrow``).
+
+Install with ``pip install 'zephon-nodes[parquet]'``. Only the dataset's text column is
+read, one row group range per work item. A missing column makes every record a
+"missing field"; a column that is not a string type makes them "non-string field": both go
+through the dataset's ``on_error`` policy like jsonl records.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zephon_nodes.errors import DataError
+
+__all__ = ["ParquetShard", "open_parquet_shard"]
+
+_FILES: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _pq() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(
+            "reading .parquet shards needs pyarrow: pip install 'zephon-nodes[parquet]'"
+        ) from None
+    return pq
+
+
+def _parquet_file(path: str) -> Any:
+    try:
+        st = Path(path).stat()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e}") from None
+    key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    f = _FILES.get(key)
+    if f is None:
+        pq = _pq()
+        with _LOCK:
+            f = _FILES.get(key)
+            if f is None:
+                try:
+                    f = pq.ParquetFile(path)
+                except Exception as e:
+                    raise DataError(f"{path}: unreadable Parquet file: {e}") from None
+                _FILES[key] = f
+    return f
+
+
+@dataclass(frozen=True)
+class ParquetShard:
+    """A Parquet file's text column; small and picklable, so it travels with tasks.
+
+    Attributes:
+        path: The file.
+        column: The text column (the dataset's ``text_field``).
+        num_records: Rows in the file.
+        row_group_ends: Cumulative row counts of the row groups.
+        has_column: Whether the file has the text column.
+    """
+
+    path: str
+    column: str
+    num_records: int
+    row_group_ends: tuple[int, ...]
+    has_column: bool
+
+    def read(self, start: int, stop: int) -> list[tuple[int, Any]]:
+        """Return rows ``[start, stop)`` as ``(row number, {column: value})`` pairs.
+
+        Raises:
+            DataError: If the row groups cannot be read.
+        """
+        if not 0 <= start <= stop <= self.num_records:
+            raise DataError(f"{self.path}: rows [{start}, {stop}) out of range")
+        if start == stop:
+            return []
+        if not self.has_column:
+            return [(r, {}) for r in range(start, stop)]
+        ends = np.asarray(self.row_group_ends, dtype=np.int64)
+        first = int(np.searchsorted(ends, start, side="right"))
+        last = int(np.searchsorted(ends, stop - 1, side="right"))
+        base = int(ends[first - 1]) if first else 0
+        try:
+            table = _parquet_file(self.path).read_row_groups(
+                list(range(first, last + 1)), columns=[self.column]
+            )
+            values = table.column(0).to_pylist()[start - base : stop - base]
+        except DataError:
+            raise
+        except Exception as e:
+            raise DataError(f"{self.path}: unreadable Parquet file: {e}") from None
+        if len(values) != stop - start:
+            raise DataError(f"{self.path}: unreadable Parquet file: short read")
+        return [(start + k, {self.column: v}) for k, v in enumerate(values)]
+
+    def where(self, record: int) -> str:
+        """Describe a row's place for error messages."""
+        return f"{self.path} row {record}"
+
+
+def open_parquet_shard(path: str | Path, column: str) -> ParquetShard:
+    """Read a Parquet file's metadata and return a shard of its ``column``.
+
+    Raises:
+        DataError: If pyarrow is missing or the file is not a readable Parquet file.
+    """
+    p = str(path)
+    if not Path(p).is_file():
+        raise DataError(f"{p}: data file not found")
+    f = _parquet_file(p)
+    try:
+        meta = f.metadata
+        counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        names = f.schema_arrow.names
+    except Exception as e:
+        raise DataError(f"{p}: unreadable Parquet file: {e}") from None
+    ends = tuple(int(x) for x in np.cumsum(counts)) if counts else ()
+    return ParquetShard(
+        path=p,
+        column=column,
+        num_records=ends[-1] if ends else 0,
+        row_group_ends=ends,
+        has_column=column in names,
+    )

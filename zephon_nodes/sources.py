@@ -1,0 +1,72 @@
+"""Open a dataset's files (jsonl, jsonl.zst, Parquet) under its ``on_error`` policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zephon_nodes.dataset import Dataset
+from zephon_nodes.errors import DataError
+from zephon_nodes.operators.parse import classify_file_error
+from zephon_nodes.recipe import DatasetSpec
+from zephon_nodes.shards import Shard, memory_shard, open_shard
+
+__all__ = ["OpenedDataset", "open_dataset"]
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+@dataclass(frozen=True)
+class OpenedDataset:
+    """A dataset ready to cut into work items, and the files it skipped.
+
+    Attributes:
+        dataset: The dataset (readable shards only).
+        skipped_files: ``{reason: files}`` skipped under ``on_error = "skip"``.
+    """
+
+    dataset: Dataset
+    skipped_files: dict[str, int] = field(default_factory=dict)
+
+
+def _open_file(spec: DatasetSpec, path: str) -> Shard:
+    if path.endswith(PARQUET_SUFFIXES):
+        from zephon_nodes.parquet import open_parquet_shard
+
+        return open_parquet_shard(path, spec.text_field)
+    return open_shard(path)
+
+
+def open_dataset(spec: DatasetSpec, chunk_size: int) -> OpenedDataset:
+    """Open (and index, once per machine) every file of ``spec``.
+
+    An empty file is valid and contributes no work items. A corrupt or truncated zstd
+    stream or an unreadable Parquet file raises
+    :class:`DataError` naming the dataset and file under ``on_error = "raise"``; under
+    ``"skip"`` the file is left out and counted by reason. Which files are left out depends
+    only on the files, so every rank and restart agrees.
+
+    Raises:
+        DataError: A bad file under ``"raise"``, or no readable record at all.
+    """
+    if spec.records is not None:
+        shards: list[Shard] = [memory_shard(spec.name, spec.records)]
+        return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size))
+    shards = []
+    skipped: dict[str, int] = {}
+    for path in spec.files():
+        try:
+            # An empty shard (0 records) is valid and contributes no work items (issue 2).
+            shard = _open_file(spec, str(path))
+        except DataError as e:
+            if spec.on_error != "skip":
+                raise DataError(f"dataset {spec.name!r}: {e}") from None
+            reason = classify_file_error(str(e), str(path))
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        shards.append(shard)
+    if not shards and skipped:
+        raise DataError(
+            f"dataset {spec.name!r}: no readable record in {len(spec.files())} file(s) "
+            f"(skipped: {skipped})"
+        )
+    return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size), skipped)
