@@ -1,0 +1,1 @@
+"""Benchmarks: zephon-nodes side by side with Grain, TorchTitan and torchdata.nodes."""

@@ -1,0 +1,575 @@
+"""Benchmark runner: zephon-nodes side by side with its peers, plus its own properties.
+
+Usage::
+
+    python -m benchmarks.run                       # everything, Markdown tables on stdout
+    python -m benchmarks.run --suite throughput --rounds 7 --json results.json
+    python -m benchmarks.run --tiny --rounds 1 --seconds 0.5 --json -   # smoke run
+
+Suites:
+
+* ``throughput``: zephon-nodes, Grain (threads and processes), TorchTitan 0.3.0's
+  ``HuggingFaceTextDataLoader``, plain torchdata.nodes and the raw tokenizer on the same
+  corpus, tokenizer and shape; each run in a fresh subprocess, pipelines alternating within a
+  round (the order rotates every round), medians over rounds.
+* ``scaling``: 1 vs 32 lanes, 1 vs 2 workers, thread vs process runner with a pure-Python
+  operator (alternating pairs, medians).
+* ``checkpoint``: state size per lane and fixed header, ``state_dict()`` time, for several
+  seq_len / shuffle buffer / step counts.
+* ``resume``: time from ``load_state_dict`` to the first batch, and padding waste, per flush
+  interval.
+* ``memory``: peak RSS with 32 lanes, seq_len 2048, shuffle buffer 64, for a run and a run
+  10x longer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.corpus import Corpus, build_corpus, default_root
+from benchmarks.pipelines import RUNNERS, BenchConfig, zephon_pipeline
+
+SUITES = ("throughput", "scaling", "checkpoint", "resume", "memory")
+PEERS = ("zephon", "grain", "grain_proc", "torchtitan", "nodes", "raw")
+LABELS = {
+    "zephon": "zephon-nodes (8 lanes, shuffle 64, 2 threads)",
+    "grain": "Grain, thread prefetch, 2 threads",
+    "grain_proc": "Grain, 2 processes (mp_prefetch)",
+    "torchtitan": "TorchTitan 0.3.0 HuggingFaceTextDataLoader, 2 workers",
+    "nodes": "plain torchdata.nodes (ParallelMapper, 2 threads)",
+    "raw": "raw sentencepiece encode, 2 threads",
+}
+FLUSH_INTERVALS = (1, 2, 4, 8, 16, 32)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# One measurement in a fresh process
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_one(kind: str, corpus: Corpus, cfg: BenchConfig) -> dict[str, Any]:
+    """Run one measurement in this process and return its numbers."""
+    if kind in RUNNERS:
+        r = RUNNERS[kind](corpus, cfg)
+        return {
+            "tok_s": r.tok_s,
+            "tokens": r.tokens,
+            "seconds": r.seconds,
+            "first_batch_s": r.first_batch_s,
+            "ckpt_bytes": r.ckpt_bytes,
+            "padding_tokens": r.padding_tokens,
+            "peak_rss_mb": _peak_rss_mb(),
+        }
+    if kind == "resume":
+        return _measure_resume(corpus, cfg)
+    if kind == "memory":
+        return _measure_memory(corpus, cfg)
+    raise ValueError(f"unknown measurement {kind!r}")
+
+
+def _measure_resume(corpus: Corpus, cfg: BenchConfig) -> dict[str, Any]:
+    """Throughput and padding at one flush interval, then resume times at a few points."""
+    r = RUNNERS["zephon"](corpus, cfg)
+    total = r.tokens + r.padding_tokens
+    times = []
+    for steps in cfg.extra.get("save_steps", [7, 23]):
+        _, node, pool = zephon_pipeline(corpus, cfg)
+        try:
+            it = iter(node)
+            for _ in range(steps):
+                next(it)
+            state = node.state_dict()
+        finally:
+            pool.close()
+        _, node2, pool2 = zephon_pipeline(corpus, cfg)
+        try:
+            t0 = time.perf_counter()
+            node2.reset(state)  # what Loader.load_state_dict + iter() do
+            next(node2)
+            times.append(time.perf_counter() - t0)
+        finally:
+            pool2.close()
+    return {
+        "tok_s": r.tok_s,
+        "padding_frac": r.padding_tokens / total if total else 0.0,
+        "resume_s": statistics.median(times),
+        "resume_all_s": times,
+    }
+
+
+def _measure_memory(corpus: Corpus, cfg: BenchConfig) -> dict[str, Any]:
+    """Peak RSS over ``steps`` steps, and RSS at 10% vs the end (growth)."""
+    steps = int(cfg.extra["steps"])
+    _, node, pool = zephon_pipeline(corpus, cfg)
+    try:
+        it = iter(node)
+        next(it)
+        after_first = _rss_mb()
+        t0 = time.perf_counter()
+        mark = max(1, steps // 10)
+        at_mark = after_first
+        for i in range(steps):
+            next(it)
+            if i == mark:
+                at_mark = _rss_mb()
+        seconds = time.perf_counter() - t0
+    finally:
+        pool.close()
+    return {
+        "steps": steps,
+        "seconds": seconds,
+        "rss_after_first_mb": after_first,
+        "rss_at_10pct_mb": at_mark,
+        "rss_end_mb": _rss_mb(),
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def run_isolated(
+    kind: str, cfg: BenchConfig, corpus_args: dict[str, Any], timeout: float
+) -> dict[str, Any]:
+    """Run one measurement in a fresh Python process (clean threads, memory and caches)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.run",
+        "--one",
+        kind,
+        "--config",
+        cfg.to_json(),
+        "--corpus-args",
+        json.dumps(corpus_args),
+    ]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("HF_DATASETS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO)
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.splitlines()[-15:])
+        raise RuntimeError(f"measurement {kind} failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(lines[-1])
+
+
+# ---------------------------------------------------------------------------------------
+# Suites
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def _alternate(
+    variants: dict[str, tuple[str, BenchConfig]],
+    rounds: int,
+    measure: Callable[[str, BenchConfig], dict[str, Any]],
+    key: str = "tok_s",
+) -> tuple[dict[str, dict[str, float]], dict[str, list[dict[str, Any]]]]:
+    """Measure every variant once per round, rotating the order; return per-variant stats."""
+    names = list(variants)
+    raw: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            kind, cfg = variants[name]
+            res = measure(kind, cfg)
+            raw[name].append(res)
+            _log(f"  round {r + 1}/{rounds} {name}: {res.get(key, 0) / 1e6:.3f} M{key}")
+    return {n: _stats([x[key] for x in raw[n]]) for n in names}, raw
+
+
+def suite_throughput(base: BenchConfig, rounds: int, measure: Any) -> dict[str, Any]:
+    variants = {name: (name, base) for name in PEERS}
+    stats, raw = _alternate(variants, rounds, measure)
+    ckpt = {n: raw[n][-1].get("ckpt_bytes") for n in PEERS}
+    first = {n: statistics.median([x["first_batch_s"] for x in raw[n]]) for n in PEERS}
+    return {"stats": stats, "ckpt_bytes": ckpt, "first_batch_s": first}
+
+
+def suite_scaling(base: BenchConfig, rounds: int, measure: Any) -> dict[str, Any]:
+    g = 32
+    lanes = {
+        "lanes_1": ("zephon", replace(base, num_lanes=1, batch_size=g)),
+        "lanes_32": ("zephon", replace(base, num_lanes=32, batch_size=g)),
+    }
+    workers = {
+        "workers_1": ("zephon", replace(base, num_workers=1)),
+        "workers_2": ("zephon", replace(base, num_workers=2)),
+    }
+    runner = {
+        "pyfilter_thread": ("zephon", replace(base, python_filter=True, runner="thread")),
+        "pyfilter_process": ("zephon", replace(base, python_filter=True, runner="process")),
+    }
+    out: dict[str, Any] = {}
+    for group in (lanes, workers, runner):
+        stats, _ = _alternate(group, rounds, measure)
+        out.update(stats)
+    return out
+
+
+def suite_checkpoint(base: BenchConfig, corpus: Corpus) -> dict[str, Any]:
+    """State size and state_dict() time, in this process (cheap)."""
+    rows = []
+    for seq_len, buf, steps, lanes in (
+        (base.seq_len, base.shuffle_buffer, 10, base.num_lanes),
+        (base.seq_len, base.shuffle_buffer, 100, base.num_lanes),
+        (max(16, base.seq_len // 4), 0, 100, base.num_lanes),
+        (base.seq_len, base.shuffle_buffer, 20, 32),
+    ):
+        cfg = replace(
+            base,
+            seq_len=seq_len,
+            shuffle_buffer=buf,
+            num_lanes=lanes,
+            batch_size=max(base.batch_size, lanes),
+        )
+        _, node, pool = zephon_pipeline(corpus, cfg)
+        try:
+            it = iter(node)
+            for _ in range(steps):
+                next(it)
+            times = []
+            for _ in range(200):
+                t0 = time.perf_counter()
+                state = node.state_dict()
+                times.append(time.perf_counter() - t0)
+        finally:
+            pool.close()
+        blob = json.dumps(state, separators=(",", ":")).encode()
+        lanes_blob = json.dumps(state["lanes"], separators=(",", ":")).encode()
+        rows.append(
+            {
+                "seq_len": seq_len,
+                "shuffle_buffer": buf,
+                "steps": steps,
+                "num_lanes": lanes,
+                "total_bytes": len(blob),
+                "header_bytes": len(blob) - len(lanes_blob),
+                "bytes_per_lane": len(lanes_blob) / lanes,
+                "state_dict_us": statistics.median(times) * 1e6,
+            }
+        )
+        _log(f"  checkpoint {rows[-1]}")
+    return {"rows": rows}
+
+
+def suite_resume(base: BenchConfig, measure: Any, intervals: Sequence[int]) -> dict[str, Any]:
+    rows = []
+    for k in intervals:
+        res = measure("resume", replace(base, flush_every=k))
+        rows.append({"flush_every": k, **res})
+        _log(
+            f"  flush_every={k}: resume {res['resume_s']:.2f} s, padding "
+            f"{res['padding_frac'] * 100:.2f}%, {res['tok_s'] / 1e6:.3f} Mtok/s"
+        )
+    return {"rows": rows}
+
+
+def suite_memory(base: BenchConfig, measure: Any, steps: int) -> dict[str, Any]:
+    cfg = replace(base, num_lanes=32, batch_size=32, shuffle_buffer=64)
+    short = measure("memory", replace(cfg, extra={"steps": steps}))
+    _log(f"  memory {steps} steps: {short}")
+    long = measure("memory", replace(cfg, extra={"steps": steps * 10}))
+    _log(f"  memory {steps * 10} steps: {long}")
+    return {"short": short, "long": long}
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in (
+        "zephon-nodes",
+        "torch",
+        "torchdata",
+        "torchtitan",
+        "grain",
+        "sentencepiece",
+        "numpy",
+        "datasets",
+    ):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "absent"
+    return out
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = os.getloadavg()
+    return f"{os.cpu_count()} cores ({cpu}), load average at start {load[0]:.1f}"
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """The flat JSON the issue asks for (plus the detail under ``details``)."""
+    out: dict[str, Any] = {}
+    tp = results.get("throughput")
+    if tp:
+        s = tp["stats"]
+        out["zephon_tok_s"] = s["zephon"]["median"]
+        out["grain_tok_s"] = max(s["grain"]["median"], s["grain_proc"]["median"])
+        out["torchtitan_tok_s"] = s["torchtitan"]["median"]
+        out["nodes_tok_s"] = s["nodes"]["median"]
+        out["raw_tok_s"] = s["raw"]["median"]
+    ck = results.get("checkpoint")
+    if ck:
+        out["ckpt_bytes_per_lane"] = max(r["bytes_per_lane"] for r in ck["rows"])
+        out["ckpt_header_bytes"] = max(r["header_bytes"] for r in ck["rows"])
+        out["state_dict_us"] = max(r["state_dict_us"] for r in ck["rows"])
+    rs = results.get("resume")
+    if rs:
+        default = results.get("default_flush_every", 8)
+        rows = {r["flush_every"]: r for r in rs["rows"]}
+        row = rows.get(default) or rs["rows"][-1]
+        out["resume_s"] = row["resume_s"]
+    mem = results.get("memory")
+    if mem:
+        out["peak_rss_mb"] = mem["long"]["peak_rss_mb"]
+    out["details"] = results
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """Render the results as Markdown tables."""
+    lines = [f"Machine: {results['machine']}; date {results['date']}; rounds {results['rounds']}"]
+    lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()))
+    tp = results.get("throughput")
+    if tp:
+        s = tp["stats"]
+        raw = s["raw"]["median"]
+        z = s["zephon"]["median"]
+        lines += [
+            "",
+            "| pipeline | Mtok/s median | min-max | vs raw | zephon vs it | first batch s "
+            "| ckpt bytes |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for n in PEERS:
+            st = s[n]
+            lines.append(
+                f"| {LABELS[n]} | {st['median'] / 1e6:.3f} | {st['min'] / 1e6:.3f}-"
+                f"{st['max'] / 1e6:.3f} | {st['median'] / raw:.2f} | "
+                f"{z / st['median']:.2f}x | {tp['first_batch_s'][n]:.2f} | "
+                f"{tp['ckpt_bytes'][n] if tp['ckpt_bytes'][n] is not None else '-'} |"
+            )
+    sc = results.get("scaling")
+    if sc:
+        lines += ["", "| zephon variant | Mtok/s median | min-max |", "|---|---|---|"]
+        for n, st in sc.items():
+            lines.append(
+                f"| {n} | {st['median'] / 1e6:.3f} | {st['min'] / 1e6:.3f}-{st['max'] / 1e6:.3f} |"
+            )
+
+        def ratio(a: str, b: str) -> float:
+            return float(sc[a]["median"] / sc[b]["median"])
+
+        lines.append(
+            f"\n32 lanes / 1 lane: {ratio('lanes_32', 'lanes_1'):.2f}; 2 workers / 1 worker: "
+            f"{ratio('workers_2', 'workers_1'):.2f}; process / thread (Python operator): "
+            f"{ratio('pyfilter_process', 'pyfilter_thread'):.2f}"
+        )
+    ck = results.get("checkpoint")
+    if ck:
+        lines += [
+            "",
+            "| seq_len | shuffle | lanes | steps | state bytes | header | bytes/lane "
+            "| state_dict() us |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in ck["rows"]:
+            lines.append(
+                f"| {r['seq_len']} | {r['shuffle_buffer']} | {r['num_lanes']} | {r['steps']} "
+                f"| {r['total_bytes']} | {r['header_bytes']} | {r['bytes_per_lane']:.1f} "
+                f"| {r['state_dict_us']:.0f} |"
+            )
+    rs = results.get("resume")
+    if rs:
+        lines += [
+            "",
+            "| flush_every | resume s (load -> first batch) | padding waste | Mtok/s |",
+            "|---|---|---|---|",
+        ]
+        for r in rs["rows"]:
+            lines.append(
+                f"| {r['flush_every']} | {r['resume_s']:.2f} | {r['padding_frac'] * 100:.2f}% "
+                f"| {r['tok_s'] / 1e6:.3f} |"
+            )
+    mem = results.get("memory")
+    if mem:
+        lines += [
+            "",
+            "| run | steps | peak RSS MB | RSS after first batch | at 10% | at end |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name in ("short", "long"):
+            m = mem[name]
+            lines.append(
+                f"| {name} | {m['steps']} | {m['peak_rss_mb']:.0f} | "
+                f"{m['rss_after_first_mb']:.0f} | {m['rss_at_10pct_mb']:.0f} | "
+                f"{m['rss_end_mb']:.0f} |"
+            )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    p.add_argument("--suite", default=",".join(SUITES), help=f"comma list of {SUITES}")
+    p.add_argument("--rounds", type=int, default=5, help="rounds per comparison (median)")
+    p.add_argument("--seconds", type=float, default=4.0, help="timed seconds per run")
+    p.add_argument("--json", default=None, help="write the JSON summary here ('-': stdout)")
+    p.add_argument("--tiny", action="store_true", help="tiny corpus and shapes (smoke test)")
+    p.add_argument("--root", default=None, help="cache directory for corpus and tokenizer")
+    p.add_argument("--memory-steps", type=int, default=60, help="steps of the short memory run")
+    p.add_argument("--flush-intervals", default=",".join(map(str, FLUSH_INTERVALS)))
+    p.add_argument("--timeout", type=float, default=300.0, help="limit per measurement (s)")
+    p.add_argument(
+        "--inprocess",
+        action="store_true",
+        help="measure in this process instead of a fresh process per run (smoke tests)",
+    )
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--config", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--corpus-args", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def corpus_args(tiny: bool, root: str | None) -> dict[str, Any]:
+    """Arguments of :func:`build_corpus` for a full or a tiny run."""
+    args: dict[str, Any] = {"root": root or str(default_root())}
+    if tiny:
+        args.update(max_bytes=400_000, doc_bytes=2048, vocab_size=800, train_lines=20_000)
+    return args
+
+
+def _build(args: dict[str, Any]) -> Corpus:
+    a = dict(args)
+    return build_corpus(Path(a.pop("root")), **a)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (see the module docstring)."""
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.one:
+        corpus = _build(json.loads(args.corpus_args))
+        res = measure_one(args.one, corpus, BenchConfig.from_json(args.config))
+        print(json.dumps(res), flush=True)
+        sys.stderr.flush()
+        # Skip interpreter teardown: daemon worker threads still inside a C++ tokenizer call
+        # abort the process when the interpreter finalizes under them.
+        os._exit(0)
+    suites = [s for s in args.suite.split(",") if s]
+    unknown = sorted(set(suites) - set(SUITES))
+    if unknown:
+        raise SystemExit(f"unknown suite(s) {unknown}; choose from {SUITES}")
+    cargs = corpus_args(args.tiny, args.root)
+    corpus = _build(cargs)
+    base = BenchConfig(seconds=args.seconds)
+    memory_steps = args.memory_steps
+    if args.tiny:
+        base = replace(base, seq_len=128, shuffle_buffer=4, chunk_size=8, flush_every=2)
+        memory_steps = min(memory_steps, 5)
+
+    def measure(kind: str, cfg: BenchConfig) -> dict[str, Any]:
+        if args.inprocess:
+            return measure_one(kind, corpus, cfg)
+        return run_isolated(kind, cfg, cargs, args.timeout)
+
+    results: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": _machine(),
+        "versions": _versions(),
+        "rounds": args.rounds,
+        "config": json.loads(base.to_json()),
+        "corpus": {
+            "documents": corpus.num_docs,
+            "bytes": corpus.num_bytes,
+            "sources": list(corpus.sources),
+        },
+        "default_flush_every": base.flush_every,
+    }
+    t0 = time.perf_counter()
+    for suite in suites:
+        _log(f"suite {suite}")
+        if suite == "throughput":
+            results["throughput"] = suite_throughput(base, args.rounds, measure)
+        elif suite == "scaling":
+            results["scaling"] = suite_scaling(base, args.rounds, measure)
+        elif suite == "checkpoint":
+            results["checkpoint"] = suite_checkpoint(base, corpus)
+        elif suite == "resume":
+            intervals = [int(x) for x in args.flush_intervals.split(",") if x]
+            results["resume"] = suite_resume(base, measure, intervals)
+        elif suite == "memory":
+            results["memory"] = suite_memory(base, measure, memory_steps)
+    results["elapsed_s"] = time.perf_counter() - t0
+    print(markdown(results), flush=True)
+    if args.json:
+        blob = json.dumps(summary(results), indent=1)
+        if args.json == "-":
+            print(blob)
+        else:
+            Path(args.json).write_text(blob + "\n")
+    if args.inprocess:
+        # Worker threads of the measured loaders may still be inside C++ tokenizer calls;
+        # interpreter teardown under them aborts the process, so leave without it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

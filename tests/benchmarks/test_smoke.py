@@ -1,0 +1,78 @@
+"""Smoke test of the benchmark runner: tiny corpus, every suite, well-formed output.
+
+No speed thresholds here: the numbers live in the benchmark output and docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = (
+    "zephon_tok_s",
+    "grain_tok_s",
+    "torchtitan_tok_s",
+    "raw_tok_s",
+    "ckpt_bytes_per_lane",
+    "resume_s",
+    "peak_rss_mb",
+)
+
+
+@pytest.mark.slow
+def test_tiny_run_prints_tables_and_positive_json(tmp_path: Path) -> None:
+    """A tiny in-process run of every suite prints Markdown tables and a positive JSON."""
+    out = tmp_path / "out.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["ZEPHON_CACHE_DIR"] = str(tmp_path / "cache")
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.run",
+        "--tiny",
+        "--inprocess",
+        "--rounds",
+        "1",
+        "--seconds",
+        "0.2",
+        "--flush-intervals",
+        "1,4",
+        "--root",
+        str(tmp_path / "bench"),
+        "--json",
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for header in ("| pipeline |", "| zephon variant |", "| flush_every |", "| seq_len |"):
+        assert header in proc.stdout, proc.stdout
+    summary = json.loads(out.read_text())
+    for key in KEYS:
+        value = summary[key]
+        assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (key, value)
+    details = summary["details"]
+    assert set(details["throughput"]["stats"]) == {
+        "zephon",
+        "grain",
+        "grain_proc",
+        "torchtitan",
+        "nodes",
+        "raw",
+    }
+    for stats in details["throughput"]["stats"].values():
+        assert stats["median"] > 0 and stats["min"] <= stats["median"] <= stats["max"]
+    assert [r["flush_every"] for r in details["resume"]["rows"]] == [1, 4]
+    for row in details["checkpoint"]["rows"]:
+        assert row["total_bytes"] == row["header_bytes"] + round(
+            row["bytes_per_lane"] * row["num_lanes"]
+        )
