@@ -21,7 +21,8 @@ class OpenedDataset:
 
     Attributes:
         dataset: The dataset (readable shards only).
-        skipped_files: ``{reason: files}`` skipped under ``on_error = "skip"``.
+        skipped_files: ``{reason: files}`` skipped under ``on_error = "skip"``, and empty
+            files (``"empty_file"``, under either policy).
     """
 
     dataset: Dataset
@@ -39,7 +40,8 @@ def _open_file(spec: DatasetSpec, path: str) -> Shard:
 def open_dataset(spec: DatasetSpec, chunk_size: int) -> OpenedDataset:
     """Open (and index, once per machine) every file of ``spec``.
 
-    An empty file is valid and contributes no work items. A corrupt or truncated zstd
+    An empty file is valid and contributes no work items (it is counted under
+    ``"empty_file"`` in the skipped files, under either policy). A corrupt or truncated zstd
     stream or an unreadable Parquet file raises
     :class:`DataError` naming the dataset and file under ``on_error = "raise"``; under
     ``"skip"`` the file is left out and counted by reason. Which files are left out depends
@@ -55,8 +57,11 @@ def open_dataset(spec: DatasetSpec, chunk_size: int) -> OpenedDataset:
     skipped: dict[str, int] = {}
     for path in spec.files():
         try:
-            # An empty shard (0 records) is valid and contributes no work items (issue 2).
+            # An empty shard (0 records) is valid and contributes no work items (issue 2);
+            # it is reported under "empty_file" with the skipped files, whatever the policy.
             shard = _open_file(spec, str(path))
+            if shard.num_records == 0:
+                skipped["empty_file"] = skipped.get("empty_file", 0) + 1
         except DataError as e:
             if spec.on_error != "skip":
                 raise DataError(f"dataset {spec.name!r}: {e}") from None
