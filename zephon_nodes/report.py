@@ -75,7 +75,11 @@ class ReportData:
         steps = result.steps
         ref = result.reference.digests
         rows = [
-            ReportRow("reference: " + result.reference.setting.name, cls._cells(ref, ref, steps))
+            ReportRow(
+                "reference: " + result.reference.setting.name,
+                cls._cells(ref, ref, steps),
+                result.reference.tokens_per_s,
+            )
         ]
         rows += [
             ReportRow(r.setting.name, cls._cells(ref, r.digests, steps), r.tokens_per_s)

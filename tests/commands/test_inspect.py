@@ -100,3 +100,23 @@ class TestInspect:
         assert "not a zephon-nodes state" in capsys.readouterr().out
         assert zephon("inspect", str(tmp_path / "missing")) == 2
         assert "no checkpoint" in capsys.readouterr().out
+
+
+def test_a_multi_rank_checkpoint_directory(recipe_path: Path, tmp_path: Path, capsys: Any) -> None:
+    from zephon_nodes.checkpoint import commit_checkpoint, save_rank_state
+
+    pipeline = Pipeline(Recipe.from_toml(recipe_path))
+    ranks = [pipeline.rank_node(2, r) for r in range(2)]
+    for _ in range(4):
+        for node in ranks:
+            next(node)
+    for r, node in enumerate(ranks):
+        save_rank_state(tmp_path / "ckpt", 4, r, node.state_dict())
+    commit_checkpoint(tmp_path / "ckpt", 4, world_size=2)
+    status = zephon("inspect", str(tmp_path / "ckpt"), "--recipe", str(recipe_path), "--json")
+    data = json.loads(capsys.readouterr().out)
+    assert status == 0
+    assert data["step"] == 4
+    assert sorted(data["lanes"]) == ["0", "1", "2", "3"]
+    assert data["lanes"]["3"] == ranks[1].state_dict()["lanes"]["3"]
+    assert data["resume"]["ok"] is True

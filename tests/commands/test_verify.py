@@ -258,3 +258,23 @@ def test_a_checkpoint_step_beyond_the_data_is_refused(recipe_path: Path, capsys:
     status = zephon("verify", str(recipe_path), "--steps", "4", "--checkpoint-step", "4")
     assert status == 2
     assert "checkpoint step 4 must be in [1, 4)" in capsys.readouterr().out
+
+
+def test_progress_bar_on_a_terminal() -> None:
+    import io
+
+    from zephon_nodes.verification import REFERENCE, SettingResult
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = verify_cmd._Progress(2, stream)
+    progress(SettingResult(REFERENCE, ["d"], 10, 0.1))
+    progress(SettingResult(Setting(2, 1), ["d"], 10, 0.1))
+    progress.close()
+    text = stream.getvalue()
+    assert "setting/s" in text and "\r" in text  # a tqdm bar, redrawn in place
+    assert "dp=2 workers=1 thread" in text
+    assert "[1/2]" not in text  # not the plain lines
