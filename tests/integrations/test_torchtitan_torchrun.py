@@ -191,6 +191,7 @@ def trainer_args(assets: Assets, recipe: Path, dump: Path, lbs: int, *extra: str
         "--dump_folder", str(dump),
         "--parallelism.spmd_backend", "partial_dtensor",
         "--metrics.log_freq", "1",
+        "--debug.seed", "0",
         *extra,
     ]  # fmt: skip
 
