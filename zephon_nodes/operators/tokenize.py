@@ -133,8 +133,8 @@ def _custom_tokenizer(name: str) -> Tokenizer:
     from zephon_nodes.registry import lookup
 
     obj = lookup("tokenizer", name).obj
-    if not hasattr(obj, "encode_batch") and callable(obj):
-        obj = obj()
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "encode_batch")):
+        obj = obj()  # a class or factory
     missing = [a for a in ("bos_id", "eos_id", "pad_id", "encode_batch") if not hasattr(obj, a)]
     if missing:
         raise RecipeError(
