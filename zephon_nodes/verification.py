@@ -42,6 +42,7 @@ class Setting:
         runner: ``"thread"`` or ``"process"``.
         resume_from: For a resume setting, the dp size that wrote the checkpoint.
         checkpoint_step: For a resume setting, the step after which the state was saved.
+        local_batch_size: Micro-batch size per rank (None: one micro-batch per step).
     """
 
     dp: int
@@ -49,6 +50,7 @@ class Setting:
     runner: str = "thread"
     resume_from: int | None = None
     checkpoint_step: int | None = None
+    local_batch_size: int | None = None
 
     @property
     def is_resume(self) -> bool:
@@ -59,6 +61,8 @@ class Setting:
     def name(self) -> str:
         """A short human-readable label, e.g. ``dp=2 workers=1 thread``."""
         pool = "inline" if self.workers == 0 else f"workers={self.workers} {self.runner}"
+        if self.local_batch_size is not None:
+            pool += f" micro={self.local_batch_size}"
         if self.is_resume:
             return f"resume dp={self.resume_from}->{self.dp} @{self.checkpoint_step} {pool}"
         return f"dp={self.dp} {pool}"
@@ -81,13 +85,17 @@ def default_matrix(
     resume: bool = True,
     checkpoint_step: int | None = None,
     resume_workers: int = 2,
+    micro_batch_sizes: Sequence[int] = (),
+    global_batch_size: int | None = None,
 ) -> list[Setting]:
     """Build the default matrix of settings.
 
     Every dp size x workers x runner, then (with ``resume``) a checkpoint after
     ``checkpoint_step`` resumed from each dp size at each other dp size, on ``resume_workers``
     thread workers. A ``checkpoint_step`` of None means half the steps the reference produces
-    (see :func:`run_matrix`).
+    (see :func:`run_matrix`). Each of ``micro_batch_sizes`` adds one setting per dp size
+    (``resume_workers`` threads) that cuts each rank's step into micro-batches of that size,
+    where it divides the rank's ``global_batch_size / dp`` rows.
 
     Raises:
         RecipeError: If a dp size does not divide ``num_lanes`` or a runner is unknown.
@@ -100,6 +108,14 @@ def default_matrix(
         if r not in RUNNERS:
             raise RecipeError(f"runner {r!r} must be one of {RUNNERS}")
     out = [Setting(d, w, r) for r in runners for w in workers for d in sizes]
+    for b in micro_batch_sizes:
+        if b < 1:
+            raise RecipeError(f"micro-batch size {b} must be >= 1")
+        out += [
+            Setting(d, resume_workers, "thread", local_batch_size=b)
+            for d in sizes
+            if global_batch_size is None or (global_batch_size // d) % b == 0
+        ]
     if resume:
         out += [
             Setting(b, resume_workers, "thread", resume_from=a, checkpoint_step=checkpoint_step)
@@ -160,6 +176,7 @@ class SettingResult:
             "runner": s.runner,
             "resume_from": s.resume_from,
             "checkpoint_step": s.checkpoint_step,
+            "local_batch_size": s.local_batch_size,
             "steps": len(self.digests),
             "identical": self.identical,
             "first_differing_step": self.first_diff,
@@ -230,7 +247,9 @@ def _run_plain(
     pipeline: Pipeline, setting: Setting, steps: int, pool: WorkerPool
 ) -> tuple[list[str], int]:
     digests, tokens = [], 0
-    for res, _ in simulate(pipeline, setting.dp, steps, pool=pool):
+    for res, _ in simulate(
+        pipeline, setting.dp, steps, pool=pool, local_batch_size=setting.local_batch_size
+    ):
         digests.append(res.digest)
         tokens += res.tokens
     return digests, tokens

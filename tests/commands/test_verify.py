@@ -69,6 +69,14 @@ class TestMatrix:
         }
         assert all(s.checkpoint_step == 3 for s in resume)
 
+    def test_micro_batch_settings_only_where_the_size_divides_a_ranks_rows(self) -> None:
+        m = default_matrix(
+            4, runners=["thread"], resume=False, micro_batch_sizes=[1, 4], global_batch_size=8
+        )
+        micro = [(s.dp, s.local_batch_size) for s in m if s.local_batch_size is not None]
+        # G/R rows per rank: 8, 4, 2 at dp 1, 2, 4
+        assert micro == [(1, 1), (2, 1), (4, 1), (1, 4), (2, 4)]
+
     def test_a_dp_size_that_does_not_divide_the_lanes_is_refused(self) -> None:
         from zephon_nodes.errors import RecipeError
 
@@ -94,11 +102,16 @@ class TestVerify:
         status = zephon("verify", str(recipe_path), "--steps", "6", "--runners", "thread")
         out = capsys.readouterr().out
         rows = table_rows(out)
-        # reference + 3 dp sizes x 2 worker counts + 6 resume pairs
-        assert len(rows) == 1 + 6 + 6
+        # reference + 3 dp sizes x 2 worker counts + 3 micro-batch splits + 6 resume pairs
+        assert len(rows) == 1 + 6 + 3 + 6
         assert rows[0][:3] == ["dp=1 inline", "6", "(reference)"]
         assert all(r[2] == "identical" and r[1] == "6" for r in rows[1:])
-        assert "12/12 settings identical to the reference over 6 steps" in out
+        assert "15/15 settings identical to the reference over 6 steps" in out
+        assert [r[0] for r in rows[7:10]] == [
+            "dp=1 workers=2 thread micro=1",
+            "dp=2 workers=2 thread micro=1",
+            "dp=4 workers=2 thread micro=1",
+        ]
         assert status == 0
 
     def test_a_thread_dependent_operator_fails_with_step_1(
@@ -111,7 +124,7 @@ class TestVerify:
         out = capsys.readouterr().out
         rows = table_rows(out)
         assert status == 1
-        assert len(rows) == 1 + 6
+        assert len(rows) == 1 + 6 + 3
         assert all(r[2] == "differs at step 1" for r in rows[1:])
         assert "MISMATCH" in out
 
@@ -150,6 +163,8 @@ class TestVerify:
         assert names == [
             "dp=1 workers=2 thread",
             "dp=4 workers=2 thread",
+            "dp=1 workers=2 thread micro=1",
+            "dp=4 workers=2 thread micro=1",
             "resume dp=1->4 @1 workers=2 thread",
             "resume dp=4->1 @1 workers=2 thread",
         ]
@@ -162,8 +177,8 @@ class TestVerify:
     ) -> None:
         zephon("verify", str(recipe_path), "--steps", "2", "--runners", "thread", "--no-resume")
         err = capsys.readouterr().err.splitlines()
-        assert err[0].startswith("[1/7] dp=1 inline: reference (2 steps")
-        assert err[-1].startswith("[7/7] dp=4 workers=2 thread: identical")
+        assert err[0].startswith("[1/10] dp=1 inline: reference (2 steps")
+        assert err[-1].startswith("[10/10] dp=4 workers=2 thread micro=1: identical")
 
     def test_the_data_ending_early_limits_the_steps(self, tmp_path: Path, capsys: Any) -> None:
         from tests.commands.conftest import write_recipe
@@ -180,7 +195,7 @@ class TestVerify:
     def test_process_runner_matrix(self, recipe_path: Path, capsys: Any) -> None:
         status = zephon(
             "verify", str(recipe_path), "--steps", "3", "--runners", "process",
-            "--no-resume", "--json",
+            "--no-resume", "--micro-batch-sizes", "0", "--json",
         )  # fmt: skip
         data = json.loads(capsys.readouterr().out)
         assert status == 0
@@ -222,8 +237,9 @@ class TestReport:
         assert status == 0
         text = page.read_text()
         assert text.startswith("<!DOCTYPE html>") and "<svg" in text
-        # ours: reference + 2 settings, all green; naive: dp=1 green, dp=2 red on every step.
-        assert text.count(f'fill="{GREEN}"') == 3 * 5 + 5
+        # ours: reference + 2 settings + 2 micro-batch splits, all green;
+        # naive: dp=1 green, dp=2 red on every step.
+        assert text.count(f'fill="{GREEN}"') == 5 * 5 + 5
         assert text.count(f'fill="{RED}"') == 5
         assert "naive rank-sharded" in text
 

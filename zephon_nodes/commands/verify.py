@@ -50,7 +50,8 @@ def add_parser(sub: Any) -> None:
         help="check that a recipe gives identical global batches under many settings",
         description=(
             "Run RECIPE under a matrix of physical settings (dp sizes, workers, thread and "
-            "process runners, checkpoint-and-resume from each dp size to each other) and "
+            "process runners, micro-batch splits, checkpoint-and-resume from each dp size to "
+            "each other) and "
             "compare every step's global batch digest with a reference run (one rank, "
             "operators inline). Exit status 0 only if every setting is identical."
         ),
@@ -77,6 +78,13 @@ def add_parser(sub: Any) -> None:
         help="save after this step and resume at every other dp size (default: half the steps)",
     )
     p.add_argument("--no-resume", action="store_true", help="skip the checkpoint settings")
+    p.add_argument(
+        "--micro-batch-sizes",
+        type=_int_list,
+        default=[1],
+        help="micro-batch sizes to split each rank's step into, one setting per dp size each "
+        "(default 1; 0 for none)",
+    )
     p.add_argument(
         "--report",
         action="append",
@@ -174,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
         runners=args.runners,
         resume=not args.no_resume,
         checkpoint_step=args.checkpoint_step,
+        micro_batch_sizes=[b for b in args.micro_batch_sizes if b != 0],
+        global_batch_size=recipe.global_batch_size,
     )
     progress = _Progress(len(settings) + 1, sys.stderr)
     try:
