@@ -116,9 +116,11 @@ def build_assets(root: Path, num_docs: int = 400) -> Assets:
 def write_recipe(path: Path, assets: Assets, **overrides: Any) -> Path:
     """Write a recipe TOML over the assets; ``overrides`` replace top-level scalars.
 
-    ``epochs`` (default ``"inf"``) sets ``work.epochs``.
+    ``epochs`` (default ``"inf"``) sets ``work.epochs``; ``tokenizer=(kind, path)`` replaces
+    the sentencepiece model.
     """
     epochs = overrides.pop("epochs", "inf")
+    tok_kind, tok_path = overrides.pop("tokenizer", ("sentencepiece", assets.sp_model))
     top: dict[str, Any] = {
         "seed": 7,
         "num_lanes": 4,
@@ -131,8 +133,8 @@ def write_recipe(path: Path, assets: Assets, **overrides: Any) -> Path:
     lines += [
         "",
         "[tokenizer]",
-        'kind = "sentencepiece"',
-        f"path = {json.dumps(str(assets.sp_model))}",
+        f"kind = {json.dumps(tok_kind)}",
+        f"path = {json.dumps(str(tok_path))}",
         "",
         "[[datasets]]",
         'name = "stdlib"',

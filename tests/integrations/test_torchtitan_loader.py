@@ -126,6 +126,27 @@ class TestLaunchChecks:
         tok = HuggingFaceTokenizer(tokenizer_path=str(assets.hf_assets))
         assert build(recipe_path, 2, 1, tok=tok).lanes == [2, 3]
 
+    def test_same_tokenizer_json_accepted(self, assets: Assets, tmp_path: Path) -> None:
+        """The simplest relation: the recipe names TorchTitan's own tokenizer.json."""
+        path = write_recipe(
+            tmp_path / "hf.toml", assets, tokenizer=("hf", assets.hf_assets / "tokenizer.json")
+        )
+        tok = HuggingFaceTokenizer(tokenizer_path=str(assets.hf_assets))
+        inputs, _ = next(iter(build(path, 2, 0, tok=tok)))
+        is_bos = inputs["input"] == tok.bos_id  # documents start with TorchTitan's bos id
+        assert is_bos.any() and bool((inputs["positions"][is_bos] == 0).all())
+
+    def test_other_tokenizer_json_refused(self, assets: Assets, tmp_path: Path) -> None:
+        small = write_hf_assets(assets.sp_model, tmp_path / "small", vocab_size=500)
+        path = write_recipe(
+            tmp_path / "hf.toml", assets, tokenizer=("hf", small / "tokenizer.json")
+        )
+        tok = HuggingFaceTokenizer(tokenizer_path=str(assets.hf_assets))
+        with pytest.raises(
+            RecipeError, match=r"vocab_size=512, the recipe tokenizer \(hf .* has 500"
+        ):
+            build(path, 2, 0, tok=tok)
+
     def test_tokenizer_check_can_be_disabled(self, recipe_path: Path) -> None:
         fake = SimpleNamespace(get_vocab_size=lambda: 7, bos_id=5, eos_id=6)
         assert build(recipe_path, 1, 0, tok=fake, check_tokenizer=False).lanes == [0, 1, 2, 3]
