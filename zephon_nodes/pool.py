@@ -7,10 +7,13 @@ never output.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
 import multiprocessing
 import queue
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +22,10 @@ from zephon_nodes.errors import RecipeError
 __all__ = ["RUNNERS", "WorkerPool"]
 
 RUNNERS = ("thread", "process")
+
+# Longest wait, at close or interpreter exit, for a thread to finish the call it is running.
+_JOIN_S = 10.0
+_LIVE: weakref.WeakSet[_DaemonThreadExecutor] = weakref.WeakSet()
 
 
 class _DaemonThreadExecutor(cf.Executor):
@@ -39,6 +46,7 @@ class _DaemonThreadExecutor(cf.Executor):
         ]
         for t in self._threads:
             t.start()
+        _LIVE.add(self)
 
     def _work(self) -> None:
         while True:
@@ -83,6 +91,27 @@ class _DaemonThreadExecutor(cf.Executor):
         if wait:
             for t in self._threads:
                 t.join()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` in all for the threads to finish their current call.
+
+        A daemon thread still inside a C++ call (a tokenizer) when the interpreter exits
+        aborts the process ("terminate called without an active exception"), so a closed
+        pool lets running calls finish; a thread blocked forever is abandoned after the wait.
+        """
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+
+
+@atexit.register
+def _close_live_executors() -> None:
+    for executor in list(_LIVE):
+        executor.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + _JOIN_S
+    for executor in list(_LIVE):
+        executor.join(max(0.0, deadline - time.monotonic()))
 
 
 class WorkerPool:
@@ -146,6 +175,8 @@ class WorkerPool:
         processes = getattr(executor, "_processes", None) or {}
         procs = list(processes.values())
         executor.shutdown(wait=False, cancel_futures=True)
+        if isinstance(executor, _DaemonThreadExecutor):
+            executor.join(min(self.timeout_s, _JOIN_S))
         for proc in procs:
             if proc.is_alive():
                 proc.kill()
