@@ -42,6 +42,19 @@ def lanes_for_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> list[int
     return list(range(dp_rank * per, (dp_rank + 1) * per))
 
 
+def _refuse_tar(datasets: Sequence[Dataset]) -> None:
+    from zephon_nodes.errors import RecipeError
+    from zephon_nodes.multimodal.tar import TarShard
+
+    for d in datasets:
+        tars = [s.path for s in d.shards if isinstance(s, TarShard)]
+        if tars:
+            raise RecipeError(
+                f"dataset {d.name!r}: {tars[0]} is a tar shard (images); a recipe reading "
+                f"tar shards needs an [image] table"
+            )
+
+
 class Pipeline:
     """A recipe compiled into its work source and per-lane operator chains.
 
@@ -66,9 +79,18 @@ class Pipeline:
             self.pad_id = recipe.pack.pad_id
         else:
             self.pad_id = tok.pad_id if tok.pad_id >= 0 else tok.eos_id
-        self.stateless = stateless_chain(recipe, tok)
+        self.placeholder_id = -1
+        if recipe.image is not None:
+            from zephon_nodes.multimodal.assembly import multimodal_chain, placeholder_id
+
+            self.placeholder_id = placeholder_id(recipe, tok)
+            self.stateless = multimodal_chain(recipe, tok)
+        else:
+            self.stateless = stateless_chain(recipe, tok)
         opened = [open_dataset(spec, recipe.work.chunk_size) for spec in recipe.datasets]
         self.datasets: list[Dataset] = [o.dataset for o in opened]
+        if recipe.image is None:
+            _refuse_tar(self.datasets)
         self.skipped_files = {o.dataset.name: dict(o.skipped_files) for o in opened}
         self.work_source: WorkSource
         self.work_source, estimate = work_source(recipe, self.datasets, self.stateless)
@@ -90,7 +112,12 @@ class Pipeline:
         node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
         node = OrderedParallelMap(node, self.stateless, pool, lookahead=lookahead)
         seq_len, pad_id, prov = r.seq_len, self.pad_id, self.provenance
-        if r.pack.mode == "bestfit":
+        if r.image is not None:
+            from zephon_nodes.multimodal.assembly import make_packer
+
+            ph = self.placeholder_id
+            node = AccumulatorNode(node, lambda w: make_packer(r, pad_id, ph, prov))
+        elif r.pack.mode == "bestfit":
             bins = r.pack.bins
             node = AccumulatorNode(node, lambda w: BestFitPacker(seq_len, pad_id, bins, prov))
         else:

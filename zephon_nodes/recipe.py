@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.errors import RecipeError
+from zephon_nodes.multimodal.spec import ImageSpec
 
 __all__ = [
     "DatasetSpec",
@@ -125,6 +126,8 @@ class DatasetSpec:
             forever.
         on_error: Bad input (corrupt or truncated file, invalid JSON or UTF-8, missing or
             non-string field, empty file): ``"raise"`` (default) or ``"skip"`` (skip and count).
+        image_field: Field holding base64 image bytes (one string or a list) in jsonl records
+            of a recipe with an ``[image]`` table; ``None``: ``"image"``.
     """
 
     name: str
@@ -135,6 +138,7 @@ class DatasetSpec:
     base_dir: Path = field(default_factory=Path.cwd)
     on_exhausted: str = "end"
     on_error: str = "raise"
+    image_field: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -204,6 +208,8 @@ class DatasetSpec:
             out["on_exhausted"] = self.on_exhausted
         if self.on_error != "raise":
             out["on_error"] = self.on_error
+        if self.image_field is not None:
+            out["image_field"] = self.image_field
         return out
 
 
@@ -433,6 +439,8 @@ class Recipe:
         pack: Packing mode.
         mixture: Mixing plan settings and weight schedule (several datasets only).
         operators: User filters and maps over document texts, applied in order.
+        image: Image decoding, patches and placeholder tokens (``[image]``); makes the
+            recipe multimodal (tar shards, jsonl with base64 images; see ``docs/multimodal.md``).
         source: Path of the TOML file the recipe came from, if any (not fingerprinted).
     """
 
@@ -448,6 +456,7 @@ class Recipe:
     pack: PackSpec = field(default_factory=PackSpec)
     mixture: MixtureSpec = field(default_factory=MixtureSpec)
     operators: tuple[OperatorSpec, ...] = ()
+    image: ImageSpec | None = None
     source: Path | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -472,6 +481,15 @@ class Recipe:
                 raise RecipeError(f"{name}={value!r} must be a positive integer")
         if self.seed < 0:
             raise RecipeError(f"seed={self.seed} must be >= 0")
+        if self.image is not None:
+            self.image.check(self.seq_len)
+            if self.pack.mode != "concat":
+                raise RecipeError(
+                    f"pack.mode={self.pack.mode!r}: a recipe with an [image] table packs with "
+                    f"its own multimodal packer; leave pack.mode at 'concat'"
+                )
+            if self.operators:
+                raise RecipeError("[[operators]] are not supported with an [image] table yet")
         if self.global_batch_size % self.num_lanes:
             raise RecipeError(
                 f"global_batch_size={self.global_batch_size} must be a multiple of "
@@ -506,6 +524,7 @@ class Recipe:
             # keep the fingerprint they had before these features existed.
             **({"mixture": self.mixture.canonical()} if len(self.datasets) > 1 else {}),
             **({"operators": [op.canonical() for op in self.operators]} if self.operators else {}),
+            **({"image": self.image.canonical()} if self.image is not None else {}),
         }
 
     def fingerprint(self) -> str:
@@ -581,6 +600,7 @@ class Recipe:
                         base_dir=base,
                         on_exhausted=ds.get("on_exhausted", str, "end"),
                         on_error=ds.get("on_error", str, default_on_error),
+                        image_field=ds.get("image_field", str, None),
                     )
                 )
                 ds.done()
@@ -625,6 +645,9 @@ class Recipe:
                 pack=pack,
                 mixture=mixture,
                 operators=tuple(operators),
+                image=ImageSpec.from_table(top.raw("image", dict, {}), f"{where}image")
+                if "image" in data
+                else None,
                 source=source,
             )
             top.done()

@@ -22,6 +22,7 @@ import numpy as np
 import zstandard
 
 from zephon_nodes.errors import DataError
+from zephon_nodes.multimodal.tar import TarShard
 from zephon_nodes.parquet import ParquetShard
 
 __all__ = ["FileShard", "MemoryShard", "Shard", "cache_dir", "open_shard"]
@@ -118,7 +119,7 @@ class MemoryShard:
         return f"{self.path} record {record}"
 
 
-Shard = FileShard | MemoryShard | ParquetShard
+Shard = FileShard | MemoryShard | ParquetShard | TarShard
 
 _INDEX_CACHE: dict[str, np.ndarray] = {}
 

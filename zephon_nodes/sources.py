@@ -34,6 +34,10 @@ def _open_file(spec: DatasetSpec, path: str) -> Shard:
         from zephon_nodes.parquet import open_parquet_shard
 
         return open_parquet_shard(path, spec.text_field)
+    if path.endswith(".tar"):
+        from zephon_nodes.multimodal.tar import open_tar_shard
+
+        return open_tar_shard(path)
     return open_shard(path)
 
 
