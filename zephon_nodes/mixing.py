@@ -11,11 +11,11 @@ At each node the number of items sent to the left among the first ``n`` is
 fraction: pure integer arithmetic, so every dataset's item count stays within one item of
 its ideal at every node, and position ``g`` is found in O(number of datasets) without
 looking at earlier items. Items are planned in blocks of ``block`` items: the weights (from
-the schedule) are read at each block's start, and the positions inside a block are shuffled
-by a seeded permutation so that no lane sees a periodic pattern (each dataset's items
-keep their order inside the block). Before the schedule's last
-point the integer accumulators at block starts are precomputed (a few integers per block);
-after it they are closed-form.
+the schedule) are read at each block's estimated middle, and the positions inside a block
+are shuffled by a seeded permutation so that no lane sees a periodic pattern (each
+dataset's items keep their order inside the block). Before the schedule's last point the
+integer accumulators at block starts are precomputed (a few integers per block); after it
+they are closed-form.
 
 The ``k``-th item of dataset ``d`` is item ``perm_e[k mod n_d]`` of epoch ``e = k // n_d``,
 as in :class:`~zephon_nodes.work.DatasetWorkSource`. When a dataset with
@@ -148,7 +148,13 @@ class MixingWorkSource(WorkSource):
         self._x: list[tuple[int, ...]] = []
         self._a: list[list[int]] = []
         while True:
-            a = self._ratios(self.schedule.weights_at(tokens))
+            if tokens >= self.schedule.last:
+                a = self._ratios(self.schedule.weights_at(tokens))
+            else:
+                # Weights at the block's estimated middle (its size taken at its start).
+                a = self._ratios(self.schedule.weights_at(tokens))
+                middle = tokens + self._block_tokens(x, a) / 2
+                a = self._ratios(self.schedule.weights_at(middle))
             self._x.append(tuple(x))
             self._a.append(a)
             if tokens >= self.schedule.last:
@@ -168,6 +174,15 @@ class MixingWorkSource(WorkSource):
             tokens += n * self.tokens_per_item[D - 1]
         self._tail = len(self._x) - 1
         self._tail_n = self._counts_from(self._tail, self._x[self._tail])[1]
+
+    def _block_tokens(self, x: Sequence[int], a: Sequence[int]) -> float:
+        """Estimated tokens of a block starting at accumulators ``x`` with ratios ``a``."""
+        n, tokens = self.block, 0.0
+        for j, (xj, aj) in enumerate(zip(x, a, strict=True)):
+            left = (xj + n * aj) // _ONE - xj // _ONE
+            tokens += left * self.tokens_per_item[j]
+            n -= left
+        return tokens + n * self.tokens_per_item[-1]
 
     def _counts_from(self, seg: int, x: Sequence[int]) -> tuple[list[int], list[int]]:
         """Return (items per dataset, items reaching each node) before block ``seg``."""
