@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as cf
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -26,6 +27,21 @@ RUNNERS = ("thread", "process")
 # Longest wait, at close or interpreter exit, for a thread to finish the call it is running.
 _JOIN_S = 10.0
 _LIVE: weakref.WeakSet[_DaemonThreadExecutor] = weakref.WeakSet()
+
+
+def _watch_parent(parent: int, interval_s: float = 0.5) -> None:
+    """Worker-process initializer: exit as soon as the parent (the rank) is gone.
+
+    A rank killed with SIGKILL cannot stop its workers; without this they would live on as
+    orphans (blocked on their task queue) on every preempted node.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="zephon-parent-watch", daemon=True).start()
 
 
 class _DaemonThreadExecutor(cf.Executor):
@@ -147,7 +163,10 @@ class WorkerPool:
                 self._executor = _DaemonThreadExecutor(self.num_workers, "zephon-worker")
             else:
                 self._executor = cf.ProcessPoolExecutor(
-                    self.num_workers, mp_context=multiprocessing.get_context("spawn")
+                    self.num_workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_watch_parent,
+                    initargs=(os.getpid(),),
                 )
         return self._executor
 

@@ -43,3 +43,9 @@ class Faulty:
                 os.replace(self.path + ".tmp", self.path)
                 time.sleep(self.seconds)
         return self.inner(item)
+
+
+def worker_pid(delay_s: float) -> int:
+    """Return the pid of the worker running the call (after ``delay_s``)."""
+    time.sleep(delay_s)
+    return os.getpid()

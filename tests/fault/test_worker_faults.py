@@ -202,3 +202,30 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
     except OSError:
         return "gone"
+
+
+@pytest.mark.slow
+def test_workers_exit_when_their_rank_is_sigkilled() -> None:
+    """A SIGKILLed rank cannot close its pool; its worker processes must not live on."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fault.orphan_workers"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        with alarm(150):
+            pids = [int(p) for p in proc.stdout.readline().split()]
+        assert pids and all(Path(f"/proc/{p}").exists() for p in pids)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in pids if _state(p) not in ("gone", "Z")]
+    for p in alive:  # clean up before failing
+        os.kill(p, signal.SIGKILL)
+    assert not alive, f"worker processes {alive} outlived their SIGKILLed rank"
