@@ -42,6 +42,14 @@ class TestWorkerInvariant:
         with pytest.raises(AssertionError, match="'counting' is not worker-invariant"):
             assert_worker_invariant(wrong_ops.Counting())
 
+    @pytest.mark.slow
+    def test_the_process_runner(self) -> None:
+        assert_worker_invariant(
+            wrong_ops.Reverse(), workers=(2,), runners=("process",), max_examples=5
+        )
+        with pytest.raises(AssertionError, match="does not pickle"):
+            assert_worker_invariant(wrong_ops.Unpicklable(), workers=(1,), runners=("process",))
+
 
 class TestFlushReplay:
     def test_a_correct_accumulator_passes(self) -> None:

@@ -62,6 +62,18 @@ class Counting:
         return (self.calls, len(batch.tokens))
 
 
+class Unpicklable:
+    """Wrong for the process runner: holds a lambda, which does not pickle."""
+
+    name = "unpicklable"
+
+    def __init__(self) -> None:
+        self.scale = lambda x: x
+
+    def __call__(self, batch: DocBatch) -> DocBatch:
+        return DocBatch(self.scale(batch.tokens), batch.lengths)
+
+
 class ChunkPacker:
     """Correct accumulator: tokens into chunks of 4; a flush emits the rest, then nothing."""
 

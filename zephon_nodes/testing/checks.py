@@ -10,10 +10,11 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 from torchdata.nodes import BaseNode, Loader
@@ -78,15 +79,24 @@ def _fresh_copy(op: Any) -> Any:
         return op
 
 
-def _run(check: Callable[[], None]) -> None:
+def _run(check: Callable[[], None], max_examples: int | None = None) -> None:
     """Run a Hypothesis check; turn several failures, or a flaky one, into one AssertionError.
 
     A wrong operator that keeps state between calls can fail differently from one example to
     the next (Hypothesis then reports an exception group); the first assertion is reported,
     with a note when it did not reproduce on the same input.
     """
+    # Timing is not the property under test: no deadline (a pool's first task may take
+    # seconds while workers start), and slow data generation is fine.
+    options: dict[str, Any] = {
+        "report_multiple_bugs": False,
+        "deadline": None,
+        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+    }
+    if max_examples is not None:
+        options["max_examples"] = max_examples
     try:
-        settings(report_multiple_bugs=False)(check)()
+        settings(**options)(check)()
     except BaseExceptionGroup as group:
         first = _first_assertion(group)
         if first is None:
@@ -120,6 +130,7 @@ def assert_worker_invariant(
     *,
     workers: Sequence[int] = (1, 2),
     runners: Sequence[str] = ("thread",),
+    max_examples: int | None = None,
 ) -> None:
     """Check that a stateless operator's output depends only on its input.
 
@@ -135,13 +146,23 @@ def assert_worker_invariant(
         inputs: Strategy of one input item (default: :func:`~.strategies.doc_batches`).
         workers: Pool sizes to try.
         runners: ``"thread"`` and/or ``"process"`` (spawned processes start slowly).
+        max_examples: Generated input lists (default: the active Hypothesis profile's).
 
     Raises:
         AssertionError: On the smallest input list that shows a difference.
     """
     strategy = inputs if inputs is not None else doc_batches()
-    pools = [WorkerPool(w, r) for r in runners for w in workers]
     name = _name(op)
+    if "process" in runners:
+        try:
+            pickle.loads(pickle.dumps(op))
+        except Exception as e:
+            raise AssertionError(
+                f"operator {name!r} does not pickle, and the process runner needs a picklable "
+                f"operator (a module-level class or function, no lambdas or open handles): "
+                f"{type(e).__name__}: {e}"
+            ) from e
+    pools = [WorkerPool(w, r) for r in runners for w in workers]
 
     @given(st.lists(strategy, min_size=1, max_size=_MAX_ITEMS))
     def check(items: list[Any]) -> None:
@@ -149,18 +170,29 @@ def assert_worker_invariant(
         same = [op(x) for x in items]
         _expect(alone, same, items, "applied in order on one instance", name)
         for pool in pools:
-            futures = [pool.submit(op, x) for x in items]
-            got = [f.result(timeout=pool.timeout_s) for f in futures]
+            got = _on_pool(pool, op, items, name)
             _expect(alone, got, items, f"on {pool}", name)
-            futures = [pool.submit(op, x) for x in reversed(items)]
-            got = [f.result(timeout=pool.timeout_s) for f in futures][::-1]
+            got = _on_pool(pool, op, items[::-1], name)[::-1]
             _expect(alone, got, items, f"on {pool}, submitted in reverse order", name)
 
     try:
-        _run(check)
+        _run(check, max_examples)
     finally:
         for pool in pools:
             pool.close()
+
+
+def _on_pool(pool: WorkerPool, op: Callable[[Any], Any], items: list[Any], name: str) -> list[Any]:
+    try:
+        futures = [pool.submit(op, x) for x in items]
+        return [f.result(timeout=pool.timeout_s) for f in futures]
+    except Exception as e:
+        hint = (
+            " (the process runner needs a picklable operator)" if pool.runner == "process" else ""
+        )
+        raise AssertionError(
+            f"operator {name!r} failed on {pool}{hint}: {type(e).__name__}: {e}"
+        ) from e
 
 
 def _expect(expected: list[Any], got: list[Any], items: list[Any], how: str, name: str) -> None:
@@ -209,6 +241,7 @@ def assert_flush_replay_exact(
     inputs: st.SearchStrategy[Any] | None = None,
     *,
     flush_every: int | None = None,
+    max_examples: int | None = None,
 ) -> None:
     """Check that an accumulator restores exactly by flush/replay.
 
@@ -226,6 +259,7 @@ def assert_flush_replay_exact(
         inputs: Strategy of one input item (default: :func:`~.strategies.doc_batches`, what a
             packer takes).
         flush_every: Items per window (default: drawn from 1 to 4).
+        max_examples: Generated input lists (default: the active Hypothesis profile's).
 
     Raises:
         AssertionError: On the smallest input list and earliest window or position.
@@ -274,7 +308,7 @@ def assert_flush_replay_exact(
                     f"flush, or depend on anything but its window and inputs?"
                 )
 
-    _run(check)
+    _run(check, max_examples)
 
 
 # --- state round trip -----------------------------------------------------------------------
@@ -300,6 +334,7 @@ def assert_state_roundtrip(
     *,
     json_safe: bool = True,
     max_positions: int = 12,
+    max_examples: int | None = None,
 ) -> None:
     """Check that a node's ``get_state`` is a copy that restores exactly.
 
@@ -311,6 +346,8 @@ def assert_state_roundtrip(
         json_safe: Also require the state to survive a JSON round trip unchanged.
         max_positions: Restore positions tried (spread over the stream, always including
             the start, the second item and the end).
+        max_examples: For an accumulator factory, generated input lists (default: the
+            active Hypothesis profile's).
 
     Raises:
         AssertionError: If a state taken earlier changes as the node advances (``get_state``
@@ -330,7 +367,7 @@ def assert_state_roundtrip(
     def check(items: list[Any], k: int) -> None:
         _roundtrip(lambda: _accumulate(make, items, k), _name(make), json_safe, max_positions)
 
-    _run(check)
+    _run(check, max_examples)
 
 
 def _positions(n: int, limit: int) -> list[int]:
