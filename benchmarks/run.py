@@ -133,11 +133,13 @@ def _measure_memory(corpus: Corpus, cfg: BenchConfig) -> dict[str, Any]:
         after_first = _rss_mb()
         t0 = time.perf_counter()
         mark = max(1, steps // 10)
-        at_mark = after_first
+        at_mark = at_half = after_first
         for i in range(steps):
             next(it)
             if i == mark:
                 at_mark = _rss_mb()
+            if i == steps // 2:
+                at_half = _rss_mb()
         seconds = time.perf_counter() - t0
     finally:
         pool.close()
@@ -146,6 +148,7 @@ def _measure_memory(corpus: Corpus, cfg: BenchConfig) -> dict[str, Any]:
         "seconds": seconds,
         "rss_after_first_mb": after_first,
         "rss_at_10pct_mb": at_mark,
+        "rss_at_50pct_mb": at_half,
         "rss_end_mb": _rss_mb(),
         "peak_rss_mb": _peak_rss_mb(),
     }
@@ -445,15 +448,15 @@ def markdown(results: dict[str, Any]) -> str:
     if mem:
         lines += [
             "",
-            "| run | steps | peak RSS MB | RSS after first batch | at 10% | at end |",
-            "|---|---|---|---|---|---|",
+            "| run | steps | peak RSS MB | RSS after first batch | at 10% | at 50% | at end |",
+            "|---|---|---|---|---|---|---|",
         ]
         for name in ("short", "long"):
             m = mem[name]
             lines.append(
                 f"| {name} | {m['steps']} | {m['peak_rss_mb']:.0f} | "
                 f"{m['rss_after_first_mb']:.0f} | {m['rss_at_10pct_mb']:.0f} | "
-                f"{m['rss_end_mb']:.0f} |"
+                f"{m['rss_at_50pct_mb']:.0f} | {m['rss_end_mb']:.0f} |"
             )
     return "\n".join(lines)
 

@@ -18,12 +18,16 @@ def _normalize_positions(pos: np.ndarray) -> None:
     Matches TorchTitan 0.3.0's ``_normalize_positions``: the run before the first 0 starts at
     0, so positions stay below ``seq_len`` (RoPE cache).
     """
-    for row in pos:
-        first = int(row[0])
-        if first > 0:
-            zeros = np.flatnonzero(row == 0)
-            end = int(zeros[0]) if len(zeros) else len(row)
-            row[:end] -= first
+    first = pos[:, 0]
+    rows = np.flatnonzero(first > 0)
+    if not len(rows):
+        return
+    sub = pos[rows]
+    zero = sub == 0
+    end = np.where(zero.any(axis=1), zero.argmax(axis=1), pos.shape[1])
+    lead = np.arange(pos.shape[1]) < end[:, None]
+    sub -= lead * first[rows][:, None]
+    pos[rows] = sub
 
 
 class ConcatPacker:
@@ -52,7 +56,7 @@ class ConcatPacker:
     def feed(self, batch: DocBatch) -> list[Sample]:
         """Add a batch of documents; return the samples that are full."""
         lengths = batch.lengths
-        tokens = batch.tokens.astype(np.int64, copy=False)
+        tokens = batch.tokens  # int32; widened once, when copied into the output block
         keep = lengths > 0
         if not keep.any():
             return []
@@ -86,24 +90,34 @@ class ConcatPacker:
             rows += 1
         if rows == 0:
             return []
-        cols = [np.concatenate(x) for x in zip(*self._parts, strict=True)]
-        inputs, labels, positions = cols[:3]
+        # Copy the parts once, straight into the output block; the rest stays as views.
         used = min(rows * s, self._held)
-        if final:
-            self._parts, self._held = [], 0
-        else:
-            rest = tuple(c[used:] for c in cols)
-            self._parts = [rest] if len(rest[0]) else []
-            self._held -= used
-        pad = rows * s - used
-        inp = np.concatenate([inputs[:used], np.full(pad, self.pad_id, dtype=np.int64)])
-        lab = np.concatenate([labels[:used], np.full(pad, IGNORE_INDEX, dtype=np.int64)])
-        pos = np.concatenate([positions[:used], np.zeros(pad, dtype=np.int64)])
-        inp, lab, pos = inp.reshape(rows, s), lab.reshape(rows, s), pos.reshape(rows, s)
+        blocks = [np.empty(rows * s, dtype=np.int64) for _ in self._parts[0]]
+        rest: list[tuple[np.ndarray, ...]] = []
+        filled = 0
+        for part in self._parts:
+            n = len(part[0])
+            take = min(n, used - filled)
+            if take > 0:
+                for block, col in zip(blocks, part, strict=True):
+                    block[filled : filled + take] = col[:take]
+                filled += take
+            if take < n:
+                rest.append(tuple(col[take:] for col in part))
+        self._parts = rest
+        self._held -= used
+        if rows * s > used:
+            for block, fill in zip(blocks, (self.pad_id, IGNORE_INDEX, 0, -1), strict=False):
+                block[used:] = fill
+        inp, lab, pos = (b.reshape(rows, s) for b in blocks[:3])
         _normalize_positions(pos)
-        out = [{"input": inp[i], "labels": lab[i], "positions": pos[i]} for i in range(rows)]
+        # Each sample owns its memory: a shuffle buffer holding one row must not keep the
+        # whole block of rows alive.
+        out = [
+            {"input": inp[i].copy(), "labels": lab[i].copy(), "positions": pos[i].copy()}
+            for i in range(rows)
+        ]
         if self.provenance:
-            ds = np.concatenate([cols[3][:used], np.full(pad, -1, dtype=np.int64)])
-            for i, row in enumerate(ds.reshape(rows, s)):
-                out[i]["dataset_ids"] = row
+            for i, row in enumerate(blocks[3].reshape(rows, s)):
+                out[i]["dataset_ids"] = row.copy()
         return out
