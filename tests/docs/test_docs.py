@@ -1,7 +1,9 @@
 """Every code block in docs/ is executed or checked here, so the docs cannot rot.
 
 - ``python`` blocks run in order, one shared namespace per page, in a fresh temporary
-  working directory (a page's blocks build on each other, like a notebook);
+  working directory (a page's blocks build on each other, like a notebook); a block whose
+  fence reads ```` ```python no-run ```` (it needs a cluster, a GPU or a real job) is only
+  compiled;
 - ``toml`` blocks must parse; those with a ``[[datasets]]`` table must be valid recipes;
 - ``console`` blocks: each ``$ zephon ...`` line must parse with the real argument parser;
 - relative links between pages must point at existing files.
@@ -25,13 +27,21 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 PAGES = sorted(DOCS.glob("*.md"))
 BLOCK_TIMEOUT_S = 120
 
 
-def blocks(page: Path, lang: str) -> list[str]:
-    return [m.group(2) for m in FENCE.finditer(page.read_text()) if m.group(1) == lang]
+def blocks(page: Path, lang: str, *, runnable: bool | None = None) -> list[str]:
+    """Code of the page's ``lang`` blocks; ``runnable`` selects on the ``no-run`` marker."""
+    out = []
+    for m in FENCE.finditer(page.read_text()):
+        if m.group(1) != lang:
+            continue
+        no_run = "no-run" in m.group(2).split()
+        if runnable is None or runnable != no_run:
+            out.append(m.group(3))
+    return out
 
 
 @contextlib.contextmanager
@@ -53,19 +63,28 @@ def test_there_are_pages_with_code() -> None:
     assert sum(len(blocks(p, "python")) for p in PAGES) >= 10
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if blocks(p, "python", runnable=True)], ids=lambda p: p.name
+)
 def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     # A real module, so that dataclasses and pickling find the page's classes.
     module = types.ModuleType(f"docs_{page.stem.replace('-', '_')}")
     monkeypatch.setitem(sys.modules, module.__name__, module)
     namespace = module.__dict__
-    for i, code in enumerate(blocks(page, "python")):
+    for i, code in enumerate(blocks(page, "python", runnable=True)):
         with alarm(BLOCK_TIMEOUT_S), contextlib.redirect_stdout(io.StringIO()):
             try:
                 exec(compile(code, f"{page.name}[python block {i}]", "exec"), namespace)
             except Exception as e:
                 raise AssertionError(f"{page.name}: python block {i} failed: {e!r}") from e
+
+
+def test_no_run_python_blocks_compile() -> None:
+    """Blocks marked ``python no-run`` (they need a cluster or a GPU) must still compile."""
+    for page in PAGES:
+        for i, code in enumerate(blocks(page, "python", runnable=False)):
+            compile(code, f"{page.name}[no-run python block {i}]", "exec")
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "toml")], ids=lambda p: p.name)
