@@ -127,20 +127,24 @@ def test_damaged_marker(tmp_path: Path, marker: str, match: str) -> None:
         load_checkpoint(tmp_path)
 
 
-def test_ranks_that_disagree(tmp_path: Path) -> None:
-    a = _rank_states(2, 2)
-    b = _rank_states(2, 3)
-    save_rank_state(tmp_path, 2, 0, a[0])
-    b[1]["step"] = 2  # a rank file from another step, relabelled
-    save_rank_state(tmp_path, 2, 1, b[1])
-    commit_checkpoint(tmp_path, 2, 2)
-    merged = load_checkpoint(tmp_path)  # the positions are not cross-checked here, but...
-    assert merged["lanes"]["2"] != _rank_states(2, 2)[1]["lanes"]["2"]
-    # ...overlapping lanes are:
-    save_rank_state(tmp_path, 4, 0, _rank_states(2, 4)[0])
-    save_rank_state(tmp_path, 4, 1, _rank_states(2, 4)[0] | {"step": 4})
+def test_ranks_that_overlap(tmp_path: Path) -> None:
+    """Two rank files holding the same lanes (a bad hand-made commit) are refused."""
+    st = _rank_states(2, 4)[0]
+    save_rank_state(tmp_path, 4, 0, st)
+    save_rank_state(tmp_path, 4, 1, st)
     commit_checkpoint(tmp_path, 4, 2)
     with pytest.raises(CheckpointError, match=r"lanes \['0', '1'\] appear in more than one"):
+        load_checkpoint(tmp_path)
+
+
+def test_ranks_that_disagree_on_the_step(tmp_path: Path) -> None:
+    a, b = _rank_states(2, 2)[0], _rank_states(2, 3)[1]
+    save_rank_state(tmp_path, 2, 0, a)
+    save_rank_state(tmp_path, 3, 1, b)
+    d2, d3 = checkpoint_path(tmp_path, 2), checkpoint_path(tmp_path, 3)
+    (d3 / "rank_00001.json").rename(d2 / "rank_00001.json")  # a file moved by hand
+    commit_checkpoint(tmp_path, 2, 2)
+    with pytest.raises(CheckpointError, match="ranks disagree on step: 2 vs 3"):
         load_checkpoint(tmp_path)
 
 
