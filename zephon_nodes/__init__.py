@@ -15,12 +15,15 @@ from zephon_nodes.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.pool import WorkerPool
 from zephon_nodes.recipe import (
     DatasetSpec,
+    MixtureSpec,
+    OperatorSpec,
     PackSpec,
     Recipe,
     ShuffleSpec,
     TokenizerSpec,
     WorkSpec,
 )
+from zephon_nodes.registry import register_filter, register_map, register_tokenizer
 from zephon_nodes.simulate import simulate
 from zephon_nodes.work import DatasetWorkSource, WorkItem, WorkSource
 
@@ -34,7 +37,9 @@ __all__ = [
     "DatasetWorkSource",
     "Flush",
     "Lane",
+    "MixtureSpec",
     "Multiplexer",
+    "OperatorSpec",
     "PackSpec",
     "Pipeline",
     "Recipe",
@@ -54,6 +59,9 @@ __all__ = [
     "lanes_for_rank",
     "load_state",
     "merge_states",
+    "register_filter",
+    "register_map",
+    "register_tokenizer",
     "save_state",
     "simulate",
 ]

@@ -128,6 +128,8 @@ class DatasetSpec:
             non-string field, empty file): ``"raise"`` (default) or ``"skip"`` (skip and count).
         image_field: Field holding base64 image bytes (one string or a list) in jsonl records
             of a recipe with an ``[image]`` table; ``None``: ``"image"``.
+        chunk_size: Records per work item for this dataset (default ``work.chunk_size``);
+            smaller for long documents keeps a mixture's shares smooth over short horizons.
     """
 
     name: str
@@ -139,6 +141,7 @@ class DatasetSpec:
     on_exhausted: str = "end"
     on_error: str = "raise"
     image_field: str | None = None
+    chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -156,6 +159,8 @@ class DatasetSpec:
             raise RecipeError(
                 f"dataset {self.name!r}: on_error={self.on_error!r} must be one of {ON_ERROR}"
             )
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise RecipeError(f"dataset {self.name!r}: chunk_size={self.chunk_size} must be >= 1")
 
     def files(self) -> list[Path]:
         """Resolve the glob patterns into a sorted list of files.
@@ -208,6 +213,8 @@ class DatasetSpec:
             out["on_exhausted"] = self.on_exhausted
         if self.on_error != "raise":
             out["on_error"] = self.on_error
+        if self.chunk_size is not None:
+            out["chunk_size"] = self.chunk_size
         if self.image_field is not None:
             out["image_field"] = self.image_field
         return out
@@ -601,6 +608,7 @@ class Recipe:
                         on_exhausted=ds.get("on_exhausted", str, "end"),
                         on_error=ds.get("on_error", str, default_on_error),
                         image_field=ds.get("image_field", str, None),
+                        chunk_size=ds.get("chunk_size", int, None),
                     )
                 )
                 ds.done()

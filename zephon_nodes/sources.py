@@ -54,6 +54,8 @@ def open_dataset(spec: DatasetSpec, chunk_size: int) -> OpenedDataset:
     Raises:
         DataError: A bad file under ``"raise"``, or no readable record at all.
     """
+    if spec.chunk_size is not None:
+        chunk_size = spec.chunk_size
     if spec.records is not None:
         shards: list[Shard] = [memory_shard(spec.name, spec.records)]
         return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size))

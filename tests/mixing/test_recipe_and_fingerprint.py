@@ -216,3 +216,16 @@ def test_stored_estimate_skips_sampling_and_is_fingerprinted(tmp_path):
     assert [x.digest for x, _ in simulate(p, 1, 4)] == [
         x.digest for x, _ in simulate(estimated, 1, 4)
     ]
+
+
+def test_per_dataset_chunk_size(tmp_path):
+    """A dataset's own chunk_size cuts its work items and joins the fingerprint."""
+    text = MIXED.replace('name = "code"\n', 'name = "code"\nchunk_size = 3\n')
+    r = Recipe.from_toml(write_mixed(tmp_path, text))
+    assert r.datasets[1].chunk_size == 3
+    p = Pipeline(r)
+    assert p.datasets[1].num_work_items == 14  # 40 records in items of 3
+    assert p.datasets[0].num_work_items == 20  # 80 records in items of work.chunk_size = 4
+    assert p.fingerprint != Pipeline(Recipe.from_toml(write_mixed(tmp_path))).fingerprint
+    with pytest.raises(RecipeError, match="chunk_size=0"):
+        Recipe.from_toml(write_mixed(tmp_path, text.replace("chunk_size = 3", "chunk_size = 0")))

@@ -153,22 +153,23 @@ class BestFitPacker:
         return out
 
     def _sample(self, b: _Bin) -> Sample:
-        s = self.seq_len
-        inp = np.full(s, self.pad_id, dtype=np.int64)
-        lab = np.full(s, IGNORE_INDEX, dtype=np.int64)
+        s, pad = self.seq_len, self.seq_len - b.used
+        pairs = np.fromiter((len(t) - 1 for t, _ in b.docs), dtype=np.int64, count=len(b.docs))
+        starts = np.cumsum(pairs) - pairs
+        inp = np.concatenate([*(t[:-1] for t, _ in b.docs), np.full(pad, self.pad_id)])
+        lab = np.concatenate([*(t[1:] for t, _ in b.docs), np.full(pad, IGNORE_INDEX)])
         pos = np.zeros(s, dtype=np.int64)
+        pos[: b.used] = np.arange(b.used) - np.repeat(starts, pairs)
         doc = np.full(s, -1, dtype=np.int64)
-        ds = np.full(s, -1, dtype=np.int64)
-        at = 0
-        for k, (t, dataset) in enumerate(b.docs):
-            m = len(t) - 1
-            inp[at : at + m] = t[:-1]
-            lab[at : at + m] = t[1:]
-            pos[at : at + m] = np.arange(m)
-            doc[at : at + m] = k
-            ds[at : at + m] = dataset
-            at += m
-        sample = {"input": inp, "labels": lab, "positions": pos, DOCUMENT_IDS: doc}
+        doc[: b.used] = np.repeat(np.arange(len(pairs)), pairs)
+        sample = {
+            "input": inp.astype(np.int64, copy=False),
+            "labels": lab.astype(np.int64, copy=False),
+            "positions": pos,
+            DOCUMENT_IDS: doc,
+        }
         if self.provenance:
+            ds = np.full(s, -1, dtype=np.int64)
+            ds[: b.used] = np.repeat(np.asarray([d for _, d in b.docs], dtype=np.int64), pairs)
             sample[DATASET_IDS] = ds
         return sample
