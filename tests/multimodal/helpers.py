@@ -117,7 +117,7 @@ def image_specs(draw: st.DrawFn) -> ImageSpec:
 
 @st.composite
 def mm_recipes(draw: st.DrawFn) -> Recipe:
-    """A small multimodal recipe: record count, image counts and sizes, geometry drawn."""
+    """A small endless multimodal recipe: records, image counts and sizes, geometry drawn."""
     image = draw(image_specs())
     n = draw(st.integers(6, 30))
     counts = draw(st.lists(st.integers(1, 2), min_size=1, max_size=4))
@@ -134,7 +134,7 @@ def mm_recipes(draw: st.DrawFn) -> Recipe:
         global_batch_size=num_lanes * draw(st.integers(1, 2)),
         seq_len=draw(st.integers(low, low + 40)),
         flush_every=draw(st.integers(1, 3)),
-        work=WorkSpec(chunk_size=draw(st.integers(1, 4)), epochs=draw(st.sampled_from([1, 2]))),
+        work=WorkSpec(chunk_size=draw(st.integers(1, 4)), epochs=None),
         shuffle=ShuffleSpec(draw(st.sampled_from([0, 2]))),
         tokenizer=TokenizerSpec(
             kind="bytes", add_bos=draw(st.booleans()), add_eos=draw(st.booleans())
