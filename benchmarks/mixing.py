@@ -192,19 +192,22 @@ def throughput(root: Path, steps: int, rounds: int) -> None:
         pipelines[name] = Pipeline(r)
         build = time.perf_counter() - t0
         print(f"- Pipeline({name}) built in {build:.2f} s (mixtures: token estimate included)")
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(rounds):
         for name, p in pipelines.items():  # alternate, so load changes hit all alike
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             tokens = sum(res.tokens for res, _ in simulate(p, 1, steps, num_workers=2))
             runs[name].append(tokens / (time.perf_counter() - t0))
+            cpu[name].append((time.process_time() - c0) / tokens * 1e6)
     print(f"\n### Throughput (dp 1, 2 threads, {steps} steps, median of {rounds})\n")
     print("single: web alone; mixed: web + web2 + web3 (same kind of documents) at 0.4/0.3/0.3\n")
-    print("| recipe | tokens/s | vs single |")
-    print("|---|---|---|")
+    print("| recipe | tokens/s (wall) | vs single | CPU s per 1M tokens | vs single |")
+    print("|---|---|---|---|---|")
     base = statistics.median(runs["single"])
+    base_cpu = statistics.median(cpu["single"])
     for name, values in runs.items():
-        m = statistics.median(values)
-        print(f"| {name} | {m:,.0f} | {m / base:.2f}x |")
+        m, c = statistics.median(values), statistics.median(cpu[name])
+        print(f"| {name} | {m:,.0f} | {m / base:.2f}x | {c:.3f} | {c / base_cpu:.2f}x |")
     print("\n| work source | microseconds per work(lane, i) |\n|---|---|")
     for name in ("single", "mixed"):
         ws = pipelines[name].work_source
@@ -219,15 +222,19 @@ def main() -> None:
     """Run every section."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tiny", action="store_true", help="small smoke run")
+    parser.add_argument("--only", choices=["shares", "padding", "throughput"], default=None)
     args = parser.parse_args()
     scale, steps, rounds = (0.05, 6, 1) if args.tiny else (1.0, 400, 5)
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         write_corpus(root, scale)
-        token_shares(root, steps)
-        scheduled(root, steps // 2)
-        padding(root, max(4, steps // 8))
-        throughput(root, max(4, steps // 2), rounds)
+        if args.only in (None, "shares"):
+            token_shares(root, steps)
+            scheduled(root, steps // 2)
+        if args.only in (None, "padding"):
+            padding(root, max(4, steps // 8))
+        if args.only in (None, "throughput"):
+            throughput(root, max(4, steps // 2), rounds)
 
 
 if __name__ == "__main__":
