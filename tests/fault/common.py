@@ -7,7 +7,19 @@ import random
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes import DatasetSpec, Pipeline, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
+from zephon_nodes import (
+    DatasetSpec,
+    Pipeline,
+    Recipe,
+    ShuffleSpec,
+    TokenizerSpec,
+    WorkerPool,
+    WorkSpec,
+)
+
+# Inline pool (runs operators in the calling thread): no threads left behind by the many
+# rank nodes the tests build.
+INLINE = WorkerPool(0)
 
 WORDS = ("alpha", "beta", "gamma", "delta", "lane", "flush", "window", "step", "zephon", "é☃")
 

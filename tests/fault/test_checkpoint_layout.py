@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.common import memory_pipeline
+from tests.fault.common import INLINE, memory_pipeline
 from zephon_nodes import CheckpointError, simulate
 from zephon_nodes.checkpoint import (
     COMMIT_FILE,
@@ -29,7 +29,7 @@ PIPE = memory_pipeline()
 
 
 def _rank_states(world: int, steps: int) -> list[dict]:
-    nodes = [PIPE.rank_node(world, r) for r in range(world)]
+    nodes = [PIPE.rank_node(world, r, pool=INLINE) for r in range(world)]
     for n in nodes:
         n.reset(None)
     for _ in range(steps):
@@ -85,7 +85,7 @@ def test_save_refuses_wrong_step_or_mid_step(tmp_path: Path) -> None:
     st = _rank_states(2, 2)[0]
     with pytest.raises(CheckpointError, match="the state is for step 2"):
         save_rank_state(tmp_path, 3, 0, st)
-    node = PIPE.rank_node(2, 0, local_batch_size=1)
+    node = PIPE.rank_node(2, 0, local_batch_size=1, pool=INLINE)
     node.reset(None)
     next(node)
     with pytest.raises(CheckpointError, match="middle of a step"):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.fault.common import memory_pipeline
+from tests.fault.common import INLINE, memory_pipeline
 from zephon_nodes import CheckpointError, Pipeline, simulate
 from zephon_nodes.checkpoint import load_state, save_state
 
@@ -30,7 +30,7 @@ STATE = _state_after(PIPE, 3)
 
 def _refused(state: Any, match: str, *, world: int = 2, rank: int = 0, lbs: int | None = None):
     """Reset a rank with ``state``; it must raise CheckpointError before yielding anything."""
-    node = PIPE.rank_node(world, rank, local_batch_size=lbs)
+    node = PIPE.rank_node(world, rank, local_batch_size=lbs, pool=INLINE)
     with pytest.raises(CheckpointError, match=match) as info:
         node.reset(state)
     return str(info.value)
@@ -52,7 +52,7 @@ def _mutated(**changes: Any) -> dict[str, Any]:
 def test_valid_state_resumes(tmp_path: Path) -> None:
     """Control: the undamaged state round-trips through a file and resumes."""
     save_state(tmp_path, STATE)
-    node = PIPE.rank_node(2, 0)
+    node = PIPE.rank_node(2, 0, pool=INLINE)
     node.reset(load_state(tmp_path))
     assert node.step == 3
     next(node)
@@ -172,21 +172,21 @@ def test_last_window_of_a_finite_stream_is_accepted_as_the_end() -> None:
         end_window = -(-items // k)
         state = _state_after(pipe, 1)
         state["lanes"][str(lane)] = [end_window, 0]
-        node = pipe.rank_node(1, 0)
+        node = pipe.rank_node(1, 0, pool=INLINE)
         node.reset(state)  # accepted: the lane is simply exhausted
         state["lanes"][str(lane)] = [end_window + 1, 0]
         with pytest.raises(CheckpointError, match="beyond the end"):
-            pipe.rank_node(1, 0).reset(state)
+            pipe.rank_node(1, 0, pool=INLINE).reset(state)
 
 
 def test_mid_step_state_on_another_layout() -> None:
-    node = PIPE.rank_node(2, 0, local_batch_size=1)
+    node = PIPE.rank_node(2, 0, local_batch_size=1, pool=INLINE)
     node.reset(None)
     next(node)
     state = node.state_dict()
     assert state["micro"] == 1
     _refused(state, "after micro-batch 1 of step 1; it can resume only on the same layout", lbs=2)
-    same = PIPE.rank_node(2, 0, local_batch_size=1)
+    same = PIPE.rank_node(2, 0, local_batch_size=1, pool=INLINE)
     same.reset(state)  # control: the same layout resumes
 
 
@@ -230,7 +230,7 @@ def test_state_of_another_library_in_a_file(tmp_path: Path) -> None:
 
 def test_refusal_keeps_the_node_unusable_but_never_yields_wrong_data() -> None:
     """After a refused reset, a fresh reset(None) works; nothing was half-restored."""
-    node = PIPE.rank_node(2, 0)
+    node = PIPE.rank_node(2, 0, pool=INLINE)
     bad = _mutated(num_lanes=8)
     with pytest.raises(CheckpointError):
         node.reset(bad)

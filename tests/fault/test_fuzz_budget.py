@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.fault.common import memory_pipeline, texts, write_jsonl
+from tests.fault.common import INLINE, memory_pipeline, texts, write_jsonl
 from tests.fault.fuzzing import mutate, mutate_bytes
 from zephon_nodes import Pipeline, Recipe, ZephonError, simulate
 from zephon_nodes.checkpoint import (
@@ -129,7 +129,7 @@ def test_fuzz_state_file_bytes(tmp_path: Path) -> None:
     def one(rng: random.Random) -> None:
         target.write_bytes(mutate_bytes(rng, blob))
         state = load_state(tmp_path)
-        PIPE.rank_node(1, 0).reset(state)
+        PIPE.rank_node(1, 0, pool=INLINE).reset(state)
 
     _fuzz("load_state+reset", 3, one)
 
@@ -139,7 +139,9 @@ def test_fuzz_states_reset_and_run() -> None:
     def one(rng: random.Random) -> None:
         state = mutate(rng, STATE, rounds=3)
         world = rng.choice((1, 2, 4))
-        node = PIPE.rank_node(world, rng.randrange(world), local_batch_size=rng.choice((1, 2)))
+        node = PIPE.rank_node(
+            world, rng.randrange(world), local_batch_size=rng.choice((1, 2)), pool=INLINE
+        )
         node.reset(state)
         for _ in range(2):
             next(node)
@@ -150,7 +152,7 @@ def test_fuzz_states_reset_and_run() -> None:
 @pytest.mark.slow
 def test_fuzz_multi_rank_checkpoints() -> None:
     root = Path(tempfile.mkdtemp(prefix="zephon-fuzz-ckpt-"))
-    nodes = [PIPE.rank_node(2, r) for r in range(2)]
+    nodes = [PIPE.rank_node(2, r, pool=INLINE) for r in range(2)]
     for n in nodes:
         n.reset(None)
         next(n)
@@ -174,7 +176,7 @@ def test_fuzz_multi_rank_checkpoints() -> None:
             (step_dir / name).write_bytes(blob)
         (step_dir / COMMIT_FILE).write_text(json.dumps(m))
         state = load_checkpoint(root)
-        node = PIPE.rank_node(1, 0)
+        node = PIPE.rank_node(1, 0, pool=INLINE)
         node.reset(state)
         next(node)
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.fault.common import memory_pipeline, texts, write_jsonl
+from tests.fault.common import INLINE, memory_pipeline, texts, write_jsonl
 from zephon_nodes import CheckpointError, Recipe, RecipeError, ZephonError, simulate
 from zephon_nodes.checkpoint import (
     COMMIT_FILE,
@@ -93,7 +93,7 @@ def test_pickle_bytes_inside_a_state_are_refused(tmp_path: Path) -> None:
     for where in ("lanes", "fingerprint", "step"):
         bad = copy.deepcopy(saved)
         bad[where] = _payload(marker)
-        node = pipe.rank_node(1, 0)
+        node = pipe.rank_node(1, 0, pool=INLINE)
         with pytest.raises(CheckpointError):
             node.reset(bad)
     assert not marker.exists()
@@ -355,7 +355,7 @@ def test_fuzz_validate_state_and_reset(state: Any) -> None:
             num_lanes=PIPE.num_lanes,
             lanes=[0, 1],
         )
-    node = PIPE.rank_node(2, 0, local_batch_size=2)
+    node = PIPE.rank_node(2, 0, local_batch_size=2, pool=INLINE)
     try:
         node.reset(state)
         for _ in range(3):
