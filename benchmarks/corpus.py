@@ -3,9 +3,10 @@
 Sources, in order: the Python documentation sources (``python3.11-doc``'s ``_sources/*.txt``,
 English reStructuredText; optional, installed with ``apt-get install python3.11-doc``) and
 the standard library's ``.py`` files. Files are cut at blank lines into documents of about
-``doc_bytes`` bytes, written as ``jsonl.zst`` shards (``{"text": ...}`` per line), plus one
-uncompressed ``all.jsonl`` for loaders that cannot read zstd. A sentencepiece BPE model is
-trained once on the documents. Everything is cached under ``root`` and keyed by the sizes.
+``doc_bytes`` bytes, shuffled (seeded) and written as ``jsonl.zst`` shards (``{"text": ...}``
+per line), plus one uncompressed ``all.jsonl`` for loaders that cannot read zstd. A
+sentencepiece BPE model is trained once on the documents. Everything is cached under
+``root`` and keyed by the sizes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import random
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +119,7 @@ def build_corpus(
     import sys
 
     base = root if root is not None else default_root()
-    key = f"c{max_bytes or 'all'}-d{doc_bytes}-v{vocab_size}"
+    key = f"mix-c{max_bytes or 'all'}-d{doc_bytes}-v{vocab_size}"
     out = base / key
     meta_path = out / "meta.json"
     if meta_path.is_file():
@@ -140,6 +142,9 @@ def build_corpus(
         except (UnicodeDecodeError, OSError):
             continue
         docs.extend(split_documents(text, doc_bytes))
+    # Interleave prose and code (seeded), so that any stretch of the files, such as the
+    # part a pipeline reads in a few seconds in file order, has the corpus's overall mix.
+    random.Random(0).shuffle(docs)
     if log:
         print(f"corpus: {len(docs)} documents from {len(files)} files", file=sys.stderr)
     cctx = zstandard.ZstdCompressor(level=3)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import mmap
+import os
 import pickle
 import time
 from collections.abc import Callable, Iterator
@@ -62,11 +63,36 @@ class RunResult:
     batches: int
     ckpt_bytes: int | None = None
     padding_tokens: int = 0
+    cpu_s: float | None = None
 
     @property
     def tok_s(self) -> float:
         """Tokens per second in steady state."""
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and all its descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0.0))[1]
+        todo.extend(children.get(pid, []))
+    return total
 
 
 def _timed(
@@ -77,6 +103,7 @@ def _timed(
     first = next(batches)
     count(first)
     t1 = time.perf_counter()
+    c1 = tree_cpu_s()
     tokens = pad = n = 0
     deadline = t1 + seconds
     now = t1
@@ -86,7 +113,8 @@ def _timed(
         pad += padding
         n += 1
         now = time.perf_counter()
-    return RunResult(tokens, now - t1, t1 - t0, n, padding_tokens=pad)
+    cpu = tree_cpu_s() - c1
+    return RunResult(tokens, now - t1, t1 - t0, n, padding_tokens=pad, cpu_s=cpu)
 
 
 def _count_labels(labels: Any) -> tuple[int, int]:

@@ -84,6 +84,7 @@ def measure_one(kind: str, corpus: Corpus, cfg: BenchConfig) -> dict[str, Any]:
             "first_batch_s": r.first_batch_s,
             "ckpt_bytes": r.ckpt_bytes,
             "padding_tokens": r.padding_tokens,
+            "tok_per_cpu_s": r.tokens / r.cpu_s if r.cpu_s else None,
             "peak_rss_mb": _peak_rss_mb(),
         }
     if kind == "resume":
@@ -220,7 +221,13 @@ def suite_throughput(base: BenchConfig, rounds: int, measure: Any) -> dict[str, 
     stats, raw = _alternate(variants, rounds, measure)
     ckpt = {n: raw[n][-1].get("ckpt_bytes") for n in PEERS}
     first = {n: statistics.median([x["first_batch_s"] for x in raw[n]]) for n in PEERS}
-    return {"stats": stats, "ckpt_bytes": ckpt, "first_batch_s": first}
+    cpu = {
+        n: statistics.median([x["tok_per_cpu_s"] for x in raw[n]])
+        if all(x.get("tok_per_cpu_s") for x in raw[n])
+        else None
+        for n in PEERS
+    }
+    return {"stats": stats, "ckpt_bytes": ckpt, "first_batch_s": first, "tok_per_cpu_s": cpu}
 
 
 def suite_scaling(base: BenchConfig, rounds: int, measure: Any) -> dict[str, Any]:
@@ -361,6 +368,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         out["torchtitan_tok_s"] = s["torchtitan"]["median"]
         out["nodes_tok_s"] = s["nodes"]["median"]
         out["raw_tok_s"] = s["raw"]["median"]
+        out["tok_per_cpu_s"] = tp["tok_per_cpu_s"]
     ck = results.get("checkpoint")
     if ck:
         out["ckpt_bytes_per_lane"] = max(r["bytes_per_lane"] for r in ck["rows"])
@@ -379,6 +387,10 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def markdown(results: dict[str, Any]) -> str:
     """Render the results as Markdown tables."""
     lines = [f"Machine: {results['machine']}; date {results['date']}; rounds {results['rounds']}"]
@@ -391,16 +403,19 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [
             "",
             "| pipeline | Mtok/s median | min-max | vs raw | zephon vs it | first batch s "
-            "| ckpt bytes |",
-            "|---|---|---|---|---|---|---|",
+            "| ckpt bytes | Mtok per CPU-s | per CPU-s vs raw |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
+        cpu = tp["tok_per_cpu_s"]
         for n in PEERS:
             st = s[n]
             lines.append(
                 f"| {LABELS[n]} | {st['median'] / 1e6:.3f} | {st['min'] / 1e6:.3f}-"
                 f"{st['max'] / 1e6:.3f} | {st['median'] / raw:.2f} | "
                 f"{z / st['median']:.2f}x | {tp['first_batch_s'][n]:.2f} | "
-                f"{tp['ckpt_bytes'][n] if tp['ckpt_bytes'][n] is not None else '-'} |"
+                f"{tp['ckpt_bytes'][n] if tp['ckpt_bytes'][n] is not None else '-'} | "
+                f"{_fmt(cpu[n] / 1e6 if cpu[n] else None)} | "
+                f"{_fmt(cpu[n] / cpu['raw'] if cpu[n] and cpu['raw'] else None)} |"
             )
     sc = results.get("scaling")
     if sc:
