@@ -130,7 +130,7 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 # Pages other engineers are writing, linked from here before they land. Remove a name once
 # its page is on main.
-PENDING = {"mixing.md", "performance.md", "fault-tolerance.md"}
+PENDING = {"performance.md"}
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
