@@ -1,0 +1,1 @@
+"""Support modules of ``examples/reproduce.py`` (demo-only; not part of the library)."""
