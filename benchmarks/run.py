@@ -485,6 +485,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", default=",".join(SUITES), help=f"comma list of {SUITES}")
     p.add_argument("--rounds", type=int, default=5, help="rounds per comparison (median)")
     p.add_argument("--seconds", type=float, default=4.0, help="timed seconds per run")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds after the first batch")
     p.add_argument("--json", default=None, help="write the JSON summary here ('-': stdout)")
     p.add_argument("--tiny", action="store_true", help="tiny corpus and shapes (smoke test)")
     p.add_argument("--root", default=None, help="cache directory for corpus and tokenizer")
@@ -534,10 +535,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"unknown suite(s) {unknown}; choose from {SUITES}")
     cargs = corpus_args(args.tiny, args.root)
     corpus = _build(cargs)
-    base = BenchConfig(seconds=args.seconds)
+    base = BenchConfig(seconds=args.seconds, warmup_s=args.warmup)
     memory_steps = args.memory_steps
     if args.tiny:
-        base = replace(base, seq_len=128, shuffle_buffer=4, chunk_size=8, flush_every=2)
+        base = replace(
+            base, seq_len=128, shuffle_buffer=4, chunk_size=8, flush_every=2, warmup_s=0.1
+        )
         memory_steps = min(memory_steps, 5)
 
     def measure(kind: str, cfg: BenchConfig) -> dict[str, Any]:
