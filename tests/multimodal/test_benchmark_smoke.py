@@ -1,0 +1,27 @@
+"""Smoke test of benchmarks/multimodal.py: it runs and prints its tables (no speed checks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_tiny_run_prints_tables(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["ZEPHON_BENCH_DIR"] = str(tmp_path / "bench")
+    env["ZEPHON_CACHE_DIR"] = str(tmp_path / "cache")
+    cmd = [sys.executable, "-m", "benchmarks.multimodal", "--tiny", "--no-grain"]
+    out = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=True
+    ).stdout
+    assert "| zephon-nodes thread x2 |" in out and "| zephon-nodes process x2 |" in out
+    decode = next(line for line in out.splitlines() if line.startswith("| decode |"))
+    assert float(decode.split("|")[3].strip().rstrip("%")) > 0
