@@ -196,6 +196,12 @@ class WorkerPool:
         executor.shutdown(wait=False, cancel_futures=True)
         if isinstance(executor, _DaemonThreadExecutor):
             executor.join(min(self.timeout_s, _JOIN_S))
+        # Running calls may finish (bounded) so that no worker dies halfway through sending
+        # a result: the executor's manager thread would wait forever for the rest of that
+        # message, and the interpreter joins it at exit. Blocked workers are then killed.
+        deadline = time.monotonic() + min(self.timeout_s, _JOIN_S)
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
         for proc in procs:
             if proc.is_alive():
                 proc.kill()

@@ -20,7 +20,7 @@ def test_tiny_run_prints_tables(tmp_path: Path) -> None:
     env["ZEPHON_CACHE_DIR"] = str(tmp_path / "cache")
     cmd = [sys.executable, "-m", "benchmarks.multimodal", "--tiny", "--no-grain"]
     out = subprocess.run(
-        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=True
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True
     ).stdout
     assert "| zephon-nodes thread x2 |" in out and "| zephon-nodes process x2 |" in out
     decode = next(line for line in out.splitlines() if line.startswith("| decode |"))
