@@ -8,7 +8,7 @@ import io
 from pathlib import Path
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from PIL import Image
 
 from tests.multimodal.helpers import mm_recipe, mm_recipes, records
@@ -20,7 +20,6 @@ from zephon_nodes.recipe import Recipe, WorkSpec
 from zephon_nodes.testing import assert_elastic
 
 
-@settings(max_examples=8)
 @given(recipe=mm_recipes())
 def test_identical_global_batches_across_dp_workers_and_resumes(recipe: Recipe) -> None:
     steps = list(simulate(Pipeline(recipe), 1, 6, num_workers=0, keep_batches=True))
