@@ -152,7 +152,8 @@ def main() -> None:
     if rank == 0:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "result.json").write_text(json.dumps(result))
-    loader.close() if hasattr(loader, "close") else None
+    if hasattr(loader, "close"):
+        loader.close()
     dist.destroy_process_group()
 
 
