@@ -236,15 +236,16 @@ def main() -> None:
             rounds[key].append(fn())
     results = []
     print(f"Median of {len(rounds['thread'])} alternating rounds of {seconds:g} s each\n")
-    print("| pipeline | images/s | tokens/s | images/s range | CPU s per s |")
-    print("|---|---:|---:|---:|---:|")
+    print("| pipeline | images/s | tokens/s | images/s range | CPU s per s | images per CPU s |")
+    print("|---|---:|---:|---:|---:|---:|")
     for measured in rounds.values():
         rs = sorted(measured, key=lambda x: x.images_s)
         med = rs[len(rs) // 2]
         results.append(med)
         print(
             f"| {med.name} | {med.images_s:,.0f} | {med.tokens_s:,.0f} | "
-            f"{rs[0].images_s:,.0f}-{rs[-1].images_s:,.0f} | {med.cpu_s / med.seconds:.2f} |"
+            f"{rs[0].images_s:,.0f}-{rs[-1].images_s:,.0f} | {med.cpu_s / med.seconds:.2f} | "
+            f"{med.images / med.cpu_s:,.0f} |"
         )
     stages = stage_times(r, 16 if args.tiny else 64)
     images = stages.pop("images")
