@@ -63,6 +63,8 @@ class ParquetShard:
         num_records: Rows in the file.
         row_group_ends: Cumulative row counts of the row groups.
         has_column: Whether the file has the text column.
+        image_column: A binary image column also read (multimodal recipes), if the file
+            has it.
     """
 
     path: str
@@ -70,6 +72,7 @@ class ParquetShard:
     num_records: int
     row_group_ends: tuple[int, ...]
     has_column: bool
+    image_column: str | None = None
 
     def read(self, start: int, stop: int) -> list[tuple[int, Any]]:
         """Return rows ``[start, stop)`` as ``(row number, {column: value})`` pairs.
@@ -88,16 +91,28 @@ class ParquetShard:
         last = int(np.searchsorted(ends, stop - 1, side="right"))
         base = int(ends[first - 1]) if first else 0
         try:
+            columns = [self.column] + ([self.image_column] if self.image_column else [])
             table = _parquet_file(self.path).read_row_groups(
-                list(range(first, last + 1)), columns=[self.column]
+                list(range(first, last + 1)), columns=columns
             )
             values = table.column(0).to_pylist()[start - base : stop - base]
+            images = (
+                table.column(1).to_pylist()[start - base : stop - base]
+                if self.image_column
+                else None
+            )
         except DataError:
             raise
         except Exception as e:
             raise DataError(f"{self.path}: unreadable Parquet file: {e}") from None
         if len(values) != stop - start:
             raise DataError(f"{self.path}: unreadable Parquet file: short read")
+        if images is not None and self.image_column is not None:
+            key = self.image_column
+            return [
+                (start + k, {self.column: v, key: b})
+                for k, (v, b) in enumerate(zip(values, images, strict=True))
+            ]
         return [(start + k, {self.column: v}) for k, v in enumerate(values)]
 
     def where(self, record: int) -> str:
@@ -105,8 +120,12 @@ class ParquetShard:
         return f"{self.path} row {record}"
 
 
-def open_parquet_shard(path: str | Path, column: str) -> ParquetShard:
+def open_parquet_shard(
+    path: str | Path, column: str, image_column: str | None = None
+) -> ParquetShard:
     """Read a Parquet file's metadata and return a shard of its ``column``.
+
+    ``image_column`` (multimodal recipes) is read too when the file has it.
 
     Raises:
         DataError: If pyarrow is missing or the file is not a readable Parquet file.
@@ -128,4 +147,5 @@ def open_parquet_shard(path: str | Path, column: str) -> ParquetShard:
         num_records=ends[-1] if ends else 0,
         row_group_ends=ends,
         has_column=column in names,
+        image_column=image_column if image_column in names else None,
     )

@@ -87,7 +87,12 @@ class Pipeline:
             self.stateless = multimodal_chain(recipe, tok)
         else:
             self.stateless = stateless_chain(recipe, tok)
-        opened = [open_dataset(spec, recipe.work.chunk_size) for spec in recipe.datasets]
+        # Multimodal recipes also read Parquet files' binary image column.
+        images = [(d.image_field or "image") if recipe.image else None for d in recipe.datasets]
+        opened = [
+            open_dataset(spec, recipe.work.chunk_size, image_column)
+            for spec, image_column in zip(recipe.datasets, images, strict=True)
+        ]
         self.datasets: list[Dataset] = [o.dataset for o in opened]
         if recipe.image is None:
             _refuse_tar(self.datasets)

@@ -29,11 +29,11 @@ class OpenedDataset:
     skipped_files: dict[str, int] = field(default_factory=dict)
 
 
-def _open_file(spec: DatasetSpec, path: str) -> Shard:
+def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) -> Shard:
     if path.endswith(PARQUET_SUFFIXES):
         from zephon_nodes.parquet import open_parquet_shard
 
-        return open_parquet_shard(path, spec.text_field)
+        return open_parquet_shard(path, spec.text_field, image_column)
     if path.endswith(".tar"):
         from zephon_nodes.multimodal.tar import open_tar_shard
 
@@ -41,7 +41,9 @@ def _open_file(spec: DatasetSpec, path: str) -> Shard:
     return open_shard(path)
 
 
-def open_dataset(spec: DatasetSpec, chunk_size: int) -> OpenedDataset:
+def open_dataset(
+    spec: DatasetSpec, chunk_size: int, image_column: str | None = None
+) -> OpenedDataset:
     """Open (and index, once per machine) every file of ``spec``.
 
     An empty file is valid and contributes no work items (it is counted under
@@ -49,7 +51,8 @@ def open_dataset(spec: DatasetSpec, chunk_size: int) -> OpenedDataset:
     stream or an unreadable Parquet file raises
     :class:`DataError` naming the dataset and file under ``on_error = "raise"``; under
     ``"skip"`` the file is left out and counted by reason. Which files are left out depends
-    only on the files, so every rank and restart agrees.
+    only on the files, so every rank and restart agrees. ``image_column`` (multimodal
+    recipes) names a Parquet binary image column to read with the text.
 
     Raises:
         DataError: A bad file under ``"raise"``, or no readable record at all.
@@ -65,7 +68,7 @@ def open_dataset(spec: DatasetSpec, chunk_size: int) -> OpenedDataset:
         try:
             # An empty shard (0 records) is valid and contributes no work items (issue 2);
             # it is reported under "empty_file" with the skipped files, whatever the policy.
-            shard = _open_file(spec, str(path))
+            shard = _open_file(spec, str(path), image_column)
             if shard.num_records == 0:
                 skipped["empty_file"] = skipped.get("empty_file", 0) + 1
         except DataError as e:
