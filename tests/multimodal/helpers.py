@@ -94,6 +94,7 @@ def write_tar(path: Path, members: Sequence[tuple[str, bytes]]) -> Path:
 
 @st.composite
 def image_specs(draw: st.DrawFn) -> ImageSpec:
+    dtype = draw(st.sampled_from(["uint8", "uint8", "float32"]))
     patch = draw(st.sampled_from([4, 8]))
     merge = draw(st.sampled_from([1, 2]))
     if draw(st.booleans()):
@@ -105,6 +106,7 @@ def image_specs(draw: st.DrawFn) -> ImageSpec:
             patch_size=patch,
             merge=merge,
             max_images=draw(st.integers(1, 3)),
+            dtype=dtype,
         )
     return ImageSpec(
         mode="patches",
@@ -112,6 +114,7 @@ def image_specs(draw: st.DrawFn) -> ImageSpec:
         merge=merge,
         max_patches=draw(st.integers(merge * merge, 24)),
         max_images=draw(st.integers(1, 3)),
+        dtype=dtype,
     )
 
 

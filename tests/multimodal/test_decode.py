@@ -130,3 +130,13 @@ def test_patch_grid_keeps_aspect_and_fills_budget() -> None:
     assert patch_grid(4096, 4096, spec) == (16, 16)
     assert patch_grid(1024, 256, spec) == (8, 32)
     assert patch_grid(160, 96, spec) == (6, 10)  # small: native size, not enlarged
+
+
+def test_float32_is_uint8_over_255() -> None:
+    blob = encode(noise(16, 24, 9), "PNG")
+    ints = decode_image(blob, BLOCKS)
+    floats = decode_image(
+        blob, ImageSpec(mode="fixed", size=(16, 24), patch_size=8, dtype="float32")
+    )
+    assert floats.patches.dtype == np.float32
+    assert (floats.patches == ints.patches.astype(np.float32) / np.float32(255)).all()

@@ -58,6 +58,7 @@ def test_toml(tmp_path: Path) -> None:
         (("max_images = 3", "max_images = 0"), "max_images"),
         (("seq_len = 128", "seq_len = 6"), "seq_len=6 must be at least 7"),
         (("merge = 2", "merge = true"), "merge"),
+        (("merge = 2", 'merge = 2\ndtype = "float16"'), "image.dtype"),
     ],
 )
 def test_invalid_tables_are_refused(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
@@ -90,6 +91,7 @@ def test_fingerprint_covers_every_image_field() -> None:
         {"max_images": 2},
         {"sample_patches": 20},
         {"max_pixels": 10_000},
+        {"dtype": "float32"},
         {"mode": "fixed", "size": (16, 16)},
     ):
         fp = base.replace(image=dataclasses.replace(base.image, **change)).fingerprint()

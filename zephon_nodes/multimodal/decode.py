@@ -25,7 +25,7 @@ class DecodedImage(NamedTuple):
     Attributes:
         rows: Patch rows.
         cols: Patch columns.
-        patches: uint8 ``[rows * cols, patch, patch, 3]``, row-major.
+        patches: ``[rows * cols, patch, patch, 3]``, row-major; uint8, or float32 in 0..1.
     """
 
     rows: int
@@ -116,6 +116,8 @@ def decode_image(data: bytes, spec: ImageSpec) -> DecodedImage:
     patches = (
         pixels.reshape(rows, p, cols, p, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, p, p, 3)
     )
+    if spec.dtype == "float32":
+        return DecodedImage(rows, cols, patches.astype(np.float32) / np.float32(255.0))
     return DecodedImage(rows, cols, np.ascontiguousarray(patches))
 
 

@@ -52,8 +52,8 @@ class MultimodalPacker:
     Samples hold ``input``, ``labels`` (shifted inside each document; -100 on padding and
     where the label is a placeholder), ``positions``, ``document_ids`` (-1 on padding) and:
 
-    - ``patches``: uint8 ``[sample_patches, patch, patch, 3]``, the images' patches in order,
-      zero-padded;
+    - ``patches``: ``[sample_patches, patch, patch, 3]`` (uint8, or float32 in 0..1 with
+      ``image.dtype = "float32"``), the images' patches in order, zero-padded;
     - ``image_offsets``: int64 ``[max_images]``, the input index of each image's first
       placeholder (-1: no image);
     - ``image_patch_offsets``: int64 ``[max_images]``, the index in ``patches`` of each
@@ -82,6 +82,7 @@ class MultimodalPacker:
         self.patch = image.patch_size
         self.max_images = image.max_images
         self.max_patches = image.patches_per_sample
+        self.dtype = np.dtype(image.dtype)
         self.placeholder_id = placeholder_id
         self.provenance = provenance
         self._pieces: list[_Piece] = []
@@ -167,7 +168,7 @@ class MultimodalPacker:
         pos = np.zeros(s, dtype=np.int64)
         doc = np.full(s, -1, dtype=np.int64)
         ds = np.full(s, -1, dtype=np.int64)
-        patches = np.zeros((self.max_patches, p, p, 3), dtype=np.uint8)
+        patches = np.zeros((self.max_patches, p, p, 3), dtype=self.dtype)
         offsets = np.full(self.max_images, -1, dtype=np.int64)
         patch_offsets = np.full(self.max_images, -1, dtype=np.int64)
         grids = np.zeros((self.max_images, 2), dtype=np.int64)

@@ -8,9 +8,10 @@ from typing import Any
 
 from zephon_nodes.errors import RecipeError
 
-__all__ = ["IMAGE_MODES", "ImageSpec"]
+__all__ = ["IMAGE_DTYPES", "IMAGE_MODES", "ImageSpec"]
 
 IMAGE_MODES = ("fixed", "patches")
+IMAGE_DTYPES = ("uint8", "float32")
 # Pillow's default ``Image.MAX_IMAGE_PIXELS`` (a recipe value, so it never depends on a
 # process-wide setting).
 DEFAULT_MAX_PIXELS = 89_478_485
@@ -42,6 +43,8 @@ class ImageSpec:
             ``None``: ``max_images`` times the patches of the largest image.
         max_pixels: Images with more pixels (width x height, read from the header before
             decoding) are refused as decompression bombs.
+        dtype: ``"uint8"`` (0..255, default: 4x less to move) or ``"float32"`` (0.0..1.0,
+            ``value / 255``).
     """
 
     mode: str = "fixed"
@@ -53,10 +56,13 @@ class ImageSpec:
     max_images: int = 4
     sample_patches: int | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
+    dtype: str = "uint8"
 
     def __post_init__(self) -> None:
         if self.mode not in IMAGE_MODES:
             raise RecipeError(f"image.mode={self.mode!r} must be one of {IMAGE_MODES}")
+        if self.dtype not in IMAGE_DTYPES:
+            raise RecipeError(f"image.dtype={self.dtype!r} must be one of {IMAGE_DTYPES}")
         for name in ("patch_size", "max_patches", "merge", "max_images", "max_pixels"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -119,6 +125,7 @@ class ImageSpec:
             "max_images": self.max_images,
             "sample_patches": self.patches_per_sample,
             "max_pixels": self.max_pixels,
+            "dtype": self.dtype,
         }
 
     @classmethod
@@ -134,6 +141,7 @@ class ImageSpec:
             "max_images": int,
             "sample_patches": int,
             "max_pixels": int,
+            "dtype": str,
         }
         unknown = sorted(set(table) - set(known))
         if unknown:
