@@ -140,3 +140,14 @@ def test_float32_is_uint8_over_255() -> None:
     )
     assert floats.patches.dtype == np.float32
     assert (floats.patches == ints.patches.astype(np.float32) / np.float32(255)).all()
+
+
+def test_16_bit_grayscale_keeps_the_high_byte() -> None:
+    values = (np.arange(16 * 24) % 256).astype(np.uint16).reshape(16, 24)
+    im = Image.fromarray(values * 257)  # 16-bit: v * 257 has high byte v
+    assert im.mode == "I;16"
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    img = decode_image(buf.getvalue(), BLOCKS)
+    expected = np.repeat(values.astype(np.uint8)[:, :, None], 3, axis=2)
+    assert (unpatchify(img.patches, 2, 3) == expected).all()

@@ -101,6 +101,10 @@ def decode_image(data: bytes, spec: ImageSpec) -> DecodedImage:
                 )
                 im.draft("RGB", (need, need))
             upright = ImageOps.exif_transpose(im)
+            if upright.mode.startswith("I"):
+                # 16-bit grayscale: keep the high byte (Pillow's convert would clip at 255).
+                wide = np.asarray(upright).astype(np.int64)
+                upright = Image.fromarray(np.clip(wide >> 8, 0, 255).astype(np.uint8), "L")
             rgb = upright.convert("RGB")
             width, height = rgb.size
             rows, cols = patch_grid(width, height, spec)
