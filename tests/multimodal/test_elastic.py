@@ -8,7 +8,8 @@ import io
 from pathlib import Path
 
 import numpy as np
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from PIL import Image
 
 from tests.multimodal.helpers import mm_recipe, mm_recipes, records
@@ -26,6 +27,15 @@ def test_identical_global_batches_across_dp_workers_and_resumes(recipe: Recipe) 
     assert len(steps) == 6
     assert any(bool((mb["image_offsets"] >= 0).any()) for _, mbs in steps for mb in mbs or [])
     assert_elastic(recipe, steps=6, workers=(0, 2), runners=("thread",))
+
+
+@pytest.mark.slow
+@settings(max_examples=3)
+@given(recipe=mm_recipes())
+def test_process_runner_on_generated_recipes(recipe: Recipe) -> None:
+    """Fewer examples: each process-runner setting starts worker processes."""
+    sizes = sorted({1, recipe.num_lanes})
+    assert_elastic(recipe, steps=4, dp_sizes=sizes, workers=(2,), runners=("process",))
 
 
 def files_recipe(tmp_path: Path) -> Recipe:
