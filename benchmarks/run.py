@@ -234,9 +234,12 @@ def suite_throughput(base: BenchConfig, rounds: int, measure: Any) -> dict[str, 
 
 def suite_scaling(base: BenchConfig, rounds: int, measure: Any) -> dict[str, Any]:
     g = 32
+    # 32 lanes flush in lockstep (every lane's shuffle buffer drains and refills together):
+    # the window must span several flush cycles (~8 work items x 32 lanes) to be steady.
+    long = replace(base, seconds=base.seconds * 4)
     lanes = {
-        "lanes_1": ("zephon", replace(base, num_lanes=1, batch_size=g)),
-        "lanes_32": ("zephon", replace(base, num_lanes=32, batch_size=g)),
+        "lanes_1": ("zephon", replace(long, num_lanes=1, batch_size=g)),
+        "lanes_32": ("zephon", replace(long, num_lanes=32, batch_size=g)),
     }
     workers = {
         "workers_1": ("zephon", replace(base, num_workers=1)),
