@@ -19,8 +19,10 @@ from zephon_nodes.errors import DataError
 
 __all__ = ["ParquetShard", "open_parquet_shard"]
 
-_FILES: dict[str, Any] = {}
-_LOCK = threading.Lock()
+# One open ParquetFile per thread: pyarrow's ParquetFile is not safe to read from several
+# worker threads at once (its read-range cache raced: "ReadRangeCache did not find matching
+# cache entry").
+_LOCAL = threading.local()
 
 
 def _pq() -> Any:
@@ -39,17 +41,17 @@ def _parquet_file(path: str) -> Any:
     except OSError as e:
         raise DataError(f"{path}: cannot read: {e}") from None
     key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
-    f = _FILES.get(key)
+    files: dict[str, Any] | None = getattr(_LOCAL, "files", None)
+    if files is None:
+        files = _LOCAL.files = {}
+    f = files.get(key)
     if f is None:
         pq = _pq()
-        with _LOCK:
-            f = _FILES.get(key)
-            if f is None:
-                try:
-                    f = pq.ParquetFile(path)
-                except Exception as e:
-                    raise DataError(f"{path}: unreadable Parquet file: {e}") from None
-                _FILES[key] = f
+        try:
+            f = pq.ParquetFile(path)
+        except Exception as e:
+            raise DataError(f"{path}: unreadable Parquet file: {e}") from None
+        files[key] = f
     return f
 
 
