@@ -139,7 +139,7 @@ def _count_labels(labels: Any) -> tuple[int, int]:
 
 def zephon_recipe(corpus: Corpus, cfg: BenchConfig) -> Any:
     """The benchmark recipe for zephon-nodes."""
-    from zephon_nodes.recipe import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
+    from zephon_nodes.recipe.spec import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 
     return Recipe(
         datasets=(DatasetSpec("bench", paths=(corpus.shard_glob,)),),
@@ -175,11 +175,11 @@ class PythonFilter:
 
 def zephon_pipeline(corpus: Corpus, cfg: BenchConfig) -> tuple[Any, Any, Any]:
     """Build (pipeline, rank node, pool) for the config."""
+    from zephon_nodes.engine.pipeline import Pipeline
+    from zephon_nodes.engine.pool import WorkerPool
     from zephon_nodes.operators.chain import Chain
     from zephon_nodes.operators.parse import ParseJsonl
     from zephon_nodes.operators.tokenize import Tokenize
-    from zephon_nodes.pipeline import Pipeline
-    from zephon_nodes.pool import WorkerPool
 
     pipeline = Pipeline(zephon_recipe(corpus, cfg))
     if cfg.python_filter:

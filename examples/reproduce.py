@@ -61,7 +61,7 @@ from tests.integrations.assets import (  # noqa: E402
     write_recipe,
 )
 from tests.integrations.tt_helpers import Row, content_digest, load_rows, step_digest  # noqa: E402
-from zephon_nodes.digest import global_batch_digest  # noqa: E402
+from zephon_nodes.verification.digest import global_batch_digest  # noqa: E402
 
 TT_TRAINER = REPO / "tests" / "integrations" / "scripts" / "tt_trainer.py"
 SCRATCH_JOB = REPO / "examples" / "repro" / "scratch_job.py"
@@ -263,9 +263,9 @@ def read_trainer_run(out: Path, world: int, loader: str, spl: int) -> dict[str, 
     rows = [load_rows(out / f"rows_rank{r}.npz") for r in range(world)]
     steps = sorted(rows[0])
     per_step: dict[int, list[list[Row]]] = {t: [rr[t] for rr in rows] for t in steps}
-    if loader == "zephon":  # lane-labelled, as zephon_nodes.simulate hashes it
+    if loader == "zephon":  # lane-labelled, as zephon_nodes.verification.simulate hashes it
         result["digests"] = {t: step_digest(per_step[t], spl) for t in steps}
-    else:  # rank order, as zephon_nodes.baselines.naive_digests hashes it
+    else:  # rank order, as zephon_nodes.verification.baselines.naive_digests hashes it
         result["digests"] = {
             t: global_batch_digest((0, r) for rr in per_step[t] for r in rr) for t in steps
         }
@@ -328,10 +328,10 @@ def experiment_resume(
 
 def reference_digests(recipe: Path, s: Settings) -> dict[str, list[str]]:
     """Independent in-process references: the core's simulate and the naive baseline, dp 2."""
-    from zephon_nodes.baselines import naive_digests
-    from zephon_nodes.pipeline import Pipeline
-    from zephon_nodes.recipe import Recipe
-    from zephon_nodes.simulate import simulate
+    from zephon_nodes.engine.pipeline import Pipeline
+    from zephon_nodes.recipe.spec import Recipe
+    from zephon_nodes.verification.baselines import naive_digests
+    from zephon_nodes.verification.simulate import simulate
 
     p = Pipeline(Recipe.from_toml(recipe))
     return {
@@ -368,8 +368,8 @@ def resume_checks(runs: dict[str, Any], refs: dict[str, list[str]], s: Settings)
 def write_heldout(work: Path, recipe_kwargs: dict[str, Any], a: Assets, s: Settings) -> Path:
     """Pack held-out documents (never in the training corpus) into rows; save them as npz."""
     from examples.repro.naive_loader import rank_samples
-    from zephon_nodes.pipeline import Pipeline
-    from zephon_nodes.recipe import Recipe
+    from zephon_nodes.engine.pipeline import Pipeline
+    from zephon_nodes.recipe.spec import Recipe
 
     docs = stdlib_documents(s.num_docs + s.heldout_docs)[s.num_docs :]
     held = dataclasses.replace(a, corpus=write_corpus(work / "heldout.jsonl", docs))
@@ -668,9 +668,9 @@ def summary_markdown(res: dict[str, Any]) -> str:
     L += [
         "",
         "Independent references (in-process, no Trainer): the zephon-nodes uninterrupted "
-        f"run equals `zephon_nodes.simulate` at dp 2: "
+        f"run equals `zephon_nodes.verification.simulate` at dp 2: "
         f"{tick(checks['zephon']['uninterrupted_matches_reference'])}; the rank-sharded one "
-        f"equals `zephon_nodes.baselines.naive_digests` at dp 2: "
+        f"equals `zephon_nodes.verification.baselines.naive_digests` at dp 2: "
         f"{tick(checks['naive']['uninterrupted_matches_reference'])}.",
         "",
     ]

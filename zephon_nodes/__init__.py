@@ -4,16 +4,17 @@ The same recipe yields the same global batches, byte for byte, whatever the numb
 data-parallel ranks, loader workers or restarts.
 """
 
-from zephon_nodes.checkpoint import load_state, merge_states, save_state
-from zephon_nodes.dataset import Dataset
-from zephon_nodes.digest import digest_microbatches, global_batch_digest
+from zephon_nodes.engine.checkpoint import load_state, merge_states, save_state
+from zephon_nodes.engine.flush import Flush
+from zephon_nodes.engine.lane import Lane, WorkItemNode
+from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
+from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, DataError, RecipeError, WorkerError, ZephonError
-from zephon_nodes.flush import Flush
-from zephon_nodes.lane import Lane, WorkItemNode
-from zephon_nodes.multiplexer import Multiplexer
-from zephon_nodes.pipeline import Pipeline, lanes_for_rank
-from zephon_nodes.pool import WorkerPool
-from zephon_nodes.recipe import (
+from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.recipe.registry import register_filter, register_map, register_tokenizer
+from zephon_nodes.recipe.spec import (
     DatasetSpec,
     MixtureSpec,
     OperatorSpec,
@@ -23,9 +24,8 @@ from zephon_nodes.recipe import (
     TokenizerSpec,
     WorkSpec,
 )
-from zephon_nodes.registry import register_filter, register_map, register_tokenizer
-from zephon_nodes.simulate import simulate
-from zephon_nodes.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.verification.digest import digest_microbatches, global_batch_digest
+from zephon_nodes.verification.simulate import simulate
 
 __version__ = "0.1.0"
 

@@ -6,7 +6,7 @@ do: the recipe's documents, in the recipe's seeded work-item order, are dealt to
 index (document ``d`` goes to rank ``d % dp_world_size``); each rank tokenizes and packs its
 own documents (same tokenizer and TorchTitan-compatible packer as the recipe) and yields
 ``local_batch_size`` rows per micro-batch. Its global batches are those of
-:func:`zephon_nodes.baselines.naive_batches`.
+:func:`zephon_nodes.verification.baselines.naive_batches`.
 
 Its checkpoint is one replicated number, the global count of samples consumed. On resume it
 *skips*: each rank drops ``consumed / dp_world_size`` samples of its own document stream.
@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
+from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.operators.documents import DocBatch
 from zephon_nodes.operators.pack import ConcatPacker
-from zephon_nodes.pipeline import Pipeline
-from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.spec import Recipe
 
 CONSUMED_KEY = "consumed_samples"
 

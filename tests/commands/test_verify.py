@@ -12,12 +12,12 @@ import pytest
 
 from tests.commands.run import zephon
 from zephon_nodes import Pipeline, Recipe
-from zephon_nodes.baselines import naive_batches, naive_digests
 from zephon_nodes.commands import verify as verify_cmd
-from zephon_nodes.lane import Lane
+from zephon_nodes.engine.lane import Lane
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.documents import DocBatch
-from zephon_nodes.verification import (
+from zephon_nodes.verification.baselines import naive_batches, naive_digests
+from zephon_nodes.verification.matrix import (
     Setting,
     default_dp_sizes,
     default_matrix,
@@ -227,7 +227,7 @@ class TestReport:
         assert 20_000 < png.stat().st_size < 2_000_000
 
     def test_html_report_colours_each_cell(self, recipe_path: Path, tmp_path: Path) -> None:
-        from zephon_nodes.report import GREEN, RED
+        from zephon_nodes.verification.report import GREEN, RED
 
         page = tmp_path / "report.html"
         status = zephon(
@@ -279,7 +279,7 @@ def test_a_checkpoint_step_beyond_the_data_is_refused(recipe_path: Path, capsys:
 def test_progress_bar_on_a_terminal() -> None:
     import io
 
-    from zephon_nodes.verification import REFERENCE, SettingResult
+    from zephon_nodes.verification.matrix import REFERENCE, SettingResult
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

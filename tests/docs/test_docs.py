@@ -146,8 +146,8 @@ def test_relative_links_resolve(page: Path) -> None:
 
 
 def test_digest_page_holds_the_exact_layout() -> None:
-    """docs/digest.md quotes the byte layout of ``zephon_nodes.digest`` word for word."""
-    import zephon_nodes.digest as digest
+    """docs/digest.md quotes the byte layout of ``verification.digest`` word for word."""
+    import zephon_nodes.verification.digest as digest
 
     doc = digest.__doc__ or ""
     layout = doc[doc.index("For one step") : doc.index("The digest is the lower-case")]
@@ -157,7 +157,7 @@ def test_digest_page_holds_the_exact_layout() -> None:
 
 
 def test_checkpoint_page_documents_every_state_key() -> None:
-    from zephon_nodes import checkpoint
+    from zephon_nodes.engine import checkpoint
 
     page = (DOCS / "checkpoint.md").read_text()
     for key in checkpoint._KEYS:

@@ -18,11 +18,11 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from tests.integrations.assets import Assets, write_hf_assets, write_recipe
 from tests.integrations.tt_helpers import Row, rows_of, step_digest, take_steps
+from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader, lane_key
-from zephon_nodes.pipeline import Pipeline
-from zephon_nodes.recipe import Recipe
-from zephon_nodes.simulate import simulate
+from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.verification.simulate import simulate
 
 SPL = 2  # samples per lane per step in the default recipe (G=8, L=4)
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon_nodes.digest import global_batch_digest
+from zephon_nodes.verification.digest import global_batch_digest
 
 Row = dict[str, np.ndarray]
 

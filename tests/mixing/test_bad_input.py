@@ -12,7 +12,7 @@ import zstandard
 from tests.mixing.helpers import digests, texts
 from zephon_nodes import DataError, DatasetSpec, Pipeline, simulate
 from zephon_nodes.commands.stats import compute_stats
-from zephon_nodes.recipe import Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
+from zephon_nodes.recipe.spec import Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 
 GOOD = [json.dumps({"text": t}) for t in texts("abcdefgh", 12, 20, 60, 9)]
 
@@ -109,7 +109,7 @@ def all_skipped(pipeline: Pipeline) -> dict[str, int]:
     """Skip counts over one pass of the dataset's work items (reading every record once)."""
     ds = pipeline.datasets[0]
     counts: dict[str, int] = {}
-    from zephon_nodes.work import WorkItem
+    from zephon_nodes.engine.work import WorkItem
 
     for item in range(ds.num_work_items):
         shard, start, stop = ds.locate(item)

@@ -19,7 +19,7 @@ from tests.mixing.helpers import (
 )
 from zephon_nodes import Pipeline, WorkSpec
 from zephon_nodes.commands.stats import compute_stats
-from zephon_nodes.mixing import MixingWorkSource
+from zephon_nodes.engine.mixing import MixingWorkSource
 
 
 class TestTokenShares:
@@ -70,7 +70,7 @@ class TestTokenShares:
 
 def plan(weights, costs, block=64, seed=0, num_items=(1000,) * 3):
     """A MixingWorkSource over fake datasets (only item counts matter to the plan)."""
-    from zephon_nodes.schedule import WeightSchedule
+    from zephon_nodes.recipe.schedule import WeightSchedule
 
     class _FakeDataset:
         def __init__(self, n):

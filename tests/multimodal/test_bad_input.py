@@ -10,7 +10,7 @@ import pytest
 from tests.multimodal.helpers import b64, encode, mm_recipe, noise, png_header_only, write_tar
 from zephon_nodes import DataError, DatasetSpec, Pipeline, simulate
 from zephon_nodes.commands.stats import compute_stats
-from zephon_nodes.recipe import WorkSpec
+from zephon_nodes.recipe.spec import WorkSpec
 
 JPEG = encode(noise(48, 48, 5), "JPEG")
 GIF = encode(noise(16, 16, 6), "GIF")
@@ -64,7 +64,7 @@ def jsonl_recipe(tmp_path: Path, case: str, policy: str):
 
 def all_counts(pipeline: Pipeline) -> tuple[int, dict[str, int]]:
     """Documents and skips over every work item of the (single) dataset, read once."""
-    from zephon_nodes.work import WorkItem
+    from zephon_nodes.engine.work import WorkItem
 
     ds = pipeline.datasets[0]
     docs, counts = 0, {}

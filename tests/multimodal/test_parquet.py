@@ -10,7 +10,7 @@ from tests.multimodal.helpers import encode, mm_recipe, noise
 from tests.multimodal.test_bad_input import all_counts
 from zephon_nodes import DataError, DatasetSpec, Pipeline, simulate
 from zephon_nodes.multimodal.tokenize import MMDocBatch
-from zephon_nodes.recipe import WorkSpec
+from zephon_nodes.recipe.spec import WorkSpec
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -33,7 +33,7 @@ def test_binary_and_list_columns(tmp_path: Path) -> None:
     pipeline = Pipeline(recipe)
     assert all_counts(pipeline) == (31, {})
     shard = pipeline.datasets[0].shards[1]
-    from zephon_nodes.work import WorkItem
+    from zephon_nodes.engine.work import WorkItem
 
     batch = pipeline.stateless(WorkItem(0, "pq", "caption", 0, 0, shard, 0, 1, 0, 0))
     assert isinstance(batch, MMDocBatch) and [len(i) for i in batch.images] == [2]

@@ -10,7 +10,7 @@ import pytest
 from tests.multimodal.helpers import mm_recipe, records
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.multimodal.spec import ImageSpec
-from zephon_nodes.recipe import OperatorSpec, PackSpec, Recipe
+from zephon_nodes.recipe.spec import OperatorSpec, PackSpec, Recipe
 
 TOML = """\
 seq_len = 128

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.baselines import naive_digests
-from zephon_nodes.pipeline import Pipeline
-from zephon_nodes.recipe import Recipe
-from zephon_nodes.simulate import simulate
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.verification.baselines import naive_digests
+from zephon_nodes.verification.simulate import simulate
 
 __all__ = ["add_parser", "default_recipe_path", "prepare_default", "run"]
 
@@ -23,7 +23,7 @@ def default_recipe_path() -> Path:
 
 def prepare_default(recipe_path: Path) -> None:
     """Build the default recipe's corpus and tokenizer next to it if they are missing."""
-    from zephon_nodes.demo_corpus import build_corpus, train_tokenizer
+    from zephon_nodes.commands.demo_corpus import build_corpus, train_tokenizer
 
     root = recipe_path.parent
     if not list((root / "data").glob("*.jsonl.zst")):

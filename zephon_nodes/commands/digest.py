@@ -7,12 +7,12 @@ import json
 import sys
 from typing import Any
 
-from zephon_nodes.checkpoint import load_state, save_state
+from zephon_nodes.engine.checkpoint import load_state, save_state
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.pipeline import Pipeline
-from zephon_nodes.pool import RUNNERS
-from zephon_nodes.recipe import Recipe
-from zephon_nodes.simulate import simulate
+from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.verification.simulate import simulate
 
 __all__ = ["add_parser", "run"]
 

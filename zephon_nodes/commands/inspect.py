@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.checkpoint import STATE_FILE, load_state, recipe_summary, validate_state
+from zephon_nodes.engine.checkpoint import STATE_FILE, load_state, recipe_summary, validate_state
 from zephon_nodes.errors import CheckpointError
-from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["add_parser", "load_any", "resume_check", "run"]
 
@@ -46,7 +46,7 @@ def load_any(path: str | Path) -> dict[str, Any]:
         return load_state(p)
     if not p.exists():
         raise CheckpointError(f"no checkpoint at {p}")
-    from zephon_nodes import checkpoint
+    from zephon_nodes.engine import checkpoint
 
     load_checkpoint = getattr(checkpoint, "load_checkpoint", None)
     if load_checkpoint is None:

@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.multiplexer import Multiplexer
 from zephon_nodes.operators.pack import IGNORE_INDEX
-from zephon_nodes.pipeline import Pipeline
-from zephon_nodes.pool import WorkerPool
-from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["add_parser", "compute_stats", "run"]
 

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.pipeline import Pipeline
-from zephon_nodes.pool import RUNNERS
-from zephon_nodes.recipe import Recipe
-from zephon_nodes.verification import (
+from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.verification.matrix import (
     SettingResult,
     VerifyResult,
     default_dp_sizes,
@@ -191,8 +191,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     if args.report:
-        from zephon_nodes.baselines import naive_digests
-        from zephon_nodes.report import ReportData, write_report
+        from zephon_nodes.verification.baselines import naive_digests
+        from zephon_nodes.verification.report import ReportData, write_report
 
         baseline = {d: naive_digests(pipeline, d, args.steps) for d in dp_sizes}
         data = ReportData.from_results(result, baseline, title=str(args.recipe))

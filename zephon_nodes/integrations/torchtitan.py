@@ -33,13 +33,13 @@ import torch
 from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_nodes.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
+from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import CheckpointError, RecipeError
-from zephon_nodes.multiplexer import Multiplexer
 from zephon_nodes.operators.tokenize import load_tokenizer
-from zephon_nodes.pipeline import Pipeline, lanes_for_rank
-from zephon_nodes.pool import RUNNERS, WorkerPool
-from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.spec import Recipe
 
 __all__ = [
     "DCP_FORMAT",
@@ -107,7 +107,7 @@ def _decode_field(kind: int, value: int) -> Any:
 def to_dcp_state(
     state: Mapping[str, Any], *, dp_world_size: int, local_batch_size: int
 ) -> dict[str, torch.Tensor]:
-    """Convert a :class:`~zephon_nodes.multiplexer.Multiplexer` state to DCP tensors.
+    """Convert a :class:`~zephon_nodes.engine.multiplexer.Multiplexer` state to DCP tensors.
 
     Args:
         state: The rank's JSON-safe multiplexer state.

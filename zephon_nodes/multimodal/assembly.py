@@ -10,7 +10,7 @@ from zephon_nodes.multimodal.spec import ImageSpec
 from zephon_nodes.multimodal.tokenize import TokenizeMultimodal
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.tokenize import Tokenizer
-from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["make_packer", "multimodal_chain", "placeholder_id"]
 

@@ -8,11 +8,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_nodes.engine.work import WorkItem
 from zephon_nodes.errors import DataError
-from zephon_nodes.multimodal.tar import TarSample
+from zephon_nodes.io.tar import TarSample
 from zephon_nodes.operators.documents import Skipped, add_skipped
 from zephon_nodes.operators.parse import classify_file_error
-from zephon_nodes.work import WorkItem
 
 __all__ = ["DEFAULT_IMAGE_FIELD", "MMBatch", "MMRecord", "ParseMultimodal"]
 

@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.engine.flush import Flush, is_flush
 from zephon_nodes.errors import CheckpointError
-from zephon_nodes.flush import Flush, is_flush
 
 __all__ = ["Accumulator", "AccumulatorNode"]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_nodes.operators.documents import TextBatch, add_skipped
-from zephon_nodes.recipe import OperatorSpec
-from zephon_nodes.registry import lookup
+from zephon_nodes.recipe.registry import lookup
+from zephon_nodes.recipe.spec import OperatorSpec
 
 __all__ = ["Filter"]
 

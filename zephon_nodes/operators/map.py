@@ -8,8 +8,8 @@ from typing import Any
 
 from zephon_nodes.errors import DataError
 from zephon_nodes.operators.documents import TextBatch
-from zephon_nodes.recipe import OperatorSpec
-from zephon_nodes.registry import lookup
+from zephon_nodes.recipe.registry import lookup
+from zephon_nodes.recipe.spec import OperatorSpec
 
 __all__ = ["Map"]
 

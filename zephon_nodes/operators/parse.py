@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_nodes.engine.work import WorkItem
 from zephon_nodes.errors import DataError
 from zephon_nodes.operators.documents import Skipped, TextBatch, add_skipped
-from zephon_nodes.work import WorkItem
 
 __all__ = ["ParseJsonl", "classify_file_error"]
 

@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 from torchdata.nodes import BaseNode, Loader
 
-from zephon_nodes.flush import is_flush
-from zephon_nodes.lane import WorkItemNode
+from zephon_nodes.engine.flush import is_flush
+from zephon_nodes.engine.lane import WorkItemNode
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.operators.accumulate import AccumulatorNode
-from zephon_nodes.pipeline import Pipeline
-from zephon_nodes.pool import WorkerPool
-from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.testing._compare import difference, short
 from zephon_nodes.testing.strategies import doc_batches
-from zephon_nodes.work import WorkSource
 
 __all__ = [
     "ListWorkSource",
@@ -62,7 +62,7 @@ class ListWorkSource(WorkSource):
 def list_source(items: Sequence[Any], flush_every: int) -> WorkItemNode:
     """A lane source over ``items`` with a flush marker every ``flush_every`` items.
 
-    It is the node a lane starts from (a :class:`~zephon_nodes.lane.WorkItemNode`), so
+    It is the node a lane starts from (a :class:`~zephon_nodes.engine.lane.WorkItemNode`), so
     operators built on it restore exactly as they do inside a real lane.
     """
     return WorkItemNode(ListWorkSource(items), 0, flush_every)
@@ -497,13 +497,13 @@ def assert_elastic(
     ``workers`` x ``runners``, plus a checkpoint after ``checkpoint_step`` (default: half the
     steps) resumed from each dp size at each other, and compares each step's global batch
     digest with a one-rank inline reference. ``recipe`` may also be a
-    :class:`~zephon_nodes.pipeline.Pipeline`, for example a subclass whose ``build_lane``
+    :class:`~zephon_nodes.engine.pipeline.Pipeline`, for example a subclass whose ``build_lane``
     adds your own operators.
 
     Raises:
         AssertionError: Naming the smallest failing setting and its first differing step.
     """
-    from zephon_nodes.verification import default_dp_sizes, default_matrix, run_matrix
+    from zephon_nodes.verification.matrix import default_dp_sizes, default_matrix, run_matrix
 
     pipeline = recipe if isinstance(recipe, Pipeline) else Pipeline(recipe)
     sizes = list(dp_sizes) if dp_sizes is not None else default_dp_sizes(pipeline.num_lanes)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon_nodes.multiplexer import LANE_KEY
+from zephon_nodes.engine.multiplexer import LANE_KEY
 
 __all__ = ["FIELD_ORDER", "digest_microbatches", "global_batch_digest"]
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from zephon_nodes.dataset import Dataset
-from zephon_nodes.mixing import MixingWorkSource, estimate_tokens_per_record
+from zephon_nodes.engine.mixing import MixingWorkSource, estimate_tokens_per_record
+from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
+from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.filter import Filter
 from zephon_nodes.operators.map import Map
 from zephon_nodes.operators.parse import ParseJsonl
 from zephon_nodes.operators.tokenize import Tokenize, Tokenizer
-from zephon_nodes.recipe import Recipe
-from zephon_nodes.schedule import WeightSchedule
-from zephon_nodes.work import DatasetWorkSource, WorkSource
+from zephon_nodes.recipe.schedule import WeightSchedule
+from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["stateless_chain", "work_source"]
 

@@ -281,7 +281,7 @@ def save_rank_state(
         root: The run's checkpoint directory.
         step: The step the state was taken after (must equal ``state["step"]``).
         rank: This data-parallel rank.
-        state: The rank's :class:`~zephon_nodes.multiplexer.Multiplexer` state.
+        state: The rank's :class:`~zephon_nodes.engine.multiplexer.Multiplexer` state.
 
     Raises:
         CheckpointError: If the state is not a step-boundary state of step ``step``.

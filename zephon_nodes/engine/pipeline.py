@@ -5,25 +5,23 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.checkpoint import recipe_summary
-from zephon_nodes.dataset import Dataset
-from zephon_nodes.lane import Lane, WorkItemNode
+from zephon_nodes.engine.checkpoint import recipe_summary
+from zephon_nodes.engine.lane import Lane, WorkItemNode
+from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.work import WorkSource
+from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.operators.accumulate import AccumulatorNode
 from zephon_nodes.operators.bestfit import BestFitPacker
 from zephon_nodes.operators.pack import ConcatPacker
 from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.shuffle import ShuffleBuffer
 from zephon_nodes.operators.tokenize import load_tokenizer
-from zephon_nodes.pool import WorkerPool
-from zephon_nodes.recipe import Recipe
-from zephon_nodes.work import WorkSource
-
-if TYPE_CHECKING:
-    from zephon_nodes.multiplexer import Multiplexer
+from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["Pipeline", "lanes_for_rank"]
 
@@ -44,7 +42,7 @@ def lanes_for_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> list[int
 
 def _refuse_tar(datasets: Sequence[Dataset]) -> None:
     from zephon_nodes.errors import RecipeError
-    from zephon_nodes.multimodal.tar import TarShard
+    from zephon_nodes.io.tar import TarShard
 
     for d in datasets:
         tars = [s.path for s in d.shards if isinstance(s, TarShard)]
@@ -68,8 +66,8 @@ class Pipeline:
     """
 
     def __init__(self, recipe: Recipe, *, provenance: bool = False) -> None:
-        from zephon_nodes.assembly import stateless_chain, work_source
-        from zephon_nodes.sources import open_dataset
+        from zephon_nodes.engine.assembly import stateless_chain, work_source
+        from zephon_nodes.io.sources import open_dataset
 
         self.recipe = recipe
         self.provenance = provenance
@@ -153,7 +151,6 @@ class Pipeline:
             lookahead: Work items each lane submits ahead.
         """
         from zephon_nodes.errors import RecipeError
-        from zephon_nodes.multiplexer import Multiplexer
 
         L = self.num_lanes
         if lanes is None:

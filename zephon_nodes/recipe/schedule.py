@@ -1,7 +1,7 @@
 """Mixture weights over training progress: static, or piecewise-linear (curriculum).
 
 Progress is measured in *estimated tokens* (the mixing plan's own token estimate, see
-:mod:`zephon_nodes.mixing`), so the weights at any point are a pure function of the recipe.
+:mod:`zephon_nodes.engine.mixing`), so the weights at any point are a pure function of the recipe.
 A schedule in steps is converted at ``global_batch_size * seq_len`` tokens per step; with
 padding, real steps run slightly ahead of that estimate.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["WeightSchedule"]
 

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from zephon_nodes.digest import global_batch_digest
+from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.documents import DocBatch
 from zephon_nodes.operators.pack import ConcatPacker, Sample
-from zephon_nodes.pipeline import Pipeline
+from zephon_nodes.verification.digest import global_batch_digest
 
 __all__ = ["naive_batches", "naive_digests"]
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zephon_nodes.recipe import DatasetSpec
-from zephon_nodes.shards import Shard, memory_shard, open_shard
+from zephon_nodes.io.shards import Shard, memory_shard, open_shard
+from zephon_nodes.recipe.spec import DatasetSpec
 
 __all__ = ["Dataset"]
 

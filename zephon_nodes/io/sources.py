@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zephon_nodes.dataset import Dataset
 from zephon_nodes.errors import DataError
+from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.io.shards import Shard, memory_shard, open_shard
 from zephon_nodes.operators.parse import classify_file_error
-from zephon_nodes.recipe import DatasetSpec
-from zephon_nodes.shards import Shard, memory_shard, open_shard
+from zephon_nodes.recipe.spec import DatasetSpec
 
 __all__ = ["OpenedDataset", "open_dataset"]
 
@@ -31,11 +31,11 @@ class OpenedDataset:
 
 def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) -> Shard:
     if path.endswith(PARQUET_SUFFIXES):
-        from zephon_nodes.parquet import open_parquet_shard
+        from zephon_nodes.io.parquet import open_parquet_shard
 
         return open_parquet_shard(path, spec.text_field, image_column)
     if path.endswith(".tar"):
-        from zephon_nodes.multimodal.tar import open_tar_shard
+        from zephon_nodes.io.tar import open_tar_shard
 
         return open_tar_shard(path)
     return open_shard(path)

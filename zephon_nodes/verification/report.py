@@ -3,7 +3,7 @@
 Left: every physical setting of the recipe (rows) by step (columns), green where the global
 batch digest equals the reference, red where it differs, grey where no batch was produced,
 with each setting's throughput as a bar. Right: the same matrix for a naive rank-sharded
-loader at each dp size (:mod:`zephon_nodes.baselines`). HTML pages use inline SVG (no
+loader at each dp size (:mod:`zephon_nodes.verification.baselines`). HTML pages use inline SVG (no
 dependency); PNG files need matplotlib (``pip install zephon-nodes[report]``).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.verification import VerifyResult
+from zephon_nodes.verification.matrix import VerifyResult
 
 __all__ = ["ReportData", "ReportRow", "render_html", "render_png", "write_report"]
 

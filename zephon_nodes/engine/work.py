@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zephon_nodes.dataset import Dataset
-from zephon_nodes.seeding import permutation
-from zephon_nodes.shards import Shard
+from zephon_nodes.engine.seeding import permutation
+from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.io.shards import Shard
 
 __all__ = ["DatasetWorkSource", "WorkItem", "WorkSource"]
 

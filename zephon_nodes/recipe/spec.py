@@ -60,7 +60,7 @@ class TokenizerSpec:
     Args:
         kind: ``"sentencepiece"`` (a ``.model`` file), ``"hf"`` (a Hugging Face ``tokenizers``
             ``tokenizer.json`` file), ``"custom"`` (an object registered in Python with
-            :func:`~zephon_nodes.registry.register_tokenizer`) or ``"bytes"`` (UTF-8 bytes + 3;
+            :func:`~zephon_nodes.register_tokenizer`) or ``"bytes"`` (UTF-8 bytes + 3;
             ids 0/1/2 are pad/bos/eos; needs no file, meant for tests and examples).
         path: Tokenizer file, resolved relative to the recipe file (optional for
             ``"custom"``: when given, its digest joins the fingerprint).
@@ -102,7 +102,7 @@ class TokenizerSpec:
             "add_eos": self.add_eos,
         }
         if self.kind == "custom":
-            from zephon_nodes.registry import lookup
+            from zephon_nodes.recipe.registry import lookup
 
             assert self.name is not None
             out["name"] = self.name
@@ -398,7 +398,7 @@ class OperatorSpec:
 
     Args:
         kind: ``"filter"`` (keep documents for which the function returns True) or ``"map"``.
-        name: Name given to :func:`~zephon_nodes.registry.register_filter` / ``register_map``.
+        name: Name given to :func:`~zephon_nodes.register_filter` / ``register_map``.
         params: Keyword arguments passed to the function (JSON-safe values).
         datasets: Names of the datasets it applies to; ``None``: all.
     """
@@ -418,7 +418,7 @@ class OperatorSpec:
 
     def canonical(self) -> dict[str, Any]:
         """Name, registered version, parameters and datasets."""
-        from zephon_nodes.registry import lookup
+        from zephon_nodes.recipe.registry import lookup
 
         return {
             "kind": self.kind,

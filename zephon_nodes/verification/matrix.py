@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.pipeline import Pipeline
-from zephon_nodes.pool import RUNNERS, WorkerPool
-from zephon_nodes.simulate import simulate
+from zephon_nodes.verification.simulate import simulate
 
 __all__ = [
     "REFERENCE",

@@ -18,7 +18,7 @@ integer accumulators at block starts are precomputed (a few integers per block);
 they are closed-form.
 
 The ``k``-th item of dataset ``d`` is item ``perm_e[k mod n_d]`` of epoch ``e = k // n_d``,
-as in :class:`~zephon_nodes.work.DatasetWorkSource`. When a dataset with
+as in :class:`~zephon_nodes.engine.work.DatasetWorkSource`. When a dataset with
 ``on_exhausted = "end"`` would start epoch ``work.epochs``, the whole stream ends there.
 """
 
@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.dataset import Dataset
+from zephon_nodes.engine.seeding import permutation
+from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.schedule import WeightSchedule
-from zephon_nodes.seeding import permutation
-from zephon_nodes.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.recipe.schedule import WeightSchedule
 
 __all__ = ["MixingWorkSource", "estimate_tokens_per_record"]
 

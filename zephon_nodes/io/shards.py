@@ -10,9 +10,7 @@ a temporary name and renamed, so concurrent ranks never read a half-written file
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,22 +20,13 @@ import numpy as np
 import zstandard
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.multimodal.tar import TarShard
-from zephon_nodes.parquet import ParquetShard
+from zephon_nodes.io.cache import atomic_write, cache_dir, cache_key
+from zephon_nodes.io.parquet import ParquetShard
+from zephon_nodes.io.tar import TarShard
 
 __all__ = ["FileShard", "MemoryShard", "Shard", "cache_dir", "open_shard"]
 
 _BLOCK = 16 << 20
-
-
-def cache_dir() -> Path:
-    """Return the directory holding record indexes and decompressed shards."""
-    root = os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "zephon_nodes"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 @dataclass(frozen=True)
@@ -132,24 +121,6 @@ def _load_index(index_path: str) -> np.ndarray:
     return index
 
 
-def _cache_key(path: Path) -> str:
-    st = path.stat()
-    text = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-
-def _atomic_write(target: Path, writer: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            writer(f)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _decompress_to(src: Path, dst: Any) -> None:
     """Decompress every zstd frame of ``src`` into the file object ``dst``."""
     dctx = zstandard.ZstdDecompressor()
@@ -223,16 +194,16 @@ def open_shard(path: str | os.PathLike[str]) -> FileShard:
     if not p.is_file():
         raise DataError(f"{p}: data file not found")
     try:
-        key = _cache_key(p)
+        key = cache_key(p)
         root = cache_dir()
         compressed = p.name.endswith(".zst")
         data_path = root / f"{key}.jsonl" if compressed else p
         index_path = root / f"{key}.index.npy"
         if compressed and not data_path.exists():
-            _atomic_write(data_path, lambda f: _decompress_to(p, f))
+            atomic_write(data_path, lambda f: _decompress_to(p, f))
         if not index_path.exists():
             index = _index_file(data_path)
-            _atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
+            atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
         n = int(_load_index(str(index_path)).shape[0])
     except OSError as e:
         raise DataError(f"{p}: cannot read: {e}") from None

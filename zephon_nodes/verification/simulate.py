@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from zephon_nodes.checkpoint import merge_states
-from zephon_nodes.digest import digest_microbatches
-from zephon_nodes.multiplexer import Multiplexer
-from zephon_nodes.pipeline import Pipeline
-from zephon_nodes.pool import WorkerPool
+from zephon_nodes.engine.checkpoint import merge_states
+from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.verification.digest import digest_microbatches
 
 __all__ = ["StepResult", "simulate"]
 

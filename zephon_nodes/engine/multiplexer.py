@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.lane import Lane
+from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
-from zephon_nodes.lane import Lane
 from zephon_nodes.operators.batch import collate
+from zephon_nodes.recipe.spec import Recipe
 
-if TYPE_CHECKING:
-    from zephon_nodes.pipeline import Pipeline
-
-__all__ = ["LANE_KEY", "Multiplexer"]
+__all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
 
 LANE_KEY = "lane"
+
+
+class CompiledRecipe(Protocol):
+    """What a multiplexer needs of a compiled recipe (a :class:`~zephon_nodes.Pipeline`)."""
+
+    recipe: Recipe
+    fingerprint: str
+    summary: dict[str, Any]
+    work_source: WorkSource
+
+    @property
+    def num_lanes(self) -> int:
+        """The recipe's lane count."""
 
 
 class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
@@ -46,7 +58,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     def __init__(
         self,
         lanes: Mapping[int, Lane],
-        pipeline: Pipeline,
+        pipeline: CompiledRecipe,
         local_batch_size: int | None = None,
     ) -> None:
         super().__init__()

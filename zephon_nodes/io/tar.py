@@ -2,7 +2,7 @@
 
 A sample is every member sharing a key (the member path up to the first dot of its file
 name). Opening a shard builds a member index once (one pass over the headers; the JSON index
-is cached in :func:`~zephon_nodes.shards.cache_dir`, keyed by path, size and modification
+is cached in :func:`~zephon_nodes.io.cache.cache_dir`, keyed by path, size and modification
 time), so reading any range of samples costs one seek and read per member.
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.errors import DataError
+from zephon_nodes.io.cache import atomic_write, cache_dir, cache_key
 
 __all__ = ["IMAGE_EXTENSIONS", "TEXT_EXTENSIONS", "TarSample", "TarShard", "open_tar_shard"]
 
@@ -159,13 +160,11 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
     Raises:
         DataError: If the file is missing, unreadable, not a tar file, or truncated.
     """
-    from zephon_nodes.shards import _atomic_write, _cache_key, cache_dir
-
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{p}: data file not found")
     try:
-        index_path = cache_dir() / f"{_cache_key(p)}.tar-index.json"
+        index_path = cache_dir() / f"{cache_key(p)}.tar-index.json"
         if not index_path.exists():
             entries = _index_tar(p)
             blob = json.dumps(
@@ -176,7 +175,7 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
             def write(f: Any) -> None:
                 f.write(blob)
 
-            _atomic_write(index_path, write)
+            atomic_write(index_path, write)
         n = len(_load(str(index_path)))
     except OSError as e:
         raise DataError(f"{p}: cannot read: {e}") from None
