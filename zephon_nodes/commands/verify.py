@@ -68,7 +68,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--runners",
         type=_runner_list,
-        default=list(RUNNERS),
+        default=["thread", "process"],
         help="runners (default thread,process)",
     )
     p.add_argument(

@@ -22,7 +22,7 @@ from zephon_nodes.errors import RecipeError
 
 __all__ = ["RUNNERS", "WorkerPool"]
 
-RUNNERS = ("thread", "process")
+RUNNERS = ("thread", "process", "ray")
 
 # Longest wait, at close or interpreter exit, for a thread to finish the call it is running.
 _JOIN_S = 10.0
@@ -136,7 +136,9 @@ class WorkerPool:
     Args:
         num_workers: Workers; 0 runs every call inline in the calling thread.
         runner: ``"thread"`` (for GIL-releasing work such as tokenizers) or ``"process"``
-            (spawned processes, for pure-Python operators; functions must be picklable).
+            (spawned processes, for pure-Python operators; functions must be picklable) or
+            ``"ray"`` (Ray tasks on any node of a Ray cluster, see
+            :class:`~zephon_nodes.engine.ray_executor.RayExecutor`; needs the ``ray`` extra).
         timeout_s: Longest wait for one result before the lane raises
             :class:`~zephon_nodes.errors.WorkerError` (a blocked or killed worker never hangs
             the loader). A thread blocked forever does not keep the process from exiting
@@ -161,6 +163,10 @@ class WorkerPool:
         if self._executor is None:
             if self.runner == "thread":
                 self._executor = _DaemonThreadExecutor(self.num_workers, "zephon-worker")
+            elif self.runner == "ray":  # the optional extra: imported only when asked for
+                from zephon_nodes.engine.ray_executor import RayExecutor
+
+                self._executor = RayExecutor(self.num_workers)
             else:
                 self._executor = cf.ProcessPoolExecutor(
                     self.num_workers,

@@ -81,7 +81,7 @@ def default_matrix(
     *,
     dp_sizes: Sequence[int] | None = None,
     workers: Sequence[int] = (1, 2),
-    runners: Sequence[str] = RUNNERS,
+    runners: Sequence[str] = ("thread", "process"),
     resume: bool = True,
     checkpoint_step: int | None = None,
     resume_workers: int = 2,
