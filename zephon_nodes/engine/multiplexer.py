@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,6 +20,18 @@ from zephon_nodes.recipe.spec import Recipe
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
 
 LANE_KEY = "lane"
+
+
+class Closable(Protocol):
+    """A resource a node can own (a worker pool): closing twice is harmless."""
+
+    def close(self) -> None:
+        """Release the resource."""
+
+
+def _close_all(resources: list[Closable]) -> None:
+    for r in resources:
+        r.close()
 
 
 class CompiledRecipe(Protocol):
@@ -83,6 +96,27 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._pending: list[dict[str, torch.Tensor]] = []
         self._pending_end: dict[int, tuple[int, int]] = {}
         self._exhausted = False
+        self._owned: list[Closable] = []
+        # Closes what the node owns when it is garbage-collected (e.g. its Loader dropped).
+        self._finalizer = weakref.finalize(self, _close_all, self._owned)
+
+    def own(self, resources: Iterable[Closable]) -> None:
+        """Close ``resources`` with this node (:meth:`close`, ``with``, or garbage collection).
+
+        :meth:`~zephon_nodes.Pipeline.rank_node` hands over the pools it creates; a pool the
+        caller passed in stays the caller's.
+        """
+        self._owned.extend(resources)
+
+    def close(self) -> None:
+        """Stop the worker pools this node owns (idempotent; a later ``reset`` restarts them)."""
+        _close_all(self._owned)
+
+    def __enter__(self) -> Multiplexer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def step(self) -> int:

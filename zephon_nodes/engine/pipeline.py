@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -13,6 +13,7 @@ from zephon_nodes.engine.checkpoint import recipe_summary
 from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.stages import PoolSpec, split_stages
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.operators.accumulate import AccumulatorNode
@@ -109,11 +110,27 @@ class Pipeline:
         """The recipe's lane count."""
         return self.recipe.num_lanes
 
-    def build_lane(self, lane: int, pool: WorkerPool, lookahead: int = 4) -> Lane:
-        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle."""
+    def build_lane(
+        self,
+        lane: int,
+        pool: WorkerPool,
+        lookahead: int = 4,
+        *,
+        stages: Sequence[tuple[Callable[[Any], Any], WorkerPool]] | None = None,
+    ) -> Lane:
+        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle.
+
+        Args:
+            lane: Lane index.
+            pool: The pool running the fused stateless chain.
+            lookahead: Work items each stage submits ahead.
+            stages: Instead of the fused chain on ``pool``: ``(operators, pool)`` stages run
+                one after another (see :meth:`operator_stages`).
+        """
         r = self.recipe
         node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
-        node = OrderedParallelMap(node, self.stateless, pool, lookahead=lookahead)
+        for fn, stage_pool in stages if stages is not None else [(self.stateless, pool)]:
+            node = OrderedParallelMap(node, fn, stage_pool, lookahead=lookahead)
         seq_len, pad_id, prov = r.seq_len, self.pad_id, self.provenance
         if r.image is not None:
             from zephon_nodes.multimodal.assembly import make_packer
@@ -139,6 +156,7 @@ class Pipeline:
         pool: WorkerPool | None = None,
         lanes: Sequence[int] | None = None,
         lookahead: int = 4,
+        operator_pools: Mapping[str, WorkerPool | PoolSpec | str] | None = None,
     ) -> Multiplexer:
         """Build the multiplexer node of one data-parallel rank.
 
@@ -146,9 +164,15 @@ class Pipeline:
             dp_world_size: Number of data-parallel ranks ``R``.
             dp_rank: This rank.
             local_batch_size: Micro-batch size; default one micro-batch per step (``G/R``).
-            pool: Worker pool shared by the rank's lanes (default: 2 threads).
+            pool: Worker pool shared by the rank's lanes (default: 2 threads, created and
+                owned by the returned node: closed by its ``close()``, its ``with`` block, or
+                when it is garbage-collected; a pool passed in is never closed by the node).
             lanes: Explicit lanes for this rank (default: :func:`lanes_for_rank`).
-            lookahead: Work items each lane submits ahead.
+            lookahead: Work items each lane submits ahead (per stage).
+            operator_pools: Per-operator pools, e.g. ``{"decode": "process:6",
+                "tokenize": "thread:2"}`` (see :mod:`zephon_nodes.engine.stages`); values
+                are pools (the caller's) or specs (pools created and owned by the node).
+                Operators not named run on ``pool``. A physical setting: output unchanged.
         """
         from zephon_nodes.errors import RecipeError
 
@@ -160,6 +184,55 @@ class Pipeline:
                     f"count that is a common multiple of every dp size you plan to use"
                 )
             lanes = lanes_for_rank(L, dp_world_size, dp_rank)
-        pool = pool if pool is not None else WorkerPool(2, "thread")
-        built = {lane: self.build_lane(lane, pool, lookahead) for lane in lanes}
-        return Multiplexer(built, self, local_batch_size=local_batch_size)
+        owned: list[WorkerPool] = []
+        if pool is None:
+            pool = WorkerPool(2, "thread")
+            owned.append(pool)
+        stages = None
+        if operator_pools:
+            stages, created = self.operator_stages(operator_pools, pool)
+            owned.extend(created)
+        try:
+            built = {lane: self.build_lane(lane, pool, lookahead, stages=stages) for lane in lanes}
+            node = Multiplexer(built, self, local_batch_size=local_batch_size)
+        except BaseException:
+            for p in owned:
+                p.close()
+            raise
+        node.own(owned)
+        return node
+
+    def operator_stages(
+        self,
+        operator_pools: Mapping[str, WorkerPool | PoolSpec | str],
+        default: WorkerPool,
+    ) -> tuple[list[tuple[Callable[[Any], Any], WorkerPool]], list[WorkerPool]]:
+        """Cut the stateless chain into per-operator pool stages.
+
+        Args:
+            operator_pools: Operator key -> pool, :class:`PoolSpec` or spec string.
+            default: The pool of the operators not named.
+
+        Returns:
+            The stages (for :meth:`build_lane`) and the pools created from specs (the caller
+            owns and closes them).
+
+        Raises:
+            RecipeError: If a key names no operator or a spec is malformed.
+        """
+        created: list[WorkerPool] = []
+        pools: dict[str, WorkerPool] = {}
+        for key, value in operator_pools.items():
+            if isinstance(value, WorkerPool):
+                pools[key] = value
+                continue
+            spec = PoolSpec.parse(value) if isinstance(value, str) else value
+            pools[key] = spec.build(default.timeout_s)
+            created.append(pools[key])
+        try:
+            cut = split_stages(self.stateless, pools)
+        except BaseException:
+            for p in created:
+                p.close()
+            raise
+        return [(fn, pools[k] if k is not None else default) for fn, k in cut], created

@@ -19,7 +19,10 @@ __all__ = ["OrderedParallelMap"]
 
 def _describe(item: Any) -> str:
     describe = getattr(item, "describe", None)
-    return describe() if callable(describe) else f"item {type(item).__name__}"
+    if callable(describe):
+        return str(describe())
+    source = getattr(item, "source", None)  # a batch between two operator stages
+    return source if isinstance(source, str) and source else f"item {type(item).__name__}"
 
 
 class OrderedParallelMap(BaseNode[Any]):

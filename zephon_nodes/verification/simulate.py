@@ -12,6 +12,7 @@ from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.stages import PoolSpec
 from zephon_nodes.verification.digest import digest_microbatches
 
 __all__ = ["StepResult", "simulate"]
@@ -41,6 +42,7 @@ def simulate(
     on_save: Callable[[dict[str, Any]], None] | None = None,
     pool: WorkerPool | None = None,
     keep_batches: bool = False,
+    operator_pools: Mapping[str, WorkerPool | PoolSpec | str] | None = None,
 ) -> Iterator[tuple[StepResult, list[dict[str, torch.Tensor]] | None]]:
     """Run ``dp_world_size`` rank multiplexers and yield each global batch's digest.
 
@@ -57,19 +59,35 @@ def simulate(
         on_save: Receives the merged state.
         pool: A pool to use instead of creating one.
         keep_batches: Also yield the step's micro-batches.
+        operator_pools: Per-operator pools (see :meth:`Pipeline.rank_node`); pools made from
+            specs are shared by the simulated ranks and closed at the end.
 
     Yields:
         ``(StepResult, micro-batches or None)`` per step; ends early when the data ends.
     """
     own_pool = pool is None
     pool = pool if pool is not None else WorkerPool(num_workers, runner)
+    created: list[WorkerPool] = []
+    per_op: dict[str, WorkerPool] = {}
+    for key, value in (operator_pools or {}).items():
+        if isinstance(value, WorkerPool):
+            per_op[key] = value
+        else:
+            spec = PoolSpec.parse(value) if isinstance(value, str) else value
+            per_op[key] = spec.build(pool.timeout_s)
+            created.append(per_op[key])
     try:
         ranks: list[Multiplexer] = []
         for r in range(dp_world_size):
             lanes = lane_assignment[r] if lane_assignment is not None else None
             ranks.append(
                 pipeline.rank_node(
-                    dp_world_size, r, local_batch_size=local_batch_size, pool=pool, lanes=lanes
+                    dp_world_size,
+                    r,
+                    local_batch_size=local_batch_size,
+                    pool=pool,
+                    lanes=lanes,
+                    operator_pools=per_op,
                 )
             )
         for node in ranks:
@@ -90,5 +108,7 @@ def simulate(
                 on_save(merge_states([node.state_dict() for node in ranks]))
             yield result, (mbs if keep_batches else None)
     finally:
+        for p in created:
+            p.close()
         if own_pool:
             pool.close()
