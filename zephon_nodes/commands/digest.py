@@ -10,6 +10,7 @@ from typing import Any
 from zephon_nodes.engine.checkpoint import load_state, save_state
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
+from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.verification.simulate import simulate
@@ -33,6 +34,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--num-workers", type=int, default=2, help="pool workers (default 2)")
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
     p.add_argument("--local-batch-size", type=int, default=None, help="micro-batch size per rank")
+    p.add_argument(
+        "--operator-workers",
+        type=operator_workers_arg,
+        default=None,
+        metavar="OP=RUNNER:N,...",
+        help=OPERATOR_WORKERS_HELP,
+    )
     p.add_argument("--save-at", type=int, default=None, help="save the state after step K")
     p.add_argument("--checkpoint-dir", default=None, help="where --save-at writes the state")
     p.add_argument("--resume-from", default=None, help="checkpoint directory to resume from")
@@ -64,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         resume_state=resume,
         save_at=args.save_at,
         on_save=on_save,
+        operator_pools=args.operator_workers,
     ):
         print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
         produced += 1

@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
+from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.verification.matrix import (
@@ -78,6 +79,13 @@ def add_parser(sub: Any) -> None:
         help="save after this step and resume at every other dp size (default: half the steps)",
     )
     p.add_argument("--no-resume", action="store_true", help="skip the checkpoint settings")
+    p.add_argument(
+        "--operator-workers",
+        type=operator_workers_arg,
+        default=None,
+        metavar="OP=RUNNER:N,...",
+        help=OPERATOR_WORKERS_HELP + "; used by every setting except the reference",
+    )
     p.add_argument(
         "--micro-batch-sizes",
         type=_int_list,
@@ -187,7 +195,13 @@ def run(args: argparse.Namespace) -> int:
     )
     progress = _Progress(len(settings) + 1, sys.stderr)
     try:
-        result = run_matrix(pipeline, settings, args.steps, on_result=progress)
+        result = run_matrix(
+            pipeline,
+            settings,
+            args.steps,
+            on_result=progress,
+            operator_pools=args.operator_workers,
+        )
     finally:
         progress.close()
     if args.report:

@@ -28,10 +28,20 @@ from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.chain import Chain
 
-__all__ = ["PoolSpec", "parse_operator_workers", "split_stages"]
+__all__ = [
+    "OPERATOR_WORKERS_HELP",
+    "PoolSpec",
+    "operator_workers_arg",
+    "parse_operator_workers",
+    "split_stages",
+]
 
 INLINE = "inline"
 DEFAULT_WORKERS = 2
+OPERATOR_WORKERS_HELP = (
+    "per-operator pools, e.g. decode=process:6,tokenize=thread:2 (runner inline, thread, "
+    "process; unnamed operators use the --num-workers/--runner pool)"
+)
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,16 @@ def parse_operator_workers(text: str) -> dict[str, PoolSpec]:
         except RecipeError as e:
             raise RecipeError(f"operator pool {entry!r}: {e}") from None
     return out
+
+
+def operator_workers_arg(text: str) -> dict[str, PoolSpec]:
+    """:func:`parse_operator_workers` for ``argparse`` (errors become usage errors)."""
+    import argparse
+
+    try:
+        return parse_operator_workers(text)
+    except RecipeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _name(op: Callable[[Any], Any]) -> str:

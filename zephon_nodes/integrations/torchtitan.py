@@ -37,6 +37,7 @@ from zephon_nodes.engine.checkpoint import FORMAT, validate_state
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
+from zephon_nodes.engine.stages import parse_operator_workers
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe.spec import Recipe
@@ -359,6 +360,10 @@ class ZephonDataLoader(BaseDataLoader):
         lookahead: int = 4
         """Work items each lane submits to the workers ahead of the one it reads."""
 
+        operator_workers: str = ""
+        """Per-operator pools, e.g. ``"decode=process:6,tokenize=thread:2"`` (default: none,
+        every operator on the shared pool); created and closed by this loader."""
+
         prefetch: int = 2
         """Micro-batches prepared ahead in a background thread (0 disables prefetching)."""
 
@@ -378,6 +383,10 @@ class ZephonDataLoader(BaseDataLoader):
                 raise RecipeError(f"dataloader.runner={self.runner!r} must be one of {RUNNERS}")
             if self.lookahead < 1:
                 raise RecipeError(f"dataloader.lookahead={self.lookahead} must be >= 1")
+            try:
+                parse_operator_workers(self.operator_workers)
+            except RecipeError as e:
+                raise RecipeError(f"dataloader.operator_workers: {e}") from None
             if self.prefetch < 0:
                 raise RecipeError(f"dataloader.prefetch={self.prefetch} must be >= 0")
             if not self.worker_timeout_s > 0:
@@ -442,6 +451,7 @@ class ZephonDataLoader(BaseDataLoader):
             pool=self.pool,
             lanes=self.lanes,
             lookahead=config.lookahead,
+            operator_pools=parse_operator_workers(config.operator_workers),
         )
         self._node: BaseNode[dict[str, torch.Tensor]] = (
             Prefetcher(self.multiplexer, config.prefetch)
@@ -545,5 +555,6 @@ class ZephonDataLoader(BaseDataLoader):
         self._state = state
 
     def close(self) -> None:
-        """Stop the worker pool."""
+        """Stop the worker pools."""
+        self.multiplexer.close()
         self.pool.close()

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
+from zephon_nodes.engine.stages import PoolSpec
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.verification.simulate import simulate
 
@@ -30,6 +31,9 @@ __all__ = [
     "first_difference",
     "run_matrix",
 ]
+
+# Per-operator pools a setting runs with, beside its own pool.
+_PerOp = Mapping[str, WorkerPool] | None
 
 
 @dataclass(frozen=True)
@@ -244,11 +248,16 @@ class _Pools:
 
 
 def _run_plain(
-    pipeline: Pipeline, setting: Setting, steps: int, pool: WorkerPool
+    pipeline: Pipeline, setting: Setting, steps: int, pool: WorkerPool, per_op: _PerOp = None
 ) -> tuple[list[str], int]:
     digests, tokens = [], 0
     for res, _ in simulate(
-        pipeline, setting.dp, steps, pool=pool, local_batch_size=setting.local_batch_size
+        pipeline,
+        setting.dp,
+        steps,
+        pool=pool,
+        local_batch_size=setting.local_batch_size,
+        operator_pools=per_op,
     ):
         digests.append(res.digest)
         tokens += res.tokens
@@ -256,14 +265,20 @@ def _run_plain(
 
 
 def _run_resume(
-    pipeline: Pipeline, setting: Setting, steps: int, pool: WorkerPool
+    pipeline: Pipeline, setting: Setting, steps: int, pool: WorkerPool, per_op: _PerOp = None
 ) -> tuple[list[str], int]:
     k = setting.checkpoint_step
     assert k is not None and setting.resume_from is not None
     saved: list[dict[str, Any]] = []
     digests, tokens = [], 0
     for res, _ in simulate(
-        pipeline, setting.resume_from, k, pool=pool, save_at=k, on_save=saved.append
+        pipeline,
+        setting.resume_from,
+        k,
+        pool=pool,
+        save_at=k,
+        on_save=saved.append,
+        operator_pools=per_op,
     ):
         digests.append(res.digest)
         tokens += res.tokens
@@ -274,22 +289,32 @@ def _run_resume(
         )
     # Round-trip through JSON, as a real checkpoint would.
     state = json.loads(json.dumps(saved[0]))
-    for res, _ in simulate(pipeline, setting.dp, steps - k, pool=pool, resume_state=state):
+    for res, _ in simulate(
+        pipeline, setting.dp, steps - k, pool=pool, resume_state=state, operator_pools=per_op
+    ):
         digests.append(res.digest)
         tokens += res.tokens
     return digests, tokens
 
 
 def run_setting(
-    pipeline: Pipeline, setting: Setting, steps: int, pool: WorkerPool
+    pipeline: Pipeline,
+    setting: Setting,
+    steps: int,
+    pool: WorkerPool,
+    operator_pools: _PerOp = None,
 ) -> SettingResult:
-    """Run one setting for ``steps`` steps (errors are recorded, not raised)."""
+    """Run one setting for ``steps`` steps (errors are recorded, not raised).
+
+    ``operator_pools`` (see :meth:`Pipeline.rank_node`) run the named operators on their
+    own pools; the setting's pool runs the rest.
+    """
     t0 = time.perf_counter()
     try:
         if setting.is_resume:
-            digests, tokens = _run_resume(pipeline, setting, steps, pool)
+            digests, tokens = _run_resume(pipeline, setting, steps, pool, operator_pools)
         else:
-            digests, tokens = _run_plain(pipeline, setting, steps, pool)
+            digests, tokens = _run_plain(pipeline, setting, steps, pool, operator_pools)
         error = None
     except Exception as e:  # a failing setting is a finding, not a crash
         digests, tokens, error = [], 0, f"{type(e).__name__}: {e}"
@@ -302,6 +327,7 @@ def run_matrix(
     steps: int,
     *,
     on_result: Callable[[SettingResult], None] | None = None,
+    operator_pools: Mapping[str, PoolSpec] | None = None,
 ) -> VerifyResult:
     """Run the reference and every setting; compare each step's digest with the reference.
 
@@ -311,6 +337,8 @@ def run_matrix(
             the reference's steps (and is dropped if the reference has a single step).
         steps: Steps per setting.
         on_result: Called after each setting (reference first), e.g. for a progress bar.
+        operator_pools: Per-operator pools every setting but the reference also uses
+            (created once, shared by the settings, closed at the end).
 
     Raises:
         RecipeError: If ``steps < 1``, the reference fails, or a checkpoint step is not
@@ -320,6 +348,7 @@ def run_matrix(
         raise RecipeError(f"{steps=} must be >= 1")
     settings = list(settings)
     pools = _Pools()
+    per_op = {k: v.build() for k, v in (operator_pools or {}).items()}
     try:
         ref = run_setting(pipeline, REFERENCE, steps, pools.get(0, "thread"))
         if ref.error is not None:
@@ -344,7 +373,7 @@ def run_matrix(
             on_result(ref)
         out = VerifyResult(steps, ref)
         for s in settings:
-            res = run_setting(pipeline, s, steps, pools.get(s.workers, s.runner))
+            res = run_setting(pipeline, s, steps, pools.get(s.workers, s.runner), per_op)
             res.first_diff = first_difference(ref.digests, res.digests)
             out.results.append(res)
             if on_result is not None:
@@ -352,3 +381,5 @@ def run_matrix(
         return out
     finally:
         pools.close()
+        for p in per_op.values():
+            p.close()
