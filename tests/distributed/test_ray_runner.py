@@ -1,0 +1,151 @@
+"""The Ray runner on a local two-node Ray cluster (``ray start --head`` + ``ray start``).
+
+One cluster per module (Ray start-up is slow); the node-loss test runs last since it kills the
+second node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from tests.distributed.ray_cluster import LocalRayCluster
+from zephon_nodes import (
+    DatasetSpec,
+    OperatorSpec,
+    Pipeline,
+    Recipe,
+    TokenizerSpec,
+    WorkSpec,
+    register_map,
+)
+from zephon_nodes.errors import WorkerError
+from zephon_nodes.verification.simulate import simulate
+
+from .ray_ops import die_in_ray_worker, tag_node
+
+register_map("test_ray_tag_node", tag_node)
+register_map("test_ray_die", die_in_ray_worker)
+
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalRayCluster]:
+    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    c = LocalRayCluster(extra_nodes=1, cpus=1)
+    os.environ["RAY_ADDRESS"] = c.address
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        yield c
+    finally:
+        import ray
+
+        ray.shutdown()
+        c.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def recipe(op: OperatorSpec) -> Recipe:
+    docs = tuple({"text": f"document {i} " * (1 + i % 9)} for i in range(400))
+    return Recipe(
+        datasets=(DatasetSpec("demo", records=docs),),
+        tokenizer=TokenizerSpec(kind="bytes"),
+        num_lanes=4,
+        global_batch_size=8,
+        seq_len=32,
+        flush_every=2,
+        work=WorkSpec(chunk_size=4, epochs=None),
+        operators=(op,),
+    )
+
+
+def tag_recipe(log_dir: Path, delay: float = 0.01) -> Pipeline:
+    op = OperatorSpec("map", "test_ray_tag_node", {"log_dir": str(log_dir), "delay": delay})
+    return Pipeline(recipe(op))
+
+
+def digests(pipeline: Pipeline, runner: str, workers: int = 2) -> list[str]:
+    return [r.digest for r, _ in simulate(pipeline, 2, STEPS, num_workers=workers, runner=runner)]
+
+
+def nodes_seen(log_dir: Path) -> set[str]:
+    return {p.name.split("-")[0] for p in log_dir.iterdir()}
+
+
+def test_two_nodes_give_the_thread_runners_digests(
+    cluster: LocalRayCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``zephon digest --runner ray`` joins the cluster in RAY_ADDRESS, runs work on both nodes
+    and prints the thread runner's digests."""
+    from zephon_nodes.cli import main
+
+    logs = tmp_path / "nodes"
+    logs.mkdir()
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": f"line {i} " * (1 + i % 9)}) + "\n" for i in range(400))
+    )
+    toml = tmp_path / "r.toml"
+    toml.write_text(
+        "num_lanes = 4\nglobal_batch_size = 8\nseq_len = 32\nflush_every = 2\n"
+        "[tokenizer]\nkind = 'bytes'\n[[datasets]]\nname = 'd'\npaths = ['docs.jsonl']\n"
+        "[work]\nchunk_size = 4\nepochs = 'inf'\n"
+        "[[operators]]\nmap = 'test_ray_tag_node'\n"
+        f"params = {{ log_dir = '{logs}', delay = 0.01 }}\n"
+    )
+    outs = []
+    for runner in ("thread", "ray"):
+        args = ["digest", str(toml), "--dp-world-size", "2", "--steps", str(STEPS)]
+        assert main([*args, "--runner", runner]) == 0
+        outs.append(capsys.readouterr().out)
+        if runner == "thread":
+            assert list(logs.iterdir()) == []  # threads are not Ray workers: nothing tagged
+    assert outs[1] == outs[0]
+    assert len(outs[0].splitlines()) == STEPS
+    assert len(nodes_seen(logs)) == 2
+
+
+def test_retry_budget_then_worker_error(
+    cluster: LocalRayCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task whose worker dies every time is run 1 + max_retries times, then WorkerError."""
+    monkeypatch.setenv("ZEPHON_RAY_MAX_RETRIES", "1")
+
+    def die_on(prefix: str) -> Pipeline:
+        params = {"log_dir": str(tmp_path), "prefix": prefix}
+        return Pipeline(recipe(OperatorSpec("map", "test_ray_die", params)))
+
+    first = die_on("-").work_source.work(0, 0)  # lane 0's first work item: dies every time
+    assert first is not None
+    pipeline = die_on(f"document {first.start} ")
+    assert pipeline.work_source.work(0, 0) == first
+    with pytest.raises(WorkerError, match=r"failed on .*lane 0.*RayTaskLost.*max_retries=1"):
+        digests(pipeline, "ray", workers=1)
+    attempts = [p for p in tmp_path.iterdir() if p.name.startswith("attempt-")]
+    assert len(attempts) == 2  # one work item holds document 0: run, then re-run once
+
+
+def test_node_lost_mid_run_costs_time_not_bytes(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    """The second node is killed mid-run: its tasks run again on the head, digests unchanged."""
+    pipeline = tag_recipe(tmp_path, delay=0.02)
+    reference = [r.digest for r, _ in simulate(pipeline, 2, 2 * STEPS, num_workers=2)]
+    got: list[str] = []
+    killed_after = None
+    steps = 2 * STEPS
+    for result, _ in simulate(pipeline, 2, steps, num_workers=2, runner="ray"):
+        got.append(result.digest)
+        if killed_after is None and len(nodes_seen(tmp_path)) == 2:
+            cluster.nodes[1].kill()  # the node was doing work: its tasks are lost with it
+            killed_after = len(got)
+    assert killed_after is not None and killed_after <= steps - 4, killed_after
+    assert got == reference
