@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from torchdata.nodes import BaseNode
@@ -12,6 +12,9 @@ from zephon_nodes.engine.flush import Flush, is_flush
 from zephon_nodes.errors import CheckpointError
 
 __all__ = ["Accumulator", "AccumulatorNode"]
+
+
+_DONE = object()
 
 
 class _Boundary:
@@ -28,6 +31,9 @@ class Accumulator(Protocol):
     """Single-threaded, order-sensitive state between two flush points (packing, shuffling).
 
     A new accumulator is made for every flush window, so nothing it holds can cross a flush.
+    An accumulator may also have ``feed_lazily(item) -> Iterator``: the same outputs as
+    ``feed``, computed as they are taken (a huge document is then packed a few samples at a
+    time instead of all at once); :class:`AccumulatorNode` uses it when present.
     """
 
     def feed(self, item: Any) -> Iterable[Any]:
@@ -66,11 +72,20 @@ class AccumulatorNode(BaseNode[Any]):
         self._window_start: dict[str, Any] = {}
         self._acc: Accumulator = make(0)
         self._source_done = False
+        self._feeding: Iterator[Any] | None = None
+
+    def _feed(self, item: Any) -> None:
+        lazy = getattr(self._acc, "feed_lazily", None)
+        if lazy is not None:
+            self._feeding = iter(lazy(item))
+        else:
+            self._out.extend(self._acc.feed(item))
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Restart from the beginning, or replay to the position in ``initial_state``."""
         super().reset(initial_state)
         self._out.clear()
+        self._feeding = None
         self._source_done = False
         if initial_state is None:
             self.source.reset(None)
@@ -98,6 +113,12 @@ class AccumulatorNode(BaseNode[Any]):
     def next(self) -> Any:
         """Return the next output or :class:`Flush` marker."""
         while not self._out:
+            if self._feeding is not None:
+                out = next(self._feeding, _DONE)
+                if out is not _DONE:
+                    self._out.append(out)
+                    break
+                self._feeding = None
             if self._source_done:
                 raise StopIteration
             try:
@@ -110,7 +131,8 @@ class AccumulatorNode(BaseNode[Any]):
                 self._out.extend(self._acc.flush())
                 self._out.append(_Boundary(item, self.source.get_state()))
             else:
-                self._out.extend(self._acc.feed(item))
+                self._feed(item)
+                del item  # a huge document's tokens: held by the lazy feed only
         out = self._out.popleft()
         if type(out) is _Boundary:
             self._window = out.marker.window + 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from zephon_nodes.operators.documents import DocBatch
@@ -9,6 +11,9 @@ from zephon_nodes.operators.documents import DocBatch
 __all__ = ["IGNORE_INDEX", "ConcatPacker", "Sample"]
 
 IGNORE_INDEX = -100
+# Tokens packed at a time: bounds the packer's working memory (about 60 bytes per token)
+# whatever the length of a document.
+CHUNK_TOKENS = 1 << 18
 Sample = dict[str, np.ndarray]
 
 
@@ -44,40 +49,67 @@ class ConcatPacker:
         pad_id: Input id for padding at a flush.
         provenance: Also emit ``dataset_ids`` (each token's dataset index, -1 on padding),
             for statistics; off in training, so digests are unaffected.
+        chunk_tokens: Tokens packed at a time (memory, never output).
     """
 
-    def __init__(self, seq_len: int, pad_id: int, provenance: bool = False) -> None:
+    def __init__(
+        self,
+        seq_len: int,
+        pad_id: int,
+        provenance: bool = False,
+        chunk_tokens: int = CHUNK_TOKENS,
+    ) -> None:
+        if chunk_tokens < 1:
+            raise ValueError(f"{chunk_tokens=} must be >= 1")
         self.seq_len = seq_len
         self.pad_id = pad_id
         self.provenance = provenance
+        self.chunk_tokens = chunk_tokens
         self._parts: list[tuple[np.ndarray, ...]] = []
         self._held = 0
 
     def feed(self, batch: DocBatch) -> list[Sample]:
         """Add a batch of documents; return the samples that are full."""
+        return list(self.feed_lazily(batch))
+
+    def feed_lazily(self, batch: DocBatch) -> Iterator[Sample]:
+        """Like :meth:`feed`, but pack ``chunk_tokens`` tokens at a time, as samples are taken.
+
+        Memory beyond the batch itself stays proportional to ``chunk_tokens``, whatever the
+        length of a document. The generator must be drained before the next feed or flush.
+        """
         lengths = batch.lengths
         tokens = batch.tokens  # int32; widened once, when copied into the output block
         keep = lengths > 0
         if not keep.any():
-            return []
+            return
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        drop_last = np.ones(len(tokens), dtype=bool)
-        drop_last[ends[keep] - 1] = False
-        drop_first = np.ones(len(tokens), dtype=bool)
-        drop_first[starts[keep]] = False
-        inputs = tokens[drop_last]
-        labels = tokens[drop_first]
-        pairs = np.maximum(lengths - 1, 0)
-        offsets = np.cumsum(pairs) - pairs
-        positions = np.arange(len(inputs), dtype=np.int64) - np.repeat(offsets, pairs)
-        if len(inputs):
-            part: tuple[np.ndarray, ...] = (inputs, labels, positions)
+        last = ends[keep] - 1  # each document's last token: an input of no pair
+        total = int(ends[-1])
+        for t0 in range(0, total, self.chunk_tokens):
+            t1 = min(t0 + self.chunk_tokens, total)
+            # Documents overlapping [t0, t1) and each token's document start.
+            d0 = int(np.searchsorted(ends, t0, side="right"))
+            d1 = int(np.searchsorted(ends, t1 - 1, side="right")) + 1
+            seg = np.minimum(ends[d0:d1], t1) - np.maximum(starts[d0:d1], t0)
+            doc_start = np.repeat(starts[d0:d1], seg)
+            is_input = np.ones(t1 - t0, dtype=bool)
+            lo, hi = np.searchsorted(last, [t0, t1])
+            is_input[last[lo:hi] - t0] = False
+            idx = np.flatnonzero(is_input)
+            positions = idx - (doc_start[idx] - t0)
+            idx += t0
+            if not len(idx):
+                continue
+            part: tuple[np.ndarray, ...] = (tokens[idx], tokens[idx + 1], positions)
             if self.provenance:
-                part += (np.full(len(inputs), batch.dataset, dtype=np.int64),)
+                part += (np.full(len(idx), batch.dataset, dtype=np.int64),)
+            del idx, doc_start, is_input
             self._parts.append(part)
-            self._held += len(inputs)
-        return self._emit(final=False)
+            self._held += len(part[0])
+            if self._held >= self.seq_len:
+                yield from self._emit(final=False)
 
     def flush(self) -> list[Sample]:
         """Return the remaining full samples and the padded partial one."""

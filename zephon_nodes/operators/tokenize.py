@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,11 +24,18 @@ __all__ = [
 ]
 
 
+_EMPTY = np.empty(0, dtype=np.int32)
+
+
 class Tokenizer(Protocol):
     """What the tokenize operator needs from a tokenizer (the protocol custom ones implement).
 
     ``pad_id`` may be -1 (no pad piece: the eos id pads). ``encode_batch`` must be a pure
-    function of its input, and thread-safe when the thread runner is used.
+    function of its input, and thread-safe when the thread runner is used. A tokenizer may
+    also have ``encode_pieces(text) -> Iterator[np.ndarray]``, the ids of one text as
+    consecutive int32 arrays (it may be called twice for a text of several pieces):
+    :class:`Tokenize` then never holds a Python list, or two copies, of a huge document's
+    ids (the byte tokenizer does this).
     """
 
     bos_id: int
@@ -40,6 +48,10 @@ class Tokenizer(Protocol):
         ...
 
 
+# Characters encoded at a time by tokenizers that work in pieces (the byte tokenizer).
+PIECE_CHARS = 1 << 20
+
+
 class ByteTokenizer:
     """UTF-8 bytes shifted by 3; ids 0, 1, 2 are pad, bos, eos. Needs no file."""
 
@@ -50,10 +62,18 @@ class ByteTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Return the shifted UTF-8 bytes of each text."""
-        return [
-            (np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int32) + 3).tolist()
-            for t in texts
-        ]
+        return [np.concatenate(list(self.encode_pieces(t)) or [_EMPTY]).tolist() for t in texts]
+
+    def encode_pieces(self, text: str) -> Iterator[np.ndarray]:
+        """Yield the ids of ``text`` as int32 arrays of at most :data:`PIECE_CHARS` characters.
+
+        UTF-8 encodes each character on its own, so the pieces are the whole text's ids.
+        """
+        for lo in range(0, len(text), PIECE_CHARS):
+            raw = np.frombuffer(text[lo : lo + PIECE_CHARS].encode("utf-8"), dtype=np.uint8)
+            piece = raw.astype(np.int32)
+            piece += 3
+            yield piece
 
 
 class SentencePieceTokenizer:
@@ -202,6 +222,8 @@ class Tokenize:
     def __call__(self, batch: TextBatch) -> DocBatch:
         """Tokenize every text of the batch."""
         tok = self.tokenizer if self.tokenizer is not None else load_tokenizer(self.spec)
+        if getattr(tok, "encode_pieces", None) is not None:
+            return self._by_pieces(tok, batch)
         ids = tok.encode_batch(batch.texts) if batch.texts else []
         extra = int(self.spec.add_bos) + int(self.spec.add_eos)
         lengths = np.fromiter((len(x) + extra for x in ids), dtype=np.int64, count=len(ids))
@@ -215,4 +237,40 @@ class Tokenize:
             if self.spec.add_eos:
                 tokens[pos + n - 1] = tok.eos_id
             pos += n
+        return DocBatch(tokens, lengths, batch.dataset, batch.skipped)
+
+    def _by_pieces(self, tok: Any, batch: TextBatch) -> DocBatch:
+        """Tokenize with ``encode_pieces``: int32 pieces copied once into the output.
+
+        A document of one piece keeps it until the copy; a longer one is only counted, then
+        encoded again piece by piece straight into the output, so a huge document never
+        exists twice (freed small arrays stay in the allocator's heap, not returned).
+        """
+        bos, eos = self.spec.add_bos, self.spec.add_eos
+        extra = int(bos) + int(eos)
+        kept: list[np.ndarray | None] = []
+        lengths = np.empty(len(batch.texts), dtype=np.int64)
+        for k, text in enumerate(batch.texts):
+            n, first = 0, None
+            for i, piece in enumerate(tok.encode_pieces(text)):
+                n += len(piece)
+                first = piece if i == 0 else None
+            kept.append(first)
+            lengths[k] = n + extra
+        # Untouched pages of the output cost no memory until they are written.
+        tokens = np.empty(int(lengths.sum()), dtype=np.int32)
+        pos = 0
+        for k, text in enumerate(batch.texts):
+            if bos:
+                tokens[pos] = tok.bos_id
+                pos += 1
+            first = kept[k]
+            kept[k] = None
+            for piece in [first] if first is not None else tok.encode_pieces(text):
+                tokens[pos : pos + len(piece)] = piece
+                pos += len(piece)
+            del first
+            if eos:
+                tokens[pos] = tok.eos_id
+                pos += 1
         return DocBatch(tokens, lengths, batch.dataset, batch.skipped)
