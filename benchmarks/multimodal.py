@@ -97,13 +97,25 @@ def _zephon_count(mb: dict[str, Any]) -> tuple[int, int]:
     return int((mb["image_offsets"] >= 0).sum()), int((mb["document_ids"] >= 0).sum())
 
 
-def run_zephon(r: Recipe, runner: str, workers: int, seconds: float) -> Result:
-    """One rank owning every lane, ``workers`` pool workers."""
+def run_zephon(
+    r: Recipe,
+    runner: str,
+    workers: int,
+    seconds: float,
+    *,
+    shared_memory: bool = True,
+    operator_pools: dict[str, str] | None = None,
+    name: str = "",
+) -> Result:
+    """One rank owning every lane, ``workers`` pool workers (plus per-operator pools)."""
     pipeline = Pipeline(r)
-    with WorkerPool(workers, runner) as pool:
-        node = pipeline.rank_node(1, 0, pool=pool)
+    with (
+        WorkerPool(workers, runner, shared_memory=shared_memory) as pool,
+        pipeline.rank_node(1, 0, pool=pool, operator_pools=operator_pools) as node,
+    ):
         node.reset(None)
-        return _timed(f"zephon-nodes {runner} x{workers}", node, _zephon_count, seconds)
+        name = name or f"zephon-nodes {runner} x{workers}"
+        return _timed(name, node, _zephon_count, seconds)
 
 
 class TarSource:
@@ -201,6 +213,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-side", type=int, default=512, help="largest image side in pixels")
     ap.add_argument("--no-grain", action="store_true")
+    ap.add_argument(
+        "--only", default="", help="comma-separated run keys (thread,process,process_pickle,...)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
     seconds = 1.0 if args.tiny else args.seconds
@@ -216,9 +231,37 @@ def main() -> None:
         f"({SPEC.tokens_per_image} tokens/image); seq_len {r.seq_len}; "
         f"{os.cpu_count()} CPUs\n"
     )
+    w = args.workers
     runs: dict[str, Any] = {
-        "thread": lambda: run_zephon(r, "thread", args.workers, seconds),
-        "process": lambda: run_zephon(r, "process", args.workers, seconds),
+        "thread": lambda: run_zephon(r, "thread", w, seconds),
+        "process": lambda: run_zephon(
+            r, "process", w, seconds, name=f"zephon-nodes process x{w} (shared memory)"
+        ),
+        "process_pickle": lambda: run_zephon(
+            r,
+            "process",
+            w,
+            seconds,
+            shared_memory=False,
+            name=f"zephon-nodes process x{w} (pickled)",
+        ),
+        # Per-operator pools: decode in processes, parse and tokenize inline in the rank.
+        "mixed": lambda: run_zephon(
+            r,
+            "thread",
+            0,
+            seconds,
+            operator_pools={"decode": f"process:{w}"},
+            name=f"zephon-nodes decode=process:{w}, rest inline",
+        ),
+        "mixed_thread": lambda: run_zephon(
+            r,
+            "thread",
+            0,
+            seconds,
+            operator_pools={"decode": f"thread:{w}"},
+            name=f"zephon-nodes decode=thread:{w}, rest inline",
+        ),
     }
     if not args.no_grain:
         try:
@@ -229,13 +272,18 @@ def main() -> None:
             runs["grain_mp"] = lambda: run_grain(tars, True, args.workers, seconds)
         except ImportError:
             print("(Grain not installed: pip install -e '.[bench]')\n")
+    if args.only:
+        keep = args.only.split(",")
+        runs = {k: v for k, v in runs.items() if k in keep}
     # Rounds alternate the pipelines, so load from other processes hits them alike.
     rounds: dict[str, list[Result]] = {k: [] for k in runs}
     for _ in range(1 if args.tiny else args.rounds):
         for key, fn in runs.items():
             rounds[key].append(fn())
     results = []
-    print(f"Median of {len(rounds['thread'])} alternating rounds of {seconds:g} s each\n")
+    n_rounds = len(next(iter(rounds.values())))
+    load = os.getloadavg()[0]
+    print(f"Median of {n_rounds} alternating rounds of {seconds:g} s each (load {load:.1f})\n")
     print("| pipeline | images/s | tokens/s | images/s range | CPU s per s | images per CPU s |")
     print("|---|---:|---:|---:|---:|---:|")
     for measured in rounds.values():
@@ -260,11 +308,18 @@ def main() -> None:
             json.dumps(
                 {
                     "runs": [
-                        {"name": x.name, "images_s": x.images_s, "tokens_s": x.tokens_s}
+                        {
+                            "name": x.name,
+                            "images_s": x.images_s,
+                            "tokens_s": x.tokens_s,
+                            "cpu_s_per_s": x.cpu_s / x.seconds,
+                            "images_per_cpu_s": x.images / x.cpu_s,
+                        }
                         for x in results
                     ],
                     "stages": stages,
                     "decode_share": stages["decode"] / total,
+                    "load_average": load,
                 },
                 indent=1,
             )

@@ -19,9 +19,12 @@ def test_tiny_run_prints_tables(tmp_path: Path) -> None:
     env["ZEPHON_BENCH_DIR"] = str(tmp_path / "bench")
     env["ZEPHON_CACHE_DIR"] = str(tmp_path / "cache")
     cmd = [sys.executable, "-m", "benchmarks.multimodal", "--tiny", "--no-grain"]
+    cmd += ["--only", "thread,process,mixed"]
     out = subprocess.run(
         cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True
     ).stdout
-    assert "| zephon-nodes thread x2 |" in out and "| zephon-nodes process x2 |" in out
+    assert "| zephon-nodes thread x2 |" in out
+    assert "| zephon-nodes process x2 (shared memory) |" in out
+    assert "| zephon-nodes decode=process:2, rest inline |" in out
     decode = next(line for line in out.splitlines() if line.startswith("| decode |"))
     assert float(decode.split("|")[3].strip().rstrip("%")) > 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import contextlib
+import itertools
 import multiprocessing
 import os
 import queue
@@ -18,6 +20,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from zephon_nodes.engine import shm
 from zephon_nodes.errors import RecipeError
 
 __all__ = ["RUNNERS", "WorkerPool"]
@@ -27,18 +30,21 @@ RUNNERS = ("thread", "process", "ray")
 # Longest wait, at close or interpreter exit, for a thread to finish the call it is running.
 _JOIN_S = 10.0
 _LIVE: weakref.WeakSet[_DaemonThreadExecutor] = weakref.WeakSet()
+_POOL_IDS = itertools.count()
 
 
 def _watch_parent(parent: int, interval_s: float = 0.5) -> None:
     """Worker-process initializer: exit as soon as the parent (the rank) is gone.
 
     A rank killed with SIGKILL cannot stop its workers; without this they would live on as
-    orphans (blocked on their task queue) on every preempted node.
+    orphans (blocked on their task queue) on every preempted node. Before exiting, the
+    worker removes the dead rank's shared-memory files (results never collected).
     """
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(interval_s)
+        shm.remove_segments(f"zephon-{parent}-")
         os._exit(1)
 
     threading.Thread(target=watch, name="zephon-parent-watch", daemon=True).start()
@@ -130,6 +136,42 @@ def _close_live_executors() -> None:
         executor.join(max(0.0, deadline - time.monotonic()))
 
 
+def _via_shared_memory(inner: cf.Future[Any]) -> cf.Future[Any]:
+    """A future of ``inner``'s result, its shared-memory part mapped (and unlinked) on arrival.
+
+    The mapping happens as soon as the worker's result arrives, whether or not anyone reads
+    it (a cancelled or abandoned result leaves no file behind).
+    """
+    outer: cf.Future[Any] = cf.Future()
+
+    def arrived(f: cf.Future[Any]) -> None:
+        if f.cancelled():
+            outer.cancel()
+            return
+        exc = f.exception()
+        result: Any = None
+        if exc is None:
+            result = f.result()
+            if isinstance(result, shm.ShmResult):
+                try:
+                    result = result.load()
+                except Exception as e:
+                    exc = e
+        with contextlib.suppress(cf.InvalidStateError):  # the reader cancelled it
+            if exc is not None:
+                outer.set_exception(exc)
+            else:
+                outer.set_result(result)
+
+    def cancelled(o: cf.Future[Any]) -> None:
+        if o.cancelled():
+            inner.cancel()
+
+    outer.add_done_callback(cancelled)
+    inner.add_done_callback(arrived)
+    return outer
+
+
 class WorkerPool:
     """Runs stateless operator calls on ``num_workers`` threads or processes.
 
@@ -143,9 +185,19 @@ class WorkerPool:
             :class:`~zephon_nodes.errors.WorkerError` (a blocked or killed worker never hangs
             the loader). A thread blocked forever does not keep the process from exiting
             either (the threads are daemons); process workers are stopped by :meth:`close`.
+        shared_memory: Process runner: send large arrays of results (token ids, image
+            patches) through shared memory instead of the pipe (see
+            :mod:`zephon_nodes.engine.shm`; Linux ``/dev/shm``, else ignored).
     """
 
-    def __init__(self, num_workers: int = 2, runner: str = "thread", timeout_s: float = 300.0):
+    def __init__(
+        self,
+        num_workers: int = 2,
+        runner: str = "thread",
+        timeout_s: float = 300.0,
+        *,
+        shared_memory: bool = True,
+    ):
         if runner not in RUNNERS:
             raise RecipeError(f"{runner=} must be one of {RUNNERS}")
         if num_workers < 0:
@@ -155,6 +207,8 @@ class WorkerPool:
         self.num_workers = num_workers
         self.runner = runner
         self.timeout_s = float(timeout_s)
+        self.shared_memory = shared_memory and runner == "process" and shm.available()
+        self._prefix = ""
         self._executor: cf.Executor | None = None
 
     def _get_executor(self) -> cf.Executor | None:
@@ -168,6 +222,9 @@ class WorkerPool:
 
                 self._executor = RayExecutor(self.num_workers)
             else:
+                if self.shared_memory:
+                    shm.remove_stale_segments()
+                    self._prefix = shm.pool_prefix(next(_POOL_IDS))
                 self._executor = cf.ProcessPoolExecutor(
                     self.num_workers,
                     mp_context=multiprocessing.get_context("spawn"),
@@ -179,6 +236,8 @@ class WorkerPool:
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> cf.Future[Any]:
         """Schedule ``fn(arg)``; inline pools run it now and return a finished future."""
         executor = self._get_executor()
+        if executor is not None and self._prefix:
+            return _via_shared_memory(executor.submit(shm.ShmCall(fn, self._prefix), arg))
         if executor is not None:
             return executor.submit(fn, arg)
         fut: cf.Future[Any] = cf.Future()
@@ -213,6 +272,9 @@ class WorkerPool:
                 proc.kill()
         for proc in procs:
             proc.join(timeout=5)
+        if self._prefix:  # results a killed worker never sent
+            shm.remove_segments(self._prefix)
+            shm.forget(self._prefix)
 
     def __enter__(self) -> WorkerPool:
         return self
