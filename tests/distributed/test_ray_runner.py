@@ -30,6 +30,8 @@ from zephon_nodes.verification.simulate import simulate
 
 from .ray_ops import die_in_ray_worker, tag_node
 
+pytestmark = pytest.mark.slow
+
 register_map("test_ray_tag_node", tag_node)
 register_map("test_ray_die", die_in_ray_worker)
 
@@ -113,6 +115,16 @@ def test_two_nodes_give_the_thread_runners_digests(
     assert outs[1] == outs[0]
     assert len(outs[0].splitlines()) == STEPS
     assert len(nodes_seen(logs)) == 2
+
+
+def test_per_operator_ray_pool(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    """Only the map operator on Ray (the rest on threads): same digests, both nodes used."""
+    pipeline = tag_recipe(tmp_path)
+    reference = digests(pipeline, "thread")
+    pools = {"map:test_ray_tag_node": "ray:2"}
+    got = [r.digest for r, _ in simulate(pipeline, 2, STEPS, num_workers=1, operator_pools=pools)]
+    assert got == reference
+    assert len(nodes_seen(tmp_path)) == 2
 
 
 def test_retry_budget_then_worker_error(

@@ -132,7 +132,7 @@ class RayExecutor(cf.Executor):
             num_cpus=1, max_retries=max_retries, retry_exceptions=False
         )
         self._fns: dict[int, tuple[Callable[..., Any], Any]] = {}
-        self._pending: dict[Any, cf.Future[Any]] = {}
+        self._pending: dict[int, tuple[Any, cf.Future[Any]]] = {}
         self._guard = threading.Lock()
         self._closed = False
 
@@ -150,21 +150,31 @@ class RayExecutor(cf.Executor):
                 raise RuntimeError("cannot schedule new calls after the pool was closed")
             ref = self._task.remote([self._fn_ref(fn)], args, kwargs)
             out: cf.Future[Any] = cf.Future()
-            self._pending[ref] = out
-        out.add_done_callback(lambda f: self._cancelled(ref, f))
-        ref.future().add_done_callback(lambda f: self._settle(ref, f, out))
+            key = id(out)
+            self._pending[key] = (ref, out)
+        # Only the executor's table holds the ObjectRef (cleared at shutdown), never the
+        # futures the lanes keep: Ray reuses object ids in a later session of the same
+        # process, and a stale ObjectRef freed then would release the new session's object.
+        out.add_done_callback(lambda f: self._cancelled(key, f))
+        ref.future().add_done_callback(lambda f: self._settle(key, f))
         return out
 
-    def _cancelled(self, ref: Any, out: cf.Future[Any]) -> None:
-        if out.cancelled():  # the lane gave up on it (reset or error): free the cluster
-            with contextlib.suppress(Exception):
-                self._ray.cancel(ref)
-
-    def _settle(self, ref: Any, done: cf.Future[Any], out: cf.Future[Any]) -> None:
-        with self._guard:
-            self._pending.pop(ref, None)
-        if out.done():
+    def _cancelled(self, key: int, out: cf.Future[Any]) -> None:
+        if not out.cancelled():
             return
+        with self._guard:  # the lane gave up on it (reset or error): free the cluster
+            entry = self._pending.pop(key, None)
+        if entry is not None:
+            with contextlib.suppress(Exception):
+                self._ray.cancel(entry[0])
+
+    def _settle(self, key: int, done: cf.Future[Any]) -> None:
+        with self._guard:
+            entry = self._pending.pop(key, None)
+        if entry is None or entry[1].done():
+            return
+        out = entry[1]
+        del entry
         from ray.exceptions import RayError, RayTaskError
 
         try:
@@ -193,9 +203,11 @@ class RayExecutor(cf.Executor):
             self._closed = True
             pending, self._pending = dict(self._pending), {}
             self._fns.clear()
-        for ref, fut in pending.items():
+        while pending:
+            ref, fut = pending.popitem()[1]
             fut.cancel()
             if cancel_futures:
                 with contextlib.suppress(Exception):  # a task that finished or vanished
                     self._ray.cancel(ref, force=True)
+            del ref, fut  # no ObjectRef may outlive the session (see submit)
         _disconnect()

@@ -354,8 +354,9 @@ class ZephonDataLoader(BaseDataLoader):
         num_workers: int = 2
         """Worker threads or processes shared by this rank's lanes (0 runs inline)."""
 
-        runner: Literal["thread", "process"] = "thread"
-        """Where operators run: threads (GIL-releasing tokenizers) or spawned processes."""
+        runner: Literal["thread", "process", "ray"] = "thread"
+        """Where operators run: threads (GIL-releasing tokenizers), spawned processes, or Ray
+        tasks on a Ray cluster (``RAY_ADDRESS``; needs the ``ray`` extra)."""
 
         lookahead: int = 4
         """Work items each lane submits to the workers ahead of the one it reads."""
