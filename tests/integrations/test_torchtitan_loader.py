@@ -182,6 +182,7 @@ class TestLaunchChecks:
             ("prefetch", -2, "prefetch=-2"),
             ("lookahead", 0, "lookahead=0"),
             ("worker_timeout_s", 0.0, "worker_timeout_s=0.0"),
+            ("operator_workers", "tokenize=gpu:1", "operator_workers: .*runner 'gpu'"),
         ],
     )
     def test_bad_physical_settings(self, field: str, value: Any, match: str) -> None:
@@ -227,6 +228,18 @@ class TestBatches:
         loaders = [build(recipe_path, world, r, lbs=lbs, prefetch=prefetch) for r in range(world)]
         got = run_ranks(loaders, [iter(x) for x in loaders], 4)
         assert got == expected_digests(recipe_path, 4)
+
+    def test_operator_workers(self, recipe_path: Path) -> None:
+        """Per-operator pools from the config: same batches; close() stops them."""
+        loaders = [
+            build(recipe_path, 2, r, operator_workers="parse=inline,tokenize=thread:2")
+            for r in range(2)
+        ]
+        got = run_ranks(loaders, [iter(x) for x in loaders], 4)
+        assert got == expected_digests(recipe_path, 4)
+        for loader in loaders:
+            loader.close()
+            assert all(p._executor is None for p in loader.multiplexer._owned)
 
     def test_batch_format(self, recipe_path: Path) -> None:
         inputs, labels = next(iter(build(recipe_path, 2, 0)))

@@ -40,7 +40,7 @@ INLINE = "inline"
 DEFAULT_WORKERS = 2
 OPERATOR_WORKERS_HELP = (
     "per-operator pools, e.g. decode=process:6,tokenize=thread:2 (runner inline, thread, "
-    "process; unnamed operators use the --num-workers/--runner pool)"
+    "process, ray; unnamed operators use the --num-workers/--runner pool)"
 )
 
 
