@@ -22,7 +22,9 @@ from zephon_nodes import (
     Pipeline,
     Recipe,
     TokenizerSpec,
+    WorkerPool,
     WorkSpec,
+    digest_microbatches,
     register_map,
 )
 from zephon_nodes.errors import WorkerError
@@ -125,6 +127,20 @@ def test_per_operator_ray_pool(cluster: LocalRayCluster, tmp_path: Path) -> None
     got = [r.digest for r, _ in simulate(pipeline, 2, STEPS, num_workers=1, operator_pools=pools)]
     assert got == reference
     assert len(nodes_seen(tmp_path)) == 2
+
+
+def test_reset_with_tasks_in_flight(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    """A reset cancels the tasks in flight; the restarted stream is the thread runner's."""
+    pipeline = tag_recipe(tmp_path, delay=0.0)
+    reference = [r.digest for r, _ in simulate(pipeline, 1, 4, num_workers=1)]
+    with WorkerPool(2, "ray") as pool:
+        node = pipeline.rank_node(1, 0, pool=pool)
+        for _ in range(3):  # each reset drops up to lookahead tasks per lane
+            node.reset(None)
+            next(node)
+        node.reset(None)
+        got = [digest_microbatches([next(node)]) for _ in range(4)]
+    assert got == reference
 
 
 def test_retry_budget_then_worker_error(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -133,6 +134,7 @@ class RayExecutor(cf.Executor):
         )
         self._fns: dict[int, tuple[Callable[..., Any], Any]] = {}
         self._pending: dict[int, tuple[Any, cf.Future[Any]]] = {}
+        self._keys = itertools.count()
         self._guard = threading.Lock()
         self._closed = False
 
@@ -150,7 +152,7 @@ class RayExecutor(cf.Executor):
                 raise RuntimeError("cannot schedule new calls after the pool was closed")
             ref = self._task.remote([self._fn_ref(fn)], args, kwargs)
             out: cf.Future[Any] = cf.Future()
-            key = id(out)
+            key = next(self._keys)  # never reused (an id() would be, once out is freed)
             self._pending[key] = (ref, out)
         # Only the executor's table holds the ObjectRef (cleared at shutdown), never the
         # futures the lanes keep: Ray reuses object ids in a later session of the same
