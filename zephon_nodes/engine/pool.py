@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as cf
 import contextlib
+import importlib.util
 import itertools
 import multiprocessing
 import os
@@ -200,6 +201,8 @@ class WorkerPool:
     ):
         if runner not in RUNNERS:
             raise RecipeError(f"{runner=} must be one of {RUNNERS}")
+        if runner == "ray" and num_workers and importlib.util.find_spec("ray") is None:
+            raise RecipeError("runner='ray' needs Ray: pip install 'zephon-nodes[ray]'")
         if num_workers < 0:
             raise RecipeError(f"{num_workers=} must be >= 0")
         if not timeout_s > 0:
