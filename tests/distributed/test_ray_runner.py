@@ -177,3 +177,18 @@ def test_node_lost_mid_run_costs_time_not_bytes(cluster: LocalRayCluster, tmp_pa
             killed_after = len(got)
     assert killed_after is not None and killed_after <= steps - 4, killed_after
     assert got == reference
+
+
+def test_ray_runner_without_ray_is_refused_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Ray installed, the pool is refused when built, naming the extra."""
+    import importlib.util
+
+    from zephon_nodes.errors import RecipeError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
+    )
+    with pytest.raises(RecipeError, match=r"zephon-nodes\[ray\]"):
+        WorkerPool(2, "ray")
+    assert WorkerPool(0, "ray").num_workers == 0  # inline: Ray is never needed
