@@ -193,7 +193,13 @@ class Pipeline:
             stages, created = self.operator_stages(operator_pools, pool)
             owned.extend(created)
         try:
-            built = {lane: self.build_lane(lane, pool, lookahead, stages=stages) for lane in lanes}
+            # Without per-operator pools, the call a subclass overriding build_lane expects.
+            built = {
+                lane: self.build_lane(lane, pool, lookahead)
+                if stages is None
+                else self.build_lane(lane, pool, lookahead, stages=stages)
+                for lane in lanes
+            }
             node = Multiplexer(built, self, local_batch_size=local_batch_size)
         except BaseException:
             for p in owned:
