@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -32,6 +33,20 @@ class Closable(Protocol):
 def _close_all(resources: list[Closable]) -> None:
     for r in resources:
         r.close()
+
+
+def _close_collected(resources: list[Closable]) -> None:
+    """Finalizer: close in the main thread, else in a new thread.
+
+    Garbage collection may run in any thread, even a pool's own, which must not wait for
+    itself.
+    """
+    if not resources:
+        return
+    if threading.current_thread() is threading.main_thread():
+        _close_all(resources)
+    else:
+        threading.Thread(target=_close_all, args=(resources,), daemon=True).start()
 
 
 class CompiledRecipe(Protocol):
@@ -98,7 +113,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._exhausted = False
         self._owned: list[Closable] = []
         # Closes what the node owns when it is garbage-collected (e.g. its Loader dropped).
-        self._finalizer = weakref.finalize(self, _close_all, self._owned)
+        self._finalizer = weakref.finalize(self, _close_collected, self._owned)
 
     def own(self, resources: Iterable[Closable]) -> None:
         """Close ``resources`` with this node (:meth:`close`, ``with``, or garbage collection).
