@@ -294,12 +294,14 @@ def drill(
         job.launch("a", host=True)
         job.wait(lambda: job.last_step(2 * NPROC) >= gate, "4 ranks training", timeout_s)
         for cycle in range(cycles):
-            # Shrink: node b is lost in the middle of a step.
+            # Shrink: node b is lost while the ranks train the next step (only that one, so
+            # that the checkpoint to resume from is known before the kill).
             before = job.last_step()
-            gate += run_steps
-            job.set_gate(gate)
+            job.set_gate(before + 1)
             t_kill = time.time()
             job.agents["b"].kill()
+            gate += run_steps
+            job.set_gate(gate)
             say(f"cycle {cycle}: killed agent b (and its ranks) after step {before}")
             event = _await_group(job, NPROC, t_kill, timeout_s)
             report.events.append(_event("shrink", before, event, 2 * NPROC, t_kill))
