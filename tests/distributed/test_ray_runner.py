@@ -143,6 +143,19 @@ def test_reset_with_tasks_in_flight(cluster: LocalRayCluster, tmp_path: Path) ->
     assert got == reference
 
 
+def test_a_connection_the_caller_opened_is_left_open(cluster: LocalRayCluster) -> None:
+    """A pool uses the caller's own ``ray.init`` and does not shut it down at close."""
+    import ray
+
+    ray.init(address=cluster.address, logging_level="ERROR")
+    try:
+        with WorkerPool(2, "ray") as pool:
+            assert pool.submit(abs, -3).result(timeout=60) == 3
+        assert ray.is_initialized()
+    finally:
+        ray.shutdown()
+
+
 def test_retry_budget_then_worker_error(
     cluster: LocalRayCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
