@@ -150,6 +150,9 @@ class Event:
     world_after: int
     seconds_to_restart: float  # event -> new worker group logged its start (resumed state)
     seconds_to_first_step: float  # event -> first step trained by the new worker group
+    # event -> the surviving agent noticed it (its workers failed, or it stopped them for
+    # the returning node), from the agent's log
+    seconds_to_notice: float | None = None
 
 
 @dataclass
@@ -304,7 +307,7 @@ def drill(
             job.set_gate(gate)
             say(f"cycle {cycle}: killed agent b (and its ranks) after step {before}")
             event = _await_group(job, NPROC, t_kill, timeout_s)
-            report.events.append(_event("shrink", before, event, 2 * NPROC, t_kill))
+            report.events.append(_event("shrink", before, event, 2 * NPROC, t_kill, job))
             say(f"  {report.events[-1]}")
             job.wait(lambda g=gate: job.last_step(NPROC) >= g, "2 ranks training", timeout_s)
             # Grow: node b is back (the survivors wait at the gate meanwhile).
@@ -313,7 +316,7 @@ def drill(
             job.launch("b", host=False)
             event = _await_group(job, 2 * NPROC, t_launch, timeout_s, job, gate + run_steps)
             gate += run_steps
-            report.events.append(_event("grow", before, event, NPROC, t_launch))
+            report.events.append(_event("grow", before, event, NPROC, t_launch, job))
             say(f"  {report.events[-1]}")
             if cycle + 1 < cycles:
                 job.wait(lambda g=gate: job.last_step(2 * NPROC) >= g, "4 ranks", timeout_s)
@@ -355,8 +358,10 @@ def _await_group(
     return group
 
 
-def _event(kind: str, before: int, g: Group, world_before: int, t: float) -> Event:
+def _event(kind: str, before: int, g: Group, world_before: int, t: float, job: ElasticJob) -> Event:
     first = min(g.steps)
+    mark = "failed (exitcode" if kind == "shrink" else "closing signal SIGTERM"
+    noticed = [x for x in _agent_log_times(job.agents["a"].log, mark) if x >= t]
     return Event(
         kind=kind,
         at_step=before,
@@ -365,7 +370,21 @@ def _event(kind: str, before: int, g: Group, world_before: int, t: float) -> Eve
         world_after=g.world,
         seconds_to_restart=round(g.started_at - t, 2),
         seconds_to_first_step=round(g.steps[first][2] - t, 2),
+        seconds_to_notice=round(noticed[0] - t, 2) if noticed else None,
     )
+
+
+def _agent_log_times(log: Path, mark: str) -> list[float]:
+    """Times (epoch seconds) of an agent's log lines that contain ``mark``."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        # glog prefix: E1201 09:06:40.196000 PID file:line] message (local time, no year)
+        if line[:1] in "IWE" and mark in line:
+            with contextlib.suppress(ValueError, IndexError):
+                stamp = time.strftime("%Y") + line[1:5] + " " + line.split()[1]
+                when = time.mktime(time.strptime(stamp.split(".")[0], "%Y%m%d %H:%M:%S"))
+                out.append(when + float("0." + stamp.split(".")[1]))
+    return out
 
 
 def verify(
