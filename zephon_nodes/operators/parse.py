@@ -22,6 +22,8 @@ def classify_file_error(message: str, path: str = "") -> str:
         return "corrupt_zstd"
     if "parquet" in text:
         return "unreadable_parquet"
+    if "arrow file" in text:
+        return "unreadable_arrow"
     if "empty" in text:
         return "empty_file"
     return "unreadable_file"

@@ -116,7 +116,8 @@ class DatasetSpec:
 
     Args:
         name: Name used in errors, stats and the fingerprint.
-        paths: Glob patterns of ``.jsonl`` / ``.jsonl.zst`` shards, relative to ``base_dir``.
+        paths: Glob patterns of ``.jsonl`` / ``.jsonl.zst`` / ``.parquet`` / ``.arrow``
+            shards or Hugging Face ``save_to_disk`` folders, relative to ``base_dir``.
         text_field: JSON field holding the document text.
         weight: Mixture weight (a token share when several datasets are mixed).
         records: In-memory records (dicts) instead of files; for tests and notebooks.
@@ -172,7 +173,10 @@ class DatasetSpec:
         for pattern in self.paths:
             full = pattern if os.path.isabs(pattern) else str(Path(self.base_dir) / pattern)
             matches = sorted(glob.glob(full, recursive=True))
-            matches = [m for m in matches if os.path.isfile(m)]
+            # A Hugging Face `datasets` folder stands for its .arrow files (io/arrow.py).
+            from zephon_nodes.io.arrow import expand_dataset_dirs
+
+            matches = [m for m in expand_dataset_dirs(matches) if os.path.isfile(m)]
             if not matches:
                 raise RecipeError(
                     f"dataset {self.name!r}: pattern {pattern!r} matches no file "
