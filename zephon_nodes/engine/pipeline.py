@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -78,7 +79,15 @@ class Pipeline:
         else:
             self.pad_id = tok.pad_id if tok.pad_id >= 0 else tok.eos_id
         self.placeholder_id = -1
-        if recipe.image is not None:
+        specs = list(recipe.datasets)
+        if recipe.chat is not None:
+            from zephon_nodes.chat.assembly import chat_chain
+
+            self.stateless = chat_chain(recipe, tok)
+            # Every format reads the messages field as the record's field.
+            field = recipe.chat.messages_field
+            specs = [dataclasses.replace(d, text_field=field) for d in specs]
+        elif recipe.image is not None:
             from zephon_nodes.multimodal.assembly import multimodal_chain, placeholder_id
 
             self.placeholder_id = placeholder_id(recipe, tok)
@@ -89,7 +98,7 @@ class Pipeline:
         images = [(d.image_field or "image") if recipe.image else None for d in recipe.datasets]
         opened = [
             open_dataset(spec, recipe.work.chunk_size, image_column)
-            for spec, image_column in zip(recipe.datasets, images, strict=True)
+            for spec, image_column in zip(specs, images, strict=True)
         ]
         self.datasets: list[Dataset] = [o.dataset for o in opened]
         if recipe.image is None:
@@ -124,7 +133,8 @@ class Pipeline:
             bins = r.pack.bins
             node = AccumulatorNode(node, lambda w: BestFitPacker(seq_len, pad_id, bins, prov))
         else:
-            node = AccumulatorNode(node, lambda w: ConcatPacker(seq_len, pad_id, prov))
+            docs = r.chat is not None  # chat samples carry document boundaries
+            node = AccumulatorNode(node, lambda w: ConcatPacker(seq_len, pad_id, prov, docs))
         if r.shuffle.buffer_size > 0:
             size, seed = r.shuffle.buffer_size, r.seed
             node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, seed, lane, w))

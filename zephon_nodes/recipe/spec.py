@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.chat.spec import ChatSpec
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.multimodal.spec import ImageSpec
 
@@ -452,6 +453,8 @@ class Recipe:
         operators: User filters and maps over document texts, applied in order.
         image: Image decoding, patches and placeholder tokens (``[image]``); makes the
             recipe multimodal (tar shards, jsonl with base64 images; see ``docs/multimodal.md``).
+        chat: Conversations rendered with a chat template, labels on trained turns only
+            (``[chat]``); makes the recipe a chat / SFT recipe (see ``docs/sft.md``).
         source: Path of the TOML file the recipe came from, if any (not fingerprinted).
     """
 
@@ -469,6 +472,7 @@ class Recipe:
     operators: tuple[OperatorSpec, ...] = ()
     image: ImageSpec | None = None
     source: Path | None = field(default=None, compare=False)
+    chat: ChatSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -501,6 +505,11 @@ class Recipe:
                 )
             if self.operators:
                 raise RecipeError("[[operators]] are not supported with an [image] table yet")
+        if self.chat is not None and (self.image is not None or self.operators):
+            raise RecipeError(
+                "a [chat] recipe cannot have an [image] table or [[operators]] (they work on "
+                "document texts; a chat record is a conversation)"
+            )
         if self.global_batch_size % self.num_lanes:
             raise RecipeError(
                 f"global_batch_size={self.global_batch_size} must be a multiple of "
@@ -512,6 +521,10 @@ class Recipe:
     def samples_per_lane(self) -> int:
         """Samples each lane contributes to every global batch (``G / L``)."""
         return self.global_batch_size // self.num_lanes
+
+    def chat_tokenizer_path(self) -> Path | None:
+        """The tokenizer file whose ``tokenizer_config.json`` is the default chat template."""
+        return self.tokenizer.path if self.tokenizer.kind == "hf" else None
 
     def replace(self, **changes: Any) -> Recipe:
         """Return a copy with some fields changed."""
@@ -536,6 +549,11 @@ class Recipe:
             **({"mixture": self.mixture.canonical()} if len(self.datasets) > 1 else {}),
             **({"operators": [op.canonical() for op in self.operators]} if self.operators else {}),
             **({"image": self.image.canonical()} if self.image is not None else {}),
+            **(
+                {"chat": self.chat.canonical(self.chat_tokenizer_path())}
+                if self.chat is not None
+                else {}
+            ),
         }
 
     def fingerprint(self) -> str:
@@ -661,6 +679,9 @@ class Recipe:
                 if "image" in data
                 else None,
                 source=source,
+                chat=ChatSpec.from_table(top.raw("chat", dict, {}), base, f"{where}chat")
+                if "chat" in data
+                else None,
             )
             top.done()
         except RecipeError as e:
