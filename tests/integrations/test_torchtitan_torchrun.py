@@ -191,6 +191,7 @@ def trainer_args(assets: Assets, recipe: Path, dump: Path, lbs: int, *extra: str
         "--dump_folder", str(dump),
         "--parallelism.spmd_backend", "partial_dtensor",
         "--metrics.log_freq", "1",
+        "--metrics.enable_tensorboard",
         "--debug.seed", "0",
         *extra,
     ]  # fmt: skip
@@ -225,6 +226,34 @@ def test_trainer_resume_at_other_dp(
     assert resumed["first_step"] == SAVE_AT + 1
     assert_same_run(base, resumed, f"trainer dp{world}")
     print(f"dataloader bytes in the checkpoint: {lane_bytes(step_dir)}")
+
+
+def test_trainer_logs_loader_metrics(trainer_base: Any) -> None:
+    """The Trainer's logged metrics (what TensorBoard/W&B get) hold the loader's numbers."""
+    _, base = trainer_base
+    logged = {int(k): v for k, v in base["logged"].items()}
+    assert sorted(logged) == list(range(1, STEPS + 1))  # metrics.log_freq = 1
+    for step, m in logged.items():
+        assert m["zephon/step"] == step
+        assert m["zephon/data_wait_s"] >= 0 and m["zephon/data_wait_s_total"] > 0
+        # Rank 0's share of a step: G / dp = 4 samples of 64 tokens.
+        assert m["zephon/samples"] == 4
+        assert 0 < m["zephon/tokens"] <= 4 * 64
+        assert 0 <= m["zephon/padding_fraction"] < 1
+        assert m["zephon/operators/tokenize/busy_s"] > 0
+        assert m["zephon/operators/tokenize/calls"] >= 1
+        assert m["zephon/queue_depth"] >= 0
+    assert logged[STEPS]["zephon/samples_total"] == 4 * STEPS
+    # And they reached TensorBoard's event files.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root, _ = trainer_base
+    (events,) = (root / "dump_dp2").rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert {"zephon/data_wait_s", "zephon/operators/tokenize/busy_s"} <= set(tags)
+    assert [e.step for e in acc.Scalars("zephon/samples")] == list(range(1, STEPS + 1))
 
 
 # ---------------------------------------------------------------- baseline: TorchTitan's loader

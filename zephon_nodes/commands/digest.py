@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.engine.checkpoint import load_state, save_state
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
@@ -36,6 +37,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--save-at", type=int, default=None, help="save the state after step K")
     p.add_argument("--checkpoint-dir", default=None, help="where --save-at writes the state")
     p.add_argument("--resume-from", default=None, help="checkpoint directory to resume from")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="show a live progress bar on stderr (stdout keeps only the JSON lines)",
+    )
     p.set_defaults(func=run)
 
 
@@ -54,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     produced = 0
     last = resume["step"] if resume else 0
+    bar = progress_bar(args.steps, pipeline.recipe.seq_len) if args.progress else None
     for result, _ in simulate(
         pipeline,
         args.dp_world_size,
@@ -68,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
         produced += 1
         last = result.step
+        if bar is not None:
+            bar.update(result)
+    if bar is not None:
+        bar.close()
     if produced < args.steps:
         print(
             f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "

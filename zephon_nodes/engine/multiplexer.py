@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -11,6 +12,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.checkpoint import FORMAT, validate_state
 from zephon_nodes.engine.lane import Lane
+from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.operators.batch import collate
@@ -83,6 +85,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._pending: list[dict[str, torch.Tensor]] = []
         self._pending_end: dict[int, tuple[int, int]] = {}
         self._exhausted = False
+        self._metrics = StepMetrics()
 
     @property
     def step(self) -> int:
@@ -94,6 +97,17 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start from step 0, or restore a state (validated first; raises CheckpointError)."""
+        t0 = time.perf_counter()
+        self._restore(initial_state)
+        self._metrics.restore_s = time.perf_counter() - t0 if initial_state is not None else 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """Return this rank's run metrics as a plain dict (see ``docs/cli.md``, Metrics)."""
+        out = rank_metrics(self._metrics, self.lanes.values())
+        out["step"] = self._step
+        return out
+
+    def _restore(self, initial_state: dict[str, Any] | None) -> None:
         super().reset(initial_state)
         self._pending, self._pending_end, self._exhausted = [], {}, False
         if initial_state is None:
@@ -162,11 +176,13 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         if self._exhausted:
             raise StopIteration
         if self._micro == 0:
+            t0 = time.perf_counter()
             try:
                 self._build_step()
             except StopIteration:
                 self._exhausted = True
                 raise
+            self._metrics.step(self._pending, time.perf_counter() - t0)
         batch = self._pending[self._micro]
         self._micro += 1
         if self._micro == self.micro_per_step:

@@ -23,8 +23,11 @@ checkpoint written at dp 2 loads at dp 1, 4, 8, ... (any divisor of ``num_lanes`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,6 +37,7 @@ from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon_nodes.engine.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
@@ -48,6 +52,7 @@ __all__ = [
     "check_tokenizer",
     "from_dcp_state",
     "lane_key",
+    "loader_metrics",
     "to_dcp_state",
 ]
 
@@ -67,6 +72,22 @@ RECIPE_PREFIX = "recipe_"
 LANE_PREFIX = "lane_"
 
 _KIND_INT, _KIND_HASH, _KIND_OTHER = 0, 1, 2
+
+
+# Loaders alive in this process, whose metrics TorchTitan's metrics processor logs.
+_LIVE_LOADERS: weakref.WeakSet[ZephonDataLoader] = weakref.WeakSet()
+_SERIAL = itertools.count()
+
+
+def loader_metrics(prefix: str = "zephon") -> dict[str, float]:
+    """Metrics of the live :class:`ZephonDataLoader` (training, not validation), flattened.
+
+    Keys are ``zephon/data_wait_s``, ``zephon/operators/tokenize/busy_s``, ...; empty when
+    no loader is alive. With several loaders (a validator's too) the first one built (the
+    trainer's) is reported.
+    """
+    loaders = sorted(_LIVE_LOADERS, key=lambda x: x.serial)
+    return flatten_metrics(loaders[0].metrics(), prefix) if loaders else {}
 
 
 def lane_key(lane: int) -> str:
@@ -451,6 +472,12 @@ class ZephonDataLoader(BaseDataLoader):
         self._state: dict[str, Any] = self._fresh_state()
         self._restore: dict[str, Any] | None = None
         self._started = False
+        # What the trainer got and how long it waited, per step (after the prefetcher).
+        self._steps = StepMetrics()
+        self._step_batches: list[dict[str, torch.Tensor]] = []
+        self._step_wait = 0.0
+        self.serial = next(_SERIAL)
+        _LIVE_LOADERS.add(self)
 
     def _fresh_state(self) -> dict[str, Any]:
         p = self.pipeline
@@ -487,12 +514,44 @@ class ZephonDataLoader(BaseDataLoader):
         if not self._started or self._restore is not None:
             self._start()
         while True:
+            t0 = time.perf_counter()
             try:
                 batch = next(self._node)
             except StopIteration:
                 return
             self._state = self._current_state()
+            self._count(batch, time.perf_counter() - t0)
             yield {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
+
+    def _count(self, batch: dict[str, torch.Tensor], wait_s: float) -> None:
+        self._step_batches.append(batch)
+        self._step_wait += wait_s
+        if self._state["micro"] == 0:  # the step's last micro-batch
+            self._steps.step(self._step_batches, self._step_wait)
+            self._step_batches, self._step_wait = [], 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """Return the rank's run metrics (a plain dict; see ``docs/torchtitan.md``).
+
+        As :meth:`~zephon_nodes.Multiplexer.metrics` (operators, queues, skipped records,
+        replay time), but the per-step numbers are those of the steps the trainer took:
+        ``step`` is the last step fully handed out, ``data_wait_s`` the time the trainer
+        waited for its micro-batches (after the prefetcher), ``samples``, ``tokens`` and
+        ``padding_fraction`` its rows.
+        """
+        out = self.multiplexer.metrics()
+        st = self._steps
+        out.update(
+            step=int(self._state["step"]),
+            data_wait_s=st.wait_s,
+            samples=st.samples,
+            tokens=st.tokens,
+            padding_fraction=st.padding_fraction,
+            data_wait_s_total=st.total_wait_s,
+            samples_total=st.total_samples,
+            tokens_total=st.total_tokens,
+        )
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """Return the checkpoint: one ``lane_NNNNN`` tensor per owned lane + replicated keys.
