@@ -32,8 +32,8 @@ test: lint
 # torch for 3.12 comes from PyPI as a CUDA build of several GB; pip's cache keeps the download.
 PY312 ?= $(shell command -v python3.12 2>/dev/null || echo $(HOME)/.pyenv/versions/3.12.1/bin/python)
 VENV312 ?= .venv312
-SMOKE ?= tests/core/test_recipe.py tests/core/test_cli.py tests/core/test_elastic_properties.py \
-	tests/core/test_state_size.py tests/testing/test_save_load.py tests/commands/test_digest_dump.py
+SMOKE ?= tests/core/test_recipe.py tests/core/test_elastic_properties.py tests/core/test_state_size.py \
+	tests/core/test_optional_imports.py tests/testing/test_save_load.py tests/commands/test_digest_dump.py
 smoke-py312:
 	test -x $(VENV312)/bin/python || $(PY312) -m venv $(VENV312)
 	$(VENV312)/bin/python -m pip install -q torch==2.13.0
