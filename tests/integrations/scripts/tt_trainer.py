@@ -16,19 +16,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integrations import cpu_patches
+from zephon_nodes.integrations import torchtitan_cpu as cpu_patches
 
 cpu_patches.apply()
 
 from torchtitan import train  # noqa: E402
-from torchtitan.components.metrics import LoggerContainer, MetricsProcessor  # noqa: E402
+from torchtitan.components.metrics import MetricsProcessor  # noqa: E402
 from torchtitan.trainer import Trainer  # noqa: E402
 
 from tests.integrations.tt_helpers import Row, rows_of, save_rows  # noqa: E402
 
 ROWS: dict[int, list[Row]] = {}
 LOSSES: dict[int, float] = {}
-LOGGED: dict[int, dict[str, float]] = {}
 START: dict[str, int] = {}
 
 
@@ -54,17 +53,6 @@ def _record_losses() -> None:
     MetricsProcessor.log = log  # type: ignore[method-assign]
 
 
-def _record_logged() -> None:
-    """Keep what the Trainer hands its loggers (TensorBoard, W&B) at each logged step."""
-    original = LoggerContainer.log
-
-    def log(self: LoggerContainer, metrics: dict[str, Any], step: int) -> None:
-        LOGGED[step] = {k: float(v) for k, v in metrics.items() if k.startswith("zephon/")}
-        return original(self, metrics, step)
-
-    LoggerContainer.log = log  # type: ignore[method-assign]
-
-
 def main() -> None:
     argv = sys.argv[1:]
     split = argv.index("--")
@@ -73,7 +61,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     _record_batches()
     _record_losses()
-    _record_logged()
     t0 = time.perf_counter()
     sys.argv = [sys.argv[0], *rest]
     train.main()
@@ -85,7 +72,6 @@ def main() -> None:
             "world": int(os.environ.get("WORLD_SIZE", "1")),
             "first_step": START.get("first_step"),
             "losses": LOSSES,
-            "logged": LOGGED,
             "wall_s": wall,
         }
         (out / "result.json").write_text(json.dumps(result))
