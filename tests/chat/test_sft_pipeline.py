@@ -127,13 +127,14 @@ class TestSamples:
             assert left[tuple(seg)] > 0
             left[tuple(seg)] -= 1
 
-    @settings(max_examples=6)
+    @pytest.mark.parametrize("mode", ["concat", "bestfit"])
+    @settings(max_examples=5)
     @given(convs=st.lists(conversations(), min_size=6, max_size=14).map(with_answer))
-    def test_concat_segments_are_runs_of_reference_conversations(self, tpl, convs):
+    def test_segments_are_runs_of_reference_conversations(self, tpl, mode, convs):
+        """Long conversations continue (concat) or are split (best fit) with their labels."""
         want = [as_bytes(pairs(*reference(c, "assistant"))) for c in convs]
-        rows = run_samples(
-            Pipeline(chat_recipe(tpl, convs, num_lanes=2, global_batch_size=2)), 1, 50
-        )
+        r = chat_recipe(tpl, convs, mode, num_lanes=2, global_batch_size=2)
+        rows = run_samples(Pipeline(r), 1, 50)
         assert rows
         for s in rows:
             pos = s["positions"].tolist()
