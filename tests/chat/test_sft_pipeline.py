@@ -282,3 +282,12 @@ def test_arrow_and_jsonl_give_the_same_batches(tmp_path, monkeypatch):
     assert len(want) == 6
     assert digests(Pipeline(recipe("hf")), 2, 6) == want
     assert not np.array_equal(want, digests(Pipeline(recipe("c.jsonl").replace(seed=4)), 1, 6))
+
+
+def test_process_runner_gives_the_same_batches(tpl):
+    """The chat operator (template, tokenizer) travels to worker processes unchanged."""
+    convs = with_answer([[{"role": "user", "content": f"q{i} " * (i % 9)}] for i in range(40)])
+    pipeline = Pipeline(chat_recipe(tpl, convs, "bestfit"))
+    want = digests(pipeline, 1, 6, num_workers=1)
+    assert len(want) == 6
+    assert digests(pipeline, 2, 6, num_workers=2, runner="process") == want
