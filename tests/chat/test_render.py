@@ -262,3 +262,59 @@ def test_sentencepiece_recipe_names_a_template_file(tmp_path):
     assert trained[-1] == tok.eos_id
     assert tok.sp.decode(trained[:-1]) == "Grüße answer"
     assert tok.sp.decode(ids[1:-1]) == "[U] hello there [A] Grüße answer"
+
+
+class CharTokenizer:
+    """A custom tokenizer: one id per character (its code point), with offsets."""
+
+    bos_id, eos_id, pad_id, vocab_size = 1, 2, 0, 1 << 21
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [[ord(c) for c in t] for t in texts]
+
+    def encode_with_offsets(self, text: str):
+        return [ord(c) for c in text], [(i, i + 1) for i in range(len(text))]
+
+
+class NoOffsets:
+    """A custom tokenizer without character offsets."""
+
+    bos_id, eos_id, pad_id, vocab_size = 1, 2, 0, 1 << 21
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [[ord(c) for c in t] for t in texts]
+
+
+def test_custom_tokenizer_needs_offsets(tmp_path):
+    from zephon_nodes.recipe.registry import register_tokenizer
+
+    (tmp_path / "t.jinja").write_text(
+        "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    records = [
+        {"messages": [{"role": "user", "content": "é"}, {"role": "assistant", "content": "ok"}]}
+    ]
+
+    def recipe(name: str) -> Recipe:
+        return Recipe(
+            datasets=(DatasetSpec("c", records=tuple(records)),),
+            tokenizer=TokenizerSpec(kind="custom", name=name),
+            num_lanes=1,
+            global_batch_size=1,
+            seq_len=8,
+            chat=ChatSpec(template=tmp_path / "t.jinja"),
+        )
+
+    register_tokenizer("chars-with-offsets", CharTokenizer())
+    r = recipe("chars-with-offsets")
+    batch = chat_chain(r, load_tokenizer(r.tokenizer))(
+        WorkItem(0, "c", "messages", 0, 0, memory_shard("c", records), 0, 1, 0, 0)
+    )
+    text = "user:é;assistant:ok;"
+    assert batch.tokens.tolist() == [ord(c) for c in text]
+    assert "".join(c for c, m in zip(text, batch.mask.tolist(), strict=True) if m) == "ok;"
+    register_tokenizer("chars-no-offsets", NoOffsets())
+    r = recipe("chars-no-offsets")
+    with pytest.raises(RecipeError, match=r"'chars-no-offsets' \(NoOffsets\) cannot be used"):
+        chat_chain(r, load_tokenizer(r.tokenizer))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -291,3 +292,20 @@ def test_process_runner_gives_the_same_batches(tpl):
     want = digests(pipeline, 1, 6, num_workers=1)
     assert len(want) == 6
     assert digests(pipeline, 2, 6, num_workers=2, runner="process") == want
+
+
+def test_stats_padding_is_padding_not_masked_turns(tpl):
+    """``zephon stats`` counts padding positions only; untrained turns are not padding."""
+    from zephon_nodes.commands.stats import compute_stats
+
+    convs = with_answer([[{"role": "user", "content": "question " * (i % 5)}] for i in range(40)])
+    convs[7][0]["role"] = "robot"
+    r = chat_recipe(tpl, convs, "bestfit")
+    r = r.replace(datasets=(dataclasses.replace(r.datasets[0], on_error="skip"),))
+    rows = run_samples(Pipeline(r), 1, 5)
+    pad = sum(int((s["document_ids"] < 0).sum()) for s in rows)
+    cells = sum(s["document_ids"].size for s in rows)
+    stats = compute_stats(r, 5)
+    assert stats["padding_fraction"] == pad / cells
+    assert stats["tokens"] == sum(int((s["labels"] != -100).sum()) for s in rows)
+    assert stats["skipped_records"]["chat"] == {"unknown_role": 1}

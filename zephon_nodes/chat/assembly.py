@@ -6,6 +6,7 @@ from typing import Any
 
 from zephon_nodes.chat.render import RenderChat
 from zephon_nodes.chat.template import ChatTemplate
+from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.tokenize import HFTokenizer, SentencePieceTokenizer, Tokenizer
@@ -51,6 +52,12 @@ def chat_chain(recipe: Recipe, tok: Tokenizer) -> Chain:
     assert recipe.chat is not None
     skip = frozenset(i for i, d in enumerate(recipe.datasets) if d.on_error == "skip")
     custom = tok if recipe.tokenizer.kind == "custom" else None
+    if custom is not None and not hasattr(custom, "encode_with_offsets"):
+        raise RecipeError(
+            f"custom tokenizer {recipe.tokenizer.name!r} ({type(custom).__name__}) cannot be "
+            f"used with [chat]: it needs encode_with_offsets(text) -> (ids, [(start, end) "
+            f"character offsets])"
+        )
     ops: list[Any] = [
         RenderChat(recipe.tokenizer, recipe.chat, chat_template(recipe, tok), skip, custom)
     ]

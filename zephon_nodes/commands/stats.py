@@ -83,7 +83,7 @@ def compute_stats(
                     ds = mb["dataset_ids"].numpy()
                     real = labels != IGNORE_INDEX
                     tokens += np.bincount(ds[real], minlength=len(names))[: len(names)]
-                    padding += int((~real).sum())
+                    padding += int((ds < 0).sum())  # -1 on padding (chat masks are not)
                     positions += labels.size
                 produced += 1
         except StopIteration:
