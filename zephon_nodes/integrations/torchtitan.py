@@ -540,6 +540,7 @@ class ZephonDataLoader(BaseDataLoader):
             summary=p.summary,
             num_lanes=p.num_lanes,
             lanes=self.lanes,
+            samples_per_lane=p.recipe.samples_per_lane,
         )
         self._restore = state
         self._state = state
