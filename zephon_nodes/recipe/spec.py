@@ -598,6 +598,11 @@ class Recipe:
                         f"{where}datasets[{i}].weight: give weights either per dataset or as "
                         f"a schedule in [mixture] weights, not both"
                     )
+                near = [k for k in raw if "paths" not in raw and did_you_mean(k, ["paths"])]
+                if near:  # named before "give `paths` or `records`" hides the typo
+                    raise RecipeError(
+                        f"{where}datasets[{i}]: unknown key(s) {near} (did you mean `paths`?)"
+                    )
                 datasets.append(
                     DatasetSpec(
                         name=ds.get("name", str, f"dataset{i}"),
