@@ -260,9 +260,10 @@ def encode_checked(obj: Mapping[str, Any]) -> bytes:
             JSON-safe (NaN and infinities included).
     """
     if not isinstance(obj, Mapping) or not obj or CHECKSUM_KEY in obj:
+        keys = sorted(map(str, obj))[:8] if isinstance(obj, Mapping) else None
         raise CheckpointError(
             f"a checksummed checkpoint file holds a non-empty JSON object without a "
-            f"{CHECKSUM_KEY!r} key, got {type(obj).__name__} with keys {sorted(obj)[:8]}"
+            f"{CHECKSUM_KEY!r} key, got {type(obj).__name__} (keys: {keys})"
         )
     try:
         body = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
