@@ -52,9 +52,14 @@ class Bound:
 
 
 def _num(x: float) -> str:
-    if float(x).is_integer() and abs(x) >= 1 << 16 and int(x) & (int(x) - 1) == 0:
-        return f"2**{int(x).bit_length() - 1}"
-    return str(int(x)) if float(x).is_integer() else str(x)
+    if isinstance(x, float) and abs(x) >= 1e6:
+        return f"{x:g}"
+    n = int(x)
+    if n >= 1 << 16 and n & (n - 1) == 0:
+        return f"2**{n.bit_length() - 1}"
+    if n >= 1 << 16 and (n + 1) & n == 0:
+        return f"2**{n.bit_length()} - 1"
+    return str(n) if float(x).is_integer() else str(x)
 
 
 _LANES = 1 << 16
@@ -95,6 +100,8 @@ SETTINGS: dict[str, Bound] = {
     "steps": Bound(int, 0, 2**62),
     "save_at": Bound(int, 1, 2**62),
     "lookahead": Bound(int, 1, 1 << 16),
+    "prefetch": Bound(int, 0, 1 << 16),
+    "worker_timeout_s": Bound(float, 0, 1e7, lo_open=True),
     # CLI spellings of recipe settings (``zephon lanes``)
     "global_batch": Bound(int, 1, _ROWS),
     "chunk_size": Bound(int, 1, 1 << 24),
