@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import subprocess
 import sys
 import tomllib
@@ -372,6 +373,7 @@ class TestCli:
             [sys.executable, "-m", "zephon_nodes.cli", "digest", str(recipe), "--steps", "2",
              "--dp-world-size", "-1"],
             capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         )  # fmt: skip
         assert proc.returncode == 2 and proc.stdout == ""
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

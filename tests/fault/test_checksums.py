@@ -10,6 +10,8 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -347,6 +349,32 @@ class TestWriting:
         monkeypatch.undo()
         assert load_state(tmp_path) == STATE
         assert [p.name for p in tmp_path.iterdir()] == ["zephon_state.json"]  # no temp file
+
+    def test_real_write_failure_keeps_the_previous_state(self, tmp_path: Path) -> None:
+        """A real OS write failure (a file-size limit, EFBIG) in a subprocess, not a mock."""
+        save_state(tmp_path, STATE)
+        newer = json.dumps(_state_after(PIPE, 12))
+        script = (
+            "import json, resource, signal, sys\n"
+            "from zephon_nodes.engine.checkpoint import save_state\n"
+            "from zephon_nodes.errors import CheckpointError\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))\n"
+            "try:\n"
+            "    save_state(sys.argv[1], json.loads(sys.argv[2]))\n"
+            "except CheckpointError as e:\n"
+            "    print(e)\n"
+            "    sys.exit(3)\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path), newer],
+            capture_output=True, text=True, timeout=120, check=False,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        )  # fmt: skip
+        assert proc.returncode == 3, proc.stderr
+        assert "cannot write the checkpoint file" in proc.stdout and "intact" in proc.stdout
+        assert load_state(tmp_path) == STATE
+        assert [p.name for p in tmp_path.iterdir()] == ["zephon_state.json"]
 
 
 # -- skips: truncated and deleted files alike ----------------------------------------------

@@ -87,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
             f"the data ended after step {last}, before --save-at={args.save_at}: no state "
             f"was saved to {args.checkpoint_dir}"
         )
+    skipped = {name: files for name, files in pipeline.skipped_files.items() if files}
+    if skipped:
+        print(f"zephon digest: files left out, by dataset and reason: {skipped}", file=sys.stderr)
     if produced < args.steps:
         print(
             f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "

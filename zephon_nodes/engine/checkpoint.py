@@ -657,8 +657,6 @@ def _load_step(d: Path) -> dict[str, Any]:
     files, step, world = marker.get("files"), marker.get("step"), marker.get("world_size")
     if not isinstance(files, dict) or not files or not _is_int(step):
         raise CheckpointError(f"{marker_path}: the marker misses its 'files' or 'step'")
-    if d.name != f"{_STEP_PREFIX}{step:010d}":
-        raise CheckpointError(f"{marker_path}: the marker is for step {step}, not {d.name}")
     if not _is_int(world) or world != len(files):
         raise CheckpointError(
             f"{marker_path}: world_size={world!r} but the marker lists {len(files)} rank file(s)"

@@ -35,7 +35,7 @@ import torch
 from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_nodes.engine.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.checkpoint import FORMAT, fingerprint_pair, validate_state
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
@@ -233,10 +233,17 @@ def from_dcp_state(
     fingerprint = bytes(fp.tolist()).hex()
     if fingerprint != pipeline.fingerprint:
         diffs = _recipe_diff(sd, pipeline.summary)
-        detail = "; ".join(diffs) if diffs else "no per-field difference was recorded"
+        detail = (
+            "; ".join(diffs)
+            if diffs
+            else (
+                "every recipe field recorded in the checkpoint matches, so the fingerprint itself "
+                "was altered (a damaged or edited checkpoint)"
+            )
+        )
         raise CheckpointError(
             f"the checkpoint was written with a different recipe (fingerprint "
-            f"{fingerprint[:12]}..., this recipe {pipeline.fingerprint[:12]}...): {detail}"
+            f"{fingerprint_pair(fingerprint, pipeline.fingerprint)}): {detail}"
         )
     (num_lanes,) = _as_ints(sd, NUM_LANES_KEY, 1)
     (step,) = _as_ints(sd, STEP_KEY, 1)
