@@ -274,8 +274,13 @@ class TestState:
         assert all(
             torch.equal(resaved[k], stored[k])
             for k in stored
-            if k not in ("dp_world_size", "local_batch_size")
+            if k not in ("dp_world_size", "local_batch_size") and not k.startswith("lane_")
         )
+        # Lane tensors: the same [window, consumed, step]; the check value covers the layout.
+        lanes = [k for k in stored if k.startswith("lane_")]
+        assert len(lanes) == 4
+        assert all(torch.equal(resaved[k][:3], stored[k][:3]) for k in lanes)
+        assert all(not torch.equal(resaved[k][3:], stored[k][3:]) for k in lanes)
 
     @pytest.mark.parametrize(
         ("override", "match"),
@@ -331,7 +336,7 @@ class TestState:
 
     def test_inconsistent_lane_step_refused(self, recipe_path: Path) -> None:
         stored = union([build(recipe_path, 1, 0, lbs=8).state_dict()])
-        stored["lane_00002"] = torch.tensor([0, 0, 5])
+        stored["lane_00002"] = torch.tensor([0, 0, 5, 0])
         with pytest.raises(
             CheckpointError, match=r"lane 2 was saved at step 5, the checkpoint is at step 0"
         ):

@@ -66,6 +66,7 @@ def compute_stats(
     if steps < 1:
         raise RecipeError(f"--steps={steps} must be >= 1")
     pipeline = Pipeline(recipe, provenance=True)
+    pipeline.check_produces()
     names = [d.name for d in recipe.datasets]
     tokens = np.zeros(len(names), dtype=np.int64)
     padding = positions = produced = 0

@@ -16,6 +16,7 @@ from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.operators.batch import collate
+from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
@@ -71,7 +72,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         per_step = self.samples_per_lane * len(self.lanes)
         if not self.lanes:
             raise RecipeError("a rank needs at least one lane")
-        self.local_batch_size = local_batch_size or per_step
+        if local_batch_size is not None:
+            check_setting("local_batch_size", local_batch_size)
+        self.local_batch_size = local_batch_size if local_batch_size is not None else per_step
         if per_step % self.local_batch_size:
             raise RecipeError(
                 f"this rank's share of a step ({per_step} samples: {len(self.lanes)} lanes x "
@@ -123,6 +126,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             summary=p.summary,
             num_lanes=p.num_lanes,
             lanes=self.lanes,
+            samples_per_lane=self.samples_per_lane,
         )
         flush_every = p.recipe.flush_every
         for i in self.lanes:

@@ -13,6 +13,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import math
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from typing import Any
 from zephon_nodes.chat.spec import ChatSpec
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.multimodal.spec import ImageSpec
+from zephon_nodes.recipe.bounds import SETTINGS, check_setting, did_you_mean
 
 __all__ = [
     "DatasetSpec",
@@ -44,6 +46,7 @@ ON_ERROR = ("raise", "skip")
 ON_EXHAUSTED = ("end", "repeat")
 SCHEDULE_UNITS = ("steps", "tokens")
 OPERATOR_KINDS = ("filter", "map")
+_WEIGHT = SETTINGS["datasets.weight"]
 
 
 def _file_sha256(path: Path) -> str:
@@ -150,8 +153,7 @@ class DatasetSpec:
             raise RecipeError("dataset name must be a non-empty string")
         if self.records is None and not self.paths:
             raise RecipeError(f"dataset {self.name!r}: give `paths` (glob patterns) or `records`")
-        if not self.weight > 0:
-            raise RecipeError(f"dataset {self.name!r}: weight={self.weight} must be > 0")
+        check_setting("weight", self.weight, where=f"dataset {self.name!r}: ", bound=_WEIGHT)
         if self.on_exhausted not in ON_EXHAUSTED:
             raise RecipeError(
                 f"dataset {self.name!r}: on_exhausted={self.on_exhausted!r} must be one of "
@@ -161,8 +163,13 @@ class DatasetSpec:
             raise RecipeError(
                 f"dataset {self.name!r}: on_error={self.on_error!r} must be one of {ON_ERROR}"
             )
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise RecipeError(f"dataset {self.name!r}: chunk_size={self.chunk_size} must be >= 1")
+        if self.chunk_size is not None:
+            check_setting(
+                "chunk_size",
+                self.chunk_size,
+                where=f"dataset {self.name!r}: ",
+                bound=SETTINGS["datasets.chunk_size"],
+            )
 
     def files(self) -> list[Path]:
         """Resolve the glob patterns into a sorted list of files.
@@ -238,10 +245,9 @@ class WorkSpec:
     epochs: int | None = 1
 
     def __post_init__(self) -> None:
-        if self.chunk_size < 1:
-            raise RecipeError(f"work.chunk_size={self.chunk_size} must be >= 1")
-        if self.epochs is not None and self.epochs < 1:
-            raise RecipeError(f"work.epochs={self.epochs} must be >= 1 (or 'inf')")
+        check_setting("work.chunk_size", self.chunk_size)
+        if self.epochs is not None:
+            check_setting("work.epochs", self.epochs)
 
 
 @dataclass(frozen=True)
@@ -255,8 +261,7 @@ class ShuffleSpec:
     buffer_size: int = 0
 
     def __post_init__(self) -> None:
-        if self.buffer_size < 0:
-            raise RecipeError(f"shuffle.buffer_size={self.buffer_size} must be >= 0")
+        check_setting("shuffle.buffer_size", self.buffer_size)
 
 
 @dataclass(frozen=True)
@@ -287,8 +292,9 @@ class PackSpec:
             raise RecipeError(
                 f"pack.long_documents={self.long_documents!r} must be one of {LONG_DOCUMENTS}"
             )
-        if self.bins < 1:
-            raise RecipeError(f"pack.bins={self.bins} must be >= 1")
+        check_setting("pack.bins", self.bins)
+        if self.pad_id is not None:
+            check_setting("pack.pad_id", self.pad_id)
 
     def canonical(self) -> dict[str, Any]:
         """Data-defining fields (best-fit settings only in best-fit mode)."""
@@ -326,23 +332,22 @@ class MixtureSpec:
     def __post_init__(self) -> None:
         if self.unit not in SCHEDULE_UNITS:
             raise RecipeError(f"mixture.unit={self.unit!r} must be one of {SCHEDULE_UNITS}")
-        if self.estimate_records < 1:
-            raise RecipeError(f"mixture.estimate_records={self.estimate_records} must be >= 1")
+        check_setting("mixture.estimate_records", self.estimate_records)
         if not 1 <= self.block <= 1 << 20 or self.block & (self.block - 1):
             raise RecipeError(f"mixture.block={self.block} must be a power of two <= 2**20")
         if self.tokens_per_record is not None:
             for name, value in self.tokens_per_record.items():
-                if not (isinstance(value, (int, float)) and value > 0):
-                    raise RecipeError(
-                        f"mixture.tokens_per_record[{name!r}]={value!r} must be a number > 0"
-                    )
+                check_setting(
+                    f"mixture.tokens_per_record[{name!r}]",
+                    value,
+                    bound=SETTINGS["mixture.tokens_per_record"],
+                )
         if self.schedule is not None:
             if not self.schedule:
                 raise RecipeError("mixture.weights must hold at least one point")
             last = None
             for k, (at, weights) in enumerate(self.schedule):
-                if not (isinstance(at, (int, float)) and at >= 0):
-                    raise RecipeError(f"mixture.weights[{k}].at={at!r} must be a number >= 0")
+                check_setting(f"mixture.weights[{k}].at", at)
                 if k == 0 and at != 0:
                     raise RecipeError(f"mixture.weights[0].at={at!r} must be 0")
                 if last is not None and not at > last:
@@ -351,10 +356,9 @@ class MixtureSpec:
                     )
                 last = at
                 for name, w in weights.items():
-                    if not (isinstance(w, (int, float)) and w >= 0):
-                        raise RecipeError(
-                            f"mixture.weights[{k}].{name}={w!r} must be a number >= 0"
-                        )
+                    check_setting(
+                        f"mixture.weights[{k}].{name}", w, bound=SETTINGS["mixture.weights.weight"]
+                    )
                 if not sum(weights.values()) > 0:
                     raise RecipeError(f"mixture.weights[{k}]: the weights sum to 0")
 
@@ -490,12 +494,8 @@ class Recipe:
                 raise RecipeError(
                     f"{op.kind} {op.name!r}: datasets {unknown} are not in the recipe ({names})"
                 )
-        for name in ("num_lanes", "global_batch_size", "seq_len", "flush_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise RecipeError(f"{name}={value!r} must be a positive integer")
-        if self.seed < 0:
-            raise RecipeError(f"seed={self.seed} must be >= 0")
+        for name in ("num_lanes", "global_batch_size", "seq_len", "flush_every", "seed"):
+            check_setting(name, getattr(self, name))
         if self.image is not None:
             self.image.check(self.seq_len)
             if self.pack.mode != "concat":
@@ -609,7 +609,7 @@ class Recipe:
             datasets = []
             raw_datasets = top.raw("datasets", list, [])
             for i, raw in enumerate(raw_datasets):
-                ds = _Fields(raw, f"{where}datasets[{i}]")
+                ds = _Fields(raw, f"{where}datasets[{i}]", "datasets")
                 paths = ds.get("paths", list, [])
                 if isinstance(paths, str):
                     paths = [paths]
@@ -619,6 +619,11 @@ class Recipe:
                     raise RecipeError(
                         f"{where}datasets[{i}].weight: give weights either per dataset or as "
                         f"a schedule in [mixture] weights, not both"
+                    )
+                near = [k for k in raw if "paths" not in raw and did_you_mean(k, ["paths"])]
+                if near:  # named before "give `paths` or `records`" hides the typo
+                    raise RecipeError(
+                        f"{where}datasets[{i}]: unknown key(s) {near} (did you mean `paths`?)"
                     )
                 datasets.append(
                     DatasetSpec(
@@ -638,7 +643,9 @@ class Recipe:
             mx.done()
             operators = []
             for i, raw in enumerate(top.raw("operators", list, [])):
-                operators.append(_parse_operator(_Fields(raw, f"{where}operators[{i}]")))
+                operators.append(
+                    _parse_operator(_Fields(raw, f"{where}operators[{i}]", "operators"))
+                )
             work = top.table("work")
             epochs_raw = work.get("epochs", (int, str), 1)
             if isinstance(epochs_raw, str):
@@ -737,13 +744,19 @@ def _parse_operator(op: _Fields) -> OperatorSpec:
 
 
 class _Fields:
-    """Typed access to one TOML table that reports unknown keys."""
+    """Typed access to one TOML table that reports unknown keys.
 
-    def __init__(self, data: Any, where: str) -> None:
+    Every value read is checked: its type, NaN and infinities for any number, and the
+    range of :data:`~zephon_nodes.recipe.bounds.SETTINGS` under ``<table>.<key>``; an
+    unknown key is named with the closest known one.
+    """
+
+    def __init__(self, data: Any, where: str, table: str = "") -> None:
         if not isinstance(data, Mapping):
             raise RecipeError(f"{where} must be a table, got {type(data).__name__}")
         self.data = data
         self.where = where
+        self.table_name = table
         self.used: set[str] = set()
 
     def raw(self, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
@@ -758,6 +771,12 @@ class _Fields:
                 f"{self.where}.{key}={value!r} must be {_type_names(typ)}, "
                 f"got {type(value).__name__}"
             )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RecipeError(f"{self.where}.{key}={value!r} must be a finite number")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            row = f"{self.table_name}.{key}" if self.table_name else key
+            if row in SETTINGS:
+                check_setting(f"{self.where}.{key}", value, bound=SETTINGS[row])
         return value
 
     def get(self, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
@@ -765,12 +784,15 @@ class _Fields:
 
     def table(self, key: str) -> _Fields:
         self.used.add(key)
-        return _Fields(self.data.get(key, {}), f"{self.where}.{key}".removeprefix("recipe."))
+        top = not self.table_name and self.where.endswith("recipe")
+        where = self.where.removesuffix("recipe") + key if top else f"{self.where}.{key}"
+        return _Fields(self.data.get(key, {}), where, key)
 
     def done(self) -> None:
         unknown = sorted(set(self.data) - self.used)
         if unknown:
-            raise RecipeError(f"{self.where}: unknown key(s) {unknown}")
+            hint = did_you_mean(unknown[0], self.used) if len(unknown) == 1 else ""
+            raise RecipeError(f"{self.where}: unknown key(s) {unknown}{hint}")
 
 
 def _as_tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:
