@@ -184,3 +184,32 @@ class TestErrors:
         (tmp_path / "x.arrow").write_text(json.dumps({"text": "hello"}))
         with pytest.raises(Exception, match=r"x\.arrow: unreadable Arrow file"):
             Pipeline(recipe(DatasetSpec("d", ("x.arrow",), base_dir=tmp_path)))
+
+
+class TestWildcards:
+    """A wildcard expands save_to_disk folders; other folders it matches are left out."""
+
+    def test_several_saved_folders_by_wildcard(self, tmp_path):
+        save(tmp_path / "parts" / "p0", [{"text": t} for t in DOCS[:40]])
+        save(tmp_path / "parts" / "p1", [{"text": t} for t in DOCS[40:]])
+        (tmp_path / "parts" / "notes").mkdir()  # a plain folder: left out
+        files = DatasetSpec("d", ("parts/*",), base_dir=tmp_path).files()
+        assert [f.relative_to(tmp_path).as_posix() for f in files] == [
+            "parts/p0/data-00000-of-00001.arrow",
+            "parts/p1/data-00000-of-00001.arrow",
+        ]
+
+    def test_recursive_glob_over_a_cache_is_not_refused(self, tmp_path):
+        write_jsonl(tmp_path / "a.jsonl", DOCS[:5])
+        datasets.load_dataset(
+            "json",
+            data_files={"train": str(tmp_path / "a.jsonl"), "test": str(tmp_path / "a.jsonl")},
+            cache_dir=str(tmp_path / "c"),
+        )
+        spec = DatasetSpec("d", ("c/**/*-train.arrow",), base_dir=tmp_path)
+        assert [f.name for f in spec.files()] == ["json-train.arrow"]
+        spec = DatasetSpec("d", ("c/**",), base_dir=tmp_path)
+        assert sorted(f.name for f in spec.files() if f.suffix == ".arrow") == [
+            "json-test.arrow",
+            "json-train.arrow",
+        ]

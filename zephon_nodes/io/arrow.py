@@ -179,16 +179,18 @@ def _cache_folder_files(folder: Path) -> list[str]:
     return files
 
 
-def expand_dataset_dirs(matches: Sequence[str]) -> list[str]:
+def expand_dataset_dirs(matches: Sequence[str], named: bool = True) -> list[str]:
     """Replace each Hugging Face dataset folder among ``matches`` by its ``.arrow`` files.
 
     A ``save_to_disk`` folder (it has ``state.json``) gives the files its state lists, in
-    order; a ``DatasetDict`` folder (``dataset_dict.json``) is refused with its split names;
+    order. When the folder was ``named`` (the recipe pattern has no wildcard), a
+    ``DatasetDict`` folder (``dataset_dict.json``) is refused with its split names, and
     another folder holding ``.arrow`` files (a ``load_dataset`` cache folder of one split)
-    gives them sorted. Other paths are returned unchanged.
+    gives them sorted; folders matched by a wildcard are otherwise left out, as before.
+    Other paths are returned unchanged.
 
     Raises:
-        RecipeError: A ``DatasetDict`` folder, a cache folder of several splits, or an
+        RecipeError: A named ``DatasetDict`` folder or cache folder of several splits, or an
             unreadable ``state.json``.
     """
     out: list[str] = []
@@ -198,6 +200,8 @@ def expand_dataset_dirs(matches: Sequence[str]) -> list[str]:
             out.append(m)
         elif (p / "state.json").is_file():
             out.extend(_save_to_disk_files(p))
+        elif not named:
+            continue
         elif (p / "dataset_dict.json").is_file():
             splits = sorted(c.name for c in p.iterdir() if (c / "state.json").is_file())
             raise RecipeError(

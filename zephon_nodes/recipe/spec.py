@@ -184,7 +184,8 @@ class DatasetSpec:
             # A Hugging Face `datasets` folder stands for its .arrow files (io/arrow.py).
             from zephon_nodes.io.arrow import expand_dataset_dirs
 
-            matches = [m for m in expand_dataset_dirs(matches) if os.path.isfile(m)]
+            named = not glob.has_magic(pattern)
+            matches = [m for m in expand_dataset_dirs(matches, named) if os.path.isfile(m)]
             if not matches:
                 raise RecipeError(
                     f"dataset {self.name!r}: pattern {pattern!r} matches no file "
