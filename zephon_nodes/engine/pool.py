@@ -23,6 +23,7 @@ from typing import Any
 
 from zephon_nodes.engine import shm
 from zephon_nodes.errors import RecipeError
+from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["RUNNERS", "WorkerPool"]
 
@@ -201,11 +202,10 @@ class WorkerPool:
     ):
         if runner not in RUNNERS:
             raise RecipeError(f"{runner=} must be one of {RUNNERS}")
+        check_setting("num_workers", num_workers)
         if runner == "ray" and num_workers and importlib.util.find_spec("ray") is None:
             raise RecipeError("runner='ray' needs Ray: pip install 'zephon-nodes[ray]'")
-        if num_workers < 0:
-            raise RecipeError(f"{num_workers=} must be >= 0")
-        if not timeout_s > 0:
+        if not timeout_s > 0 or not timeout_s < float("inf"):
             raise RecipeError(f"{timeout_s=} must be > 0")
         self.num_workers = num_workers
         self.runner = runner

@@ -44,11 +44,17 @@ class ConcatPacker:
     document split across samples). At a flush the partial sample is padded: inputs with
     ``pad_id``, labels with -100, positions with 0.
 
+    A batch with a ``mask`` (chat recipes) gets label -100 on the tokens the mask leaves
+    out. With ``document_ids`` samples also hold ``document_ids``: 0, 1, ... for the
+    documents (or pieces of documents) of the sample, -1 on padding, so that
+    ``document_ids[i] == document_ids[j]`` is the block-diagonal attention mask.
+
     Args:
         seq_len: Tokens per sample.
         pad_id: Input id for padding at a flush.
         provenance: Also emit ``dataset_ids`` (each token's dataset index, -1 on padding),
             for statistics; off in training, so digests are unaffected.
+        document_ids: Also emit ``document_ids``.
         chunk_tokens: Tokens packed at a time (memory, never output).
     """
 
@@ -57,6 +63,7 @@ class ConcatPacker:
         seq_len: int,
         pad_id: int,
         provenance: bool = False,
+        document_ids: bool = False,
         chunk_tokens: int = CHUNK_TOKENS,
     ) -> None:
         if chunk_tokens < 1:
@@ -64,9 +71,11 @@ class ConcatPacker:
         self.seq_len = seq_len
         self.pad_id = pad_id
         self.provenance = provenance
+        self.document_ids = document_ids
         self.chunk_tokens = chunk_tokens
         self._parts: list[tuple[np.ndarray, ...]] = []
         self._held = 0
+        self._docs = 0
 
     def feed(self, batch: DocBatch) -> list[Sample]:
         """Add a batch of documents; return the samples that are full."""
@@ -87,6 +96,10 @@ class ConcatPacker:
         starts = ends - lengths
         last = ends[keep] - 1  # each document's last token: an input of no pair
         total = int(ends[-1])
+        has_pairs = lengths > 1
+        first_doc = self._docs  # document numbers of this batch's documents with pairs
+        doc_rank = np.cumsum(has_pairs) - 1 + first_doc
+        self._docs += int(has_pairs.sum())
         for t0 in range(0, total, self.chunk_tokens):
             t1 = min(t0 + self.chunk_tokens, total)
             # Documents overlapping [t0, t1) and each token's document start.
@@ -97,15 +110,21 @@ class ConcatPacker:
             is_input = np.ones(t1 - t0, dtype=bool)
             lo, hi = np.searchsorted(last, [t0, t1])
             is_input[last[lo:hi] - t0] = False
-            idx = np.flatnonzero(is_input)
-            positions = idx - (doc_start[idx] - t0)
-            idx += t0
-            if not len(idx):
+            local = np.flatnonzero(is_input)
+            if not len(local):
                 continue
-            part: tuple[np.ndarray, ...] = (tokens[idx], tokens[idx + 1], positions)
+            positions = local - (doc_start[local] - t0)
+            idx = local + t0
+            labels = tokens[idx + 1]
+            if batch.mask is not None:
+                labels = np.where(batch.mask[idx + 1], labels, IGNORE_INDEX).astype(labels.dtype)
+            part: tuple[np.ndarray, ...] = (tokens[idx], labels, positions)
             if self.provenance:
                 part += (np.full(len(idx), batch.dataset, dtype=np.int64),)
-            del idx, doc_start, is_input
+            if self.document_ids:
+                doc_of = np.repeat(doc_rank[d0:d1], seg)
+                part += (doc_of[local].astype(np.int64),)
+            del idx, local, doc_start, is_input
             self._parts.append(part)
             self._held += len(part[0])
             if self._held >= self.seq_len:
@@ -138,8 +157,9 @@ class ConcatPacker:
                 rest.append(tuple(col[take:] for col in part))
         self._parts = rest
         self._held -= used
+        fills = [self.pad_id, IGNORE_INDEX, 0] + [-1] * (len(blocks) - 3)
         if rows * s > used:
-            for block, fill in zip(blocks, (self.pad_id, IGNORE_INDEX, 0, -1), strict=False):
+            for block, fill in zip(blocks, fills, strict=True):
                 block[used:] = fill
         inp, lab, pos = (b.reshape(rows, s) for b in blocks[:3])
         _normalize_positions(pos)
@@ -152,4 +172,10 @@ class ConcatPacker:
         if self.provenance:
             for i, row in enumerate(blocks[3].reshape(rows, s)):
                 out[i]["dataset_ids"] = row.copy()
+        if self.document_ids:
+            for i, row in enumerate(blocks[-1].reshape(rows, s)):
+                ids = row.copy()
+                real = ids >= 0
+                ids[real] -= ids[0]  # documents of a sample count from 0
+                out[i]["document_ids"] = ids
         return out
