@@ -241,6 +241,22 @@ class TestBatches:
             loader.close()
             assert all(p._executor is None for p in loader.multiplexer._owned)
 
+    def test_dropped_loader_stops_its_threads(self, recipe_path: Path) -> None:
+        import gc
+        import threading
+        import time
+
+        before = threading.active_count()
+        loader = build(recipe_path, 1, 0, lbs=4, operator_workers="tokenize=thread:2")
+        next(iter(loader))
+        assert threading.active_count() > before
+        del loader
+        deadline = time.monotonic() + 10
+        while threading.active_count() > before and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.05)
+        assert threading.active_count() == before
+
     def test_batch_format(self, recipe_path: Path) -> None:
         inputs, labels = next(iter(build(recipe_path, 2, 0)))
         assert set(inputs) == {"input", "positions"}

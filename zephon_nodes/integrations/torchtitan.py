@@ -527,6 +527,7 @@ class ZephonDataLoader(BaseDataLoader):
             lookahead=config.lookahead,
             operator_pools=parse_operator_workers(config.operator_workers),
         )
+        self.multiplexer.own([self.pool])  # a loader dropped without close() stops it too
         self._node: BaseNode[dict[str, torch.Tensor]] = (
             Prefetcher(self.multiplexer, config.prefetch)
             if config.prefetch > 0
