@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from zephon_nodes.engine.checkpoint import load_state, save_state
+from zephon_nodes.engine.decisions import read_updates, updates_after
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
@@ -36,6 +37,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--save-at", type=int, default=None, help="save the state after step K")
     p.add_argument("--checkpoint-dir", default=None, help="where --save-at writes the state")
     p.add_argument("--resume-from", default=None, help="checkpoint directory to resume from")
+    p.add_argument(
+        "--mixture-updates",
+        default=None,
+        metavar="FILE",
+        help='JSON list of decisions [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...], '
+        "each made after its step (dynamic mixture)",
+    )
     p.set_defaults(func=run)
 
 
@@ -47,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
     resume = load_state(args.resume_from) if args.resume_from else None
+    updates: list[tuple[int, dict[str, float]]] = []
+    if args.mixture_updates:
+        names = [d.name for d in pipeline.recipe.datasets]
+        updates = updates_after(
+            read_updates(args.mixture_updates, names), resume, names, "--mixture-updates"
+        )
 
     def on_save(state: dict[str, Any]) -> None:
         path = save_state(args.checkpoint_dir, state)
@@ -64,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         resume_state=resume,
         save_at=args.save_at,
         on_save=on_save,
+        mixture_updates=updates,
     ):
         print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
         produced += 1

@@ -61,11 +61,11 @@ class Pipeline:
 
     Args:
         recipe: The recipe.
-        provenance: Add ``dataset_ids`` (each token's dataset index, -1 on padding) to the
-            samples, for statistics (``zephon stats``); changes the digests.
+        provenance: Add ``dataset_ids`` (each token's recipe dataset index, -1 on padding)
+            to every sample (the default; covered by digests). False drops the field.
     """
 
-    def __init__(self, recipe: Recipe, *, provenance: bool = False) -> None:
+    def __init__(self, recipe: Recipe, *, provenance: bool = True) -> None:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
         from zephon_nodes.io.sources import open_dataset
 
@@ -109,10 +109,20 @@ class Pipeline:
         """The recipe's lane count."""
         return self.recipe.num_lanes
 
-    def build_lane(self, lane: int, pool: WorkerPool, lookahead: int = 4) -> Lane:
-        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle."""
+    def build_lane(
+        self,
+        lane: int,
+        pool: WorkerPool,
+        lookahead: int = 4,
+        work_source: WorkSource | None = None,
+    ) -> Lane:
+        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle.
+
+        ``work_source`` replaces the pipeline's (a rank node's own copy, for decisions).
+        """
         r = self.recipe
-        node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
+        ws = work_source if work_source is not None else self.work_source
+        node: BaseNode[Any] = WorkItemNode(ws, lane, r.flush_every)
         node = OrderedParallelMap(node, self.stateless, pool, lookahead=lookahead)
         seq_len, pad_id, prov = r.seq_len, self.pad_id, self.provenance
         if r.image is not None:
@@ -161,5 +171,8 @@ class Pipeline:
                 )
             lanes = lanes_for_rank(L, dp_world_size, dp_rank)
         pool = pool if pool is not None else WorkerPool(2, "thread")
-        built = {lane: self.build_lane(lane, pool, lookahead) for lane in lanes}
-        return Multiplexer(built, self, local_batch_size=local_batch_size)
+        # Each rank node gets its own copy of a mixing work source (decisions are per node).
+        fork = getattr(self.work_source, "fork", None)
+        ws = fork() if fork is not None else self.work_source
+        built = {lane: self.build_lane(lane, pool, lookahead, ws) for lane in lanes}
+        return Multiplexer(built, self, local_batch_size=local_batch_size, work_source=ws)
