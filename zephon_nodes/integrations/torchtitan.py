@@ -171,7 +171,8 @@ def to_dcp_state(
         table = torch.full((max_decisions, 1 + len(names)), -1.0, dtype=torch.float64)
         for k, entry in enumerate(log):
             table[k, 0] = float(entry["step"])
-            table[k, 1:] = torch.tensor([float(entry["weights"][n]) for n in names])
+            weights = [float(entry["weights"][n]) for n in names]
+            table[k, 1:] = torch.tensor(weights, dtype=torch.float64)
         out[MIXTURE_COUNT_KEY] = _scalar(len(log))
         out[MIXTURE_LOG_KEY] = table
         for key in state["lanes"]:
