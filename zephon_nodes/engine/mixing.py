@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.engine.seeding import derive_seed, permutation
+from zephon_nodes.engine.seeding import permutation
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
@@ -53,7 +53,6 @@ _ONE = 1 << 32
 _BLOCK_TAG = 0x4D495842  # "MIXB"
 _DECISION_TAG = 0x44454349  # "DECI"
 _ESTIMATE_TAG = 0x45535449  # "ESTI"
-_OFFSET_TAG = 0x4F464653  # "OFFS"
 _MAX_PLANNED_BLOCKS = 2_000_000
 
 
@@ -159,6 +158,37 @@ class _StaticPlan:
         return self.weights[d] > 0
 
 
+class _ScheduledLanePlan:
+    """A lane's view of the schedule plan (shared, precomputed for every lane).
+
+    With two datasets the lane's phase goes into the single node's accumulator, as in
+    :class:`_StaticPlan` (consistent, since every item reaches that node). With more
+    datasets the later nodes' accumulators depend on the earlier ones', so the lanes share
+    the phase (their rounding errors line up; each lane still stays within one item of its
+    ideal count per dataset).
+    """
+
+    def __init__(self, base: MixingWorkSource, carry: int) -> None:
+        self.base = base
+        self.carry = carry if len(base.datasets) == 2 else 0
+
+    def state(self, seg: int) -> tuple[tuple[int, ...], list[int]]:
+        x, a = self.base.state(seg)
+        if self.carry:
+            x = (x[0] + self.carry, *x[1:])
+        return x, a
+
+    def items_before(self, seg: int) -> list[int]:
+        return _counts(self.state(seg)[0], seg * self.block)
+
+    @property
+    def block(self) -> int:
+        return self.base.block
+
+    def uses(self, d: int) -> bool:
+        return self.base.uses(d)
+
+
 class MixingWorkSource(WorkSource):
     """Work items of several datasets, mixed by token share (see the module docstring).
 
@@ -210,8 +240,7 @@ class MixingWorkSource(WorkSource):
             OrderedDict()
         )
         self._bases: dict[int, list[list[int]]] = {}
-        self._offsets: dict[tuple[int, int], int] = {}
-        self._plans: dict[tuple[int, int], _StaticPlan] = {}
+        self._plans: dict[tuple[int, int], _ScheduledLanePlan | _StaticPlan] = {}
         self._ends: dict[int, int | None] = {}
 
     def check_weights(self, used: Sequence[bool | float]) -> None:
@@ -363,19 +392,22 @@ class MixingWorkSource(WorkSource):
 
     # -- segments and blocks ----------------------------------------------------------------
 
-    def _plan_of(self, lane: int, j: int) -> MixingWorkSource | _StaticPlan:
-        if j == 0 and self.schedule.last > 0:
-            return self
+    def _plan_of(self, lane: int, j: int) -> _ScheduledLanePlan | _StaticPlan:
         got = self._plans.get((lane, j))
-        if got is None:
+        if got is not None:
+            return got
+        carry = (lane * _ONE) // self.num_lanes
+        if j == 0 and self.schedule.last > 0:
+            plan: _ScheduledLanePlan | _StaticPlan = _ScheduledLanePlan(self, carry)
+        else:
             if j == 0:
                 w = self.schedule.points[0][1]
                 a = self._a[0]
             else:
                 w, a = self._decisions[j - 1]
-            got = _StaticPlan(a, w, self.block, (lane * _ONE) // self.num_lanes)
-            self._plans[lane, j] = got
-        return got
+            plan = _StaticPlan(a, w, self.block, carry)
+        self._plans[lane, j] = plan
+        return plan
 
     def _block(self, lane: int, j: int, seg: int) -> tuple[np.ndarray, np.ndarray]:
         """Return (dataset, count within segment) of every position of a block (cached)."""
@@ -406,22 +438,6 @@ class MixingWorkSource(WorkSource):
             self._blocks.popitem(last=False)
         return got
 
-    def _offset(self, lane: int, j: int) -> int:
-        """Return where ``lane`` enters plan ``j`` (0 but under a schedule).
-
-        Static plans give each lane its phase through the accumulators' start (see
-        :class:`_StaticPlan`). The precomputed schedule plan is shared by all lanes, so
-        each lane enters it at a seeded position within one block instead (every lane
-        still reads the schedule at about the same progress).
-        """
-        got = self._offsets.get((lane, j))
-        if got is None:
-            got = 0  # static plans: the accumulators' start carries the lane's phase
-            if j == 0 and self.schedule.last > 0:
-                got = derive_seed(self.seed, lane, _OFFSET_TAG) % self.block
-            self._offsets[lane, j] = got
-        return got
-
     def _plan_counts(self, lane: int, j: int, n: int) -> list[int]:
         """Items per dataset among the first ``n`` positions of plan ``j`` (lane's shuffle)."""
         plan = self._plan_of(lane, j)
@@ -435,9 +451,7 @@ class MixingWorkSource(WorkSource):
 
     def _segment_counts(self, lane: int, j: int, u: int) -> list[int]:
         """Items per dataset among the first ``u`` items of segment ``j`` of ``lane``."""
-        off = self._offset(lane, j)
-        hi, lo = self._plan_counts(lane, j, off + u), self._plan_counts(lane, j, off)
-        return [h - low for h, low in zip(hi, lo, strict=True)]
+        return self._plan_counts(lane, j, u)
 
     def _segment_bases(self, lane: int) -> list[list[int]]:
         """Per segment of ``lane``: items per dataset the lane took before it starts."""
@@ -463,12 +477,10 @@ class MixingWorkSource(WorkSource):
         """Return ``(dataset, t)``: item ``i`` of ``lane`` is the lane's ``t``-th of ``dataset``."""
         starts = self._segment_starts(lane)
         j = _find_segment(starts, i)
-        off = self._offset(lane, j)
-        seg, r = divmod(off + i - starts[j], self.block)
+        seg, r = divmod(i - starts[j], self.block)
         labels, ks = self._block(lane, j, seg)
         d = int(labels[r])
-        skipped = self._plan_counts(lane, j, off)[d]
-        return d, int(ks[r]) - skipped + self._segment_bases(lane)[j][d]
+        return d, int(ks[r]) + self._segment_bases(lane)[j][d]
 
     # -- end of the stream ------------------------------------------------------------------
 
@@ -477,24 +489,22 @@ class MixingWorkSource(WorkSource):
         starts = self._segment_starts(lane)
         bases = self._segment_bases(lane)
         for j in range(len(starts)):
-            off = self._offset(lane, j)
             if bases[j][d] >= target:
                 return starts[j]
             last = j == len(starts) - 1
             if not last and bases[j + 1][d] < target:
                 continue
             plan = self._plan_of(lane, j)
-            # In plan positions: the first p > off with plan count before p reaching need.
-            need = target - bases[j][d] + self._plan_counts(lane, j, off)[d]
+            need = target - bases[j][d]
             if not last:
-                hi_seg = -(-(off + starts[j + 1] - starts[j]) // self.block)
+                hi_seg = -(-(starts[j + 1] - starts[j]) // self.block)
             elif plan.uses(d):
                 hi_seg = 1
                 while plan.items_before(hi_seg)[d] < need:
                     hi_seg *= 2
                     if hi_seg > 1 << 62:
                         return None
-            elif j == 0 and self.items_before(self._tail + 1)[d] >= need:
+            elif j == 0 and plan.items_before(self._tail + 1)[d] >= need:
                 hi_seg = self._tail + 1  # the schedule takes d before its tail, never after
             else:
                 return None
@@ -509,7 +519,7 @@ class MixingWorkSource(WorkSource):
             labels, ks = self._block(lane, j, lo)
             hits = np.nonzero((labels == d) & (ks == need - 1))[0]
             if len(hits):
-                n = starts[j] + lo * self.block + int(hits[0]) + 1 - off
+                n = starts[j] + lo * self.block + int(hits[0]) + 1
                 if last or n <= starts[j + 1]:
                     return n
         return None
