@@ -231,7 +231,7 @@ def train(
             for r in range(dp)
         )
         window += sums
-        out["losses"][step] = float(loss)
+        out["losses"][step] = float(loss.detach())
         rows = [
             {"input": tokens[j].numpy(), "labels": labels[j].numpy(), "dataset_ids": ids[j].numpy()}
             for j in range(GLOBAL_BATCH)
