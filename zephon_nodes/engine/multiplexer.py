@@ -46,9 +46,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     For every optimizer step it takes the next ``G/L`` samples of each owned lane, in lane
     order, and cuts them into micro-batches of ``local_batch_size`` rows (dicts of
-    ``LongTensor``: ``input``, ``labels``, ``positions``, plus ``lane``, the lane of each
-    row). Reassembled in lane order, the ranks' rows are exactly the global batch, whatever
-    the number of ranks.
+    ``LongTensor``: ``input``, ``labels``, ``positions``, ``dataset_ids``, plus ``lane``, the
+    lane of each row). Reassembled in lane order, the ranks' rows are exactly the global
+    batch, whatever the number of ranks.
 
     :meth:`set_mixture` changes the mixture between steps (a dynamic mixture, see
     :mod:`zephon_nodes.engine.decisions`); the decision log is part of the state.

@@ -109,20 +109,10 @@ class Pipeline:
         """The recipe's lane count."""
         return self.recipe.num_lanes
 
-    def build_lane(
-        self,
-        lane: int,
-        pool: WorkerPool,
-        lookahead: int = 4,
-        work_source: WorkSource | None = None,
-    ) -> Lane:
-        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle.
-
-        ``work_source`` replaces the pipeline's (a rank node's own copy, for decisions).
-        """
+    def build_lane(self, lane: int, pool: WorkerPool, lookahead: int = 4) -> Lane:
+        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle."""
         r = self.recipe
-        ws = work_source if work_source is not None else self.work_source
-        node: BaseNode[Any] = WorkItemNode(ws, lane, r.flush_every)
+        node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
         node = OrderedParallelMap(node, self.stateless, pool, lookahead=lookahead)
         seq_len, pad_id, prov = r.seq_len, self.pad_id, self.provenance
         if r.image is not None:
@@ -171,8 +161,14 @@ class Pipeline:
                 )
             lanes = lanes_for_rank(L, dp_world_size, dp_rank)
         pool = pool if pool is not None else WorkerPool(2, "thread")
-        # Each rank node gets its own copy of a mixing work source (decisions are per node).
-        fork = getattr(self.work_source, "fork", None)
-        ws = fork() if fork is not None else self.work_source
-        built = {lane: self.build_lane(lane, pool, lookahead, ws) for lane in lanes}
+        # Each rank node gets its own copy of a mixing work source (its decisions are per
+        # node); build_lane (which subclasses override) reads it as ``self.work_source``.
+        shared = self.work_source
+        fork = getattr(shared, "fork", None)
+        ws = fork() if fork is not None else shared
+        self.work_source = ws
+        try:
+            built = {lane: self.build_lane(lane, pool, lookahead) for lane in lanes}
+        finally:
+            self.work_source = shared
         return Multiplexer(built, self, local_batch_size=local_batch_size, work_source=ws)
