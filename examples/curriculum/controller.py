@@ -238,7 +238,9 @@ def train(
         ]
         spl = GLOBAL_BATCH // NUM_LANES
         out["digests"][step] = global_batch_digest((j // spl, r) for j, r in enumerate(rows))
-        out["domain_loss"][step] = (sums[0] / sums[1].clamp(min=1)).tolist()
+        out["domain_loss"][step] = [  # NaN: no token of the domain in this step
+            s / c if c > 0 else math.nan for s, c in zip(*sums.tolist(), strict=True)
+        ]
         out["weights"][step] = [controller.weights[n] for n in names]
         if step % every == 0:
             means = (window[0] / window[1].clamp(min=1)).tolist()
@@ -272,7 +274,7 @@ def plot(result: dict[str, Any], names: Sequence[str], path: Path) -> None:
         a.plot(steps, [result["weights"][s][k] for s in steps], label=n)
         b.plot(steps, [result["domain_loss"][s][k] for s in steps], label=n)
     a.set_ylabel("weight in force (token share)")
-    b.set_ylabel("per-domain loss")
+    b.set_ylabel("per-domain loss (all-reduced)")
     b.set_xlabel("step")
     a.legend()
     a.set_title("exponentiated-gradient controller (dp 2, resumed at dp 1 and 4 mid-run)")
