@@ -355,6 +355,11 @@ class TestCli:
         resumed = [str(recipe), "--steps", "4", "--resume-from", str(ckpt), "--dp-world-size", "2"]
         assert zephon("digest", *resumed, "--mixture-updates", str(updates)) == 0
         assert lines() == reference[4:]
+        assert zephon("inspect", str(ckpt), "--json") == 0
+        assert json.loads(capsys.readouterr().out)["mixture_log"] == [
+            {"step": 1, "weights": {"web": 0.2, "code": 0.8}},
+            {"step": 4, "weights": {"web": 1.0, "code": 0.0}},
+        ]
         updates.write_text(json.dumps([{"step": 1, "weights": {"web": 0.3, "code": 0.7}}]))
         assert zephon("digest", *resumed, "--mixture-updates", str(updates)) == 2
         out = lines()
