@@ -7,12 +7,14 @@ import json
 import sys
 from typing import Any
 
-from zephon_nodes.engine.checkpoint import load_state, save_state
+from zephon_nodes.commands.progress import progress_bar
+from zephon_nodes.engine.checkpoint import check_writable, load_state, save_state
 from zephon_nodes.engine.decisions import read_updates, updates_after
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.verification.dump import write_step
 from zephon_nodes.verification.simulate import simulate
 
 __all__ = ["add_parser", "run"]
@@ -38,6 +40,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--checkpoint-dir", default=None, help="where --save-at writes the state")
     p.add_argument("--resume-from", default=None, help="checkpoint directory to resume from")
     p.add_argument(
+        "--dump-batches",
+        default=None,
+        metavar="DIR",
+        help="also write each global batch as DIR/step-SSSSSSSS.npz (see zephon digest-dump)",
+    )
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="show a live progress bar on stderr (stdout keeps only the JSON lines)",
+    )
+    p.add_argument(
         "--mixture-updates",
         default=None,
         metavar="FILE",
@@ -49,12 +62,21 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon digest``."""
-    if args.steps < 0:
-        raise RecipeError(f"--steps={args.steps} must be >= 0")
     if (args.save_at is None) != (args.checkpoint_dir is None):
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
+    if args.checkpoint_dir is not None:
+        check_writable(args.checkpoint_dir)  # now, not when the save step is reached
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
+    pipeline.check_produces()
     resume = load_state(args.resume_from) if args.resume_from else None
+    first = resume["step"] if resume else 0
+    if args.save_at is not None and not first < args.save_at <= first + args.steps:
+        raise RecipeError(
+            f"--save-at={args.save_at} must be a step this run produces, in "
+            f"[{first + 1}, {first + args.steps}] (--steps={args.steps}"
+            + (f" after the resumed step {first})" if resume else ")")
+        )
+    saved: list[int] = []
     updates: list[tuple[int, dict[str, float]]] = []
     if args.mixture_updates:
         names = [d.name for d in pipeline.recipe.datasets]
@@ -64,11 +86,13 @@ def run(args: argparse.Namespace) -> int:
 
     def on_save(state: dict[str, Any]) -> None:
         path = save_state(args.checkpoint_dir, state)
+        saved.append(state["step"])
         print(f"saved state after step {state['step']} to {path}", file=sys.stderr)
 
     produced = 0
-    last = resume["step"] if resume else 0
-    for result, _ in simulate(
+    last = first
+    bar = progress_bar(args.steps, pipeline.recipe.seq_len) if args.progress else None
+    for result, mbs in simulate(
         pipeline,
         args.dp_world_size,
         args.steps,
@@ -78,11 +102,30 @@ def run(args: argparse.Namespace) -> int:
         resume_state=resume,
         save_at=args.save_at,
         on_save=on_save,
+        keep_batches=args.dump_batches is not None,
         mixture_updates=updates,
     ):
+        if mbs is not None:
+            write_step(args.dump_batches, result.step, mbs)
         print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
         produced += 1
         last = result.step
+        if bar is not None:
+            bar.update(result)
+    if bar is not None:
+        bar.close()
+    if produced == 0 and args.steps > 0 and not resume:
+        raise RecipeError(
+            f"{args.recipe}: the recipe produced no global batch (its data ends before step 1)"
+        )
+    if args.save_at is not None and not saved:
+        raise RecipeError(
+            f"the data ended after step {last}, before --save-at={args.save_at}: no state "
+            f"was saved to {args.checkpoint_dir}"
+        )
+    skipped = {name: files for name, files in pipeline.skipped_files.items() if files}
+    if skipped:
+        print(f"zephon digest: files left out, by dataset and reason: {skipped}", file=sys.stderr)
     if produced < args.steps:
         print(
             f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "

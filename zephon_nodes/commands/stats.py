@@ -94,6 +94,7 @@ def compute_stats(
     if window_steps is not None and window_steps < 1:
         raise RecipeError(f"--window-steps={window_steps} must be >= 1")
     pipeline = Pipeline(recipe, provenance=True)
+    pipeline.check_produces()
     names = [d.name for d in recipe.datasets]
     tokens = np.zeros(len(names), dtype=np.int64)
     padding = positions = produced = 0
@@ -127,7 +128,7 @@ def compute_stats(
                     counts = np.bincount(ds[real], minlength=len(names))[: len(names)]
                     tokens += counts
                     window += counts
-                    padding += int((~real).sum())
+                    padding += int((ds < 0).sum())  # -1 on padding (chat masks are not)
                     positions += labels.size
                 produced += 1
                 if window_steps and (produced % window_steps == 0 or produced == steps):

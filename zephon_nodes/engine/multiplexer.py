@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -18,9 +19,11 @@ from zephon_nodes.engine.decisions import (
     with_decision,
 )
 from zephon_nodes.engine.lane import Lane
+from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.operators.batch import collate
+from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
@@ -84,7 +87,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         per_step = self.samples_per_lane * len(self.lanes)
         if not self.lanes:
             raise RecipeError("a rank needs at least one lane")
-        self.local_batch_size = local_batch_size or per_step
+        if local_batch_size is not None:
+            check_setting("local_batch_size", local_batch_size)
+        self.local_batch_size = local_batch_size if local_batch_size is not None else per_step
         if per_step % self.local_batch_size:
             raise RecipeError(
                 f"this rank's share of a step ({per_step} samples: {len(self.lanes)} lanes x "
@@ -98,6 +103,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._pending: list[dict[str, torch.Tensor]] = []
         self._pending_end: dict[int, tuple[int, int]] = {}
         self._exhausted = False
+        self._metrics = StepMetrics()
 
     @property
     def step(self) -> int:
@@ -109,6 +115,17 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start from step 0, or restore a state (validated first; raises CheckpointError)."""
+        t0 = time.perf_counter()
+        self._restore(initial_state)
+        self._metrics.restore_s = time.perf_counter() - t0 if initial_state is not None else 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """Return this rank's run metrics as a plain dict (see ``docs/cli.md``, Metrics)."""
+        out = rank_metrics(self._metrics, self.lanes.values())
+        out["step"] = self._step
+        return out
+
+    def _restore(self, initial_state: dict[str, Any] | None) -> None:
         super().reset(initial_state)
         self._pending, self._pending_end, self._exhausted = [], {}, False
         if initial_state is None:
@@ -125,6 +142,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             summary=p.summary,
             num_lanes=p.num_lanes,
             lanes=self.lanes,
+            samples_per_lane=self.samples_per_lane,
         )
         self._install(
             parse_mixture_state(
@@ -220,11 +238,13 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         if self._exhausted:
             raise StopIteration
         if self._micro == 0:
+            t0 = time.perf_counter()
             try:
                 self._build_step()
             except StopIteration:
                 self._exhausted = True
                 raise
+            self._metrics.step(self._pending, time.perf_counter() - t0)
         batch = self._pending[self._micro]
         self._micro += 1
         if self._micro == self.micro_per_step:
