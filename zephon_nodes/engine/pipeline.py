@@ -67,11 +67,11 @@ class Pipeline:
 
     Args:
         recipe: The recipe.
-        provenance: Add ``dataset_ids`` (each token's dataset index, -1 on padding) to the
-            samples, for statistics (``zephon stats``); changes the digests.
+        provenance: Add ``dataset_ids`` (each token's recipe dataset index, -1 on padding)
+            to every sample (the default; covered by digests). False drops the field.
     """
 
-    def __init__(self, recipe: Recipe, *, provenance: bool = False) -> None:
+    def __init__(self, recipe: Recipe, *, provenance: bool = True) -> None:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
         from zephon_nodes.io.sources import open_dataset
 
@@ -246,6 +246,12 @@ class Pipeline:
         if operator_pools:
             stages, created = self.operator_stages(operator_pools, pool)
             owned.extend(created)
+        # Each rank node gets its own copy of a mixing work source (its decisions are per
+        # node); build_lane (which subclasses override) reads it as ``self.work_source``.
+        shared = self.work_source
+        fork = getattr(shared, "fork", None)
+        ws = fork() if fork is not None else shared
+        self.work_source = ws
         try:
             # Without per-operator pools, the call a subclass overriding build_lane expects.
             built = {
@@ -254,11 +260,13 @@ class Pipeline:
                 else self.build_lane(lane, pool, lookahead, stages=stages)
                 for lane in lanes
             }
-            node = Multiplexer(built, self, local_batch_size=local_batch_size)
+            node = Multiplexer(built, self, local_batch_size=local_batch_size, work_source=ws)
         except BaseException:
             for p in owned:
                 p.close()
             raise
+        finally:
+            self.work_source = shared
         node.own(owned)
         return node
 

@@ -44,6 +44,7 @@ def simulate(
     pool: WorkerPool | None = None,
     keep_batches: bool = False,
     operator_pools: Mapping[str, WorkerPool | PoolSpec | str] | None = None,
+    mixture_updates: Sequence[tuple[int, Mapping[str, float]]] = (),
 ) -> Iterator[tuple[StepResult, list[dict[str, torch.Tensor]] | None]]:
     """Run ``dp_world_size`` rank multiplexers and yield each global batch's digest.
 
@@ -62,6 +63,9 @@ def simulate(
         keep_batches: Also yield the step's micro-batches.
         operator_pools: Per-operator pools (see :meth:`Pipeline.rank_node`); pools made from
             specs are shared by the simulated ranks and closed at the end.
+        mixture_updates: Decisions ``(step, weights)``: each is made on every rank right
+            after ``step`` (before a save at that step); entries before the first step run
+            here must already be in ``resume_state``.
 
     Yields:
         ``(StepResult, micro-batches or None)`` per step; ends early when the data ends.
@@ -98,6 +102,14 @@ def simulate(
         for node in ranks:
             node.reset(dict(resume_state) if resume_state is not None else None)
         first = ranks[0].step
+
+        def decide(step: int) -> None:
+            for at, weights in mixture_updates:
+                if at == step:
+                    for node in ranks:
+                        node.set_mixture(weights)
+
+        decide(first)
         for t in range(first + 1, first + steps + 1):
             mbs: list[dict[str, torch.Tensor]] = []
             try:
@@ -109,6 +121,7 @@ def simulate(
             tokens = sum(int((mb["labels"] != -100).sum()) for mb in mbs)
             rows = sum(int(mb["input"].shape[0]) for mb in mbs)
             result = StepResult(t, digest_microbatches(mbs), rows, tokens)
+            decide(t)
             if save_at is not None and t == save_at and on_save is not None:
                 on_save(merge_states([node.state_dict() for node in ranks]))
             yield result, (mbs if keep_batches else None)
