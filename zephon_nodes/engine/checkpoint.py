@@ -20,10 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.engine.state_paths import locate_state
 from zephon_nodes.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
+    "unwrap_state",
     "STATE_FILE",
     "load_state",
     "merge_states",
@@ -153,14 +155,53 @@ def _summary_diff(saved: Any, current: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def unwrap_state(state: Any) -> dict[str, Any]:
+    """Return the library's state: ``state`` itself, or the one inside a ``Loader`` state.
+
+    A ``torchdata.nodes.Loader`` over a rank node holds its state under the wrappers' keys
+    (``root``, ``root.snapshot``, ``root.it_state.snapshot``, ``root.source``, ...); it is
+    found by its ``format`` key whatever the stack.
+
+    Raises:
+        CheckpointError: If there is no library state, more than one, or the wrappers yielded
+            items after it was taken (``steps_since_snapshot`` > 0): then the state lags the
+            consumer and :func:`zephon_nodes.engine.loader_state.rank_state` must replay it to
+            the step the consumer reached.
+    """
+    if isinstance(state, Mapping) and "format" in state:
+        return dict(state)
+    found = locate_state(state, FORMAT)
+    if not found:
+        kind = type(state).__name__
+        raise CheckpointError(
+            f"no zephon-nodes state (a dict with format {FORMAT!r}) found in this {kind}"
+        )
+    if len(found) > 1:
+        where = ", ".join(f.where for f in found)
+        raise CheckpointError(f"more than one zephon-nodes state in this Loader state: {where}")
+    f = found[0]
+    if not f.exact:
+        lag = ", ".join(f"{k}={v}" for k, v in f.lag)
+        raise CheckpointError(
+            f"the zephon-nodes state at {f.where} in this Loader state was taken before the "
+            f"last items the wrappers yielded ({lag}); replay it to the step the training loop "
+            f"reached: zephon_nodes.loader_state.rank_state(state, pipeline, step=STEP)"
+        )
+    return dict(f.state)
+
+
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Merge the states of all ranks (each holding its own lanes) into one global state.
+
+    Each state may also be a whole ``torchdata.nodes.Loader`` state (see
+    :func:`unwrap_state`).
 
     Raises:
         CheckpointError: If the ranks disagree on recipe or step, are mid-step, or overlap.
     """
     if not states:
         raise CheckpointError("no states to merge")
+    states = [unwrap_state(s) for s in states]
     first = states[0]
     lanes: dict[str, Any] = {}
     for s in states:
@@ -212,6 +253,9 @@ def save_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> P
 def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a state saved by :func:`save_state` (a directory or the JSON file itself).
 
+    A file holding a whole ``torchdata.nodes.Loader`` state gives the library state inside it
+    (:func:`unwrap_state`).
+
     Raises:
         CheckpointError: If the file is missing, too large, or not a JSON object.
     """
@@ -225,6 +269,11 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     state = _read_json(p, "state")
     if not isinstance(state, dict):
         raise CheckpointError(f"{p}: a state must be a JSON object, got {type(state).__name__}")
+    if "format" not in state:
+        try:
+            return unwrap_state(state)
+        except CheckpointError as e:
+            raise CheckpointError(f"{p}: {e}") from None
     return state
 
 

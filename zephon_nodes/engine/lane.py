@@ -8,9 +8,44 @@ from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.flush import Flush, is_flush
 from zephon_nodes.engine.work import WorkItem, WorkSource
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.errors import CheckpointError, RecipeError
 
-__all__ = ["Lane", "WorkItemNode"]
+__all__ = ["Lane", "WorkItemNode", "check_window_restore"]
+
+
+def _children(node: BaseNode[Any]) -> list[BaseNode[Any]]:
+    """The nodes ``node`` reads from: its public attributes that are nodes."""
+    return [v for k, v in vars(node).items() if not k.startswith("_") and isinstance(v, BaseNode)]
+
+
+def check_window_restore(node: BaseNode[Any], where: str = "a lane") -> None:
+    """Refuse a chain that cannot restore at a flush window.
+
+    A lane restores by asking its chain for the state at the start of a window
+    (``state_at_window``); every node between the lane's work items and the lane must
+    provide it. Nodes that do not (torchdata's own ``Mapper``, ``Batcher``, a node written
+    like torchdata's examples) go into a lane wrapped in
+    :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+
+    Raises:
+        RecipeError: Naming the first node without window restore and what to do.
+    """
+    path: list[str] = []
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        path.append(type(n).__name__)
+        if not callable(getattr(n, "state_at_window", None)):
+            chain = " <- ".join(path)
+            raise RecipeError(
+                f"{type(n).__name__} cannot be restored inside {where} (chain: {chain}): it has "
+                f"no state_at_window(window), so a checkpoint could not replay its flush window; "
+                f"wrap it in zephon_nodes.operators.TorchdataStage(source, lambda feed: "
+                f"{type(n).__name__}(feed, ...))"
+            )
+        if isinstance(n, WorkItemNode):
+            continue
+        todo.extend(_children(n))
 
 
 class WorkItemNode(BaseNode[WorkItem | Flush]):
@@ -75,7 +110,8 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
 class Lane(BaseNode[dict[str, Any]]):
     """A lane's samples in order, with a checkpoint of two integers.
 
-    Wraps the end of a lane's operator chain (whose nodes all provide ``state_at_window``),
+    Wraps the end of a lane's operator chain (whose nodes all provide ``state_at_window``;
+    a chain without it is refused here, see :func:`check_window_restore`),
     drops the flush markers and counts them. State: ``{"window": w, "consumed": c}``, the
     flush window holding the next sample and how many of its samples were already taken.
     Restore replays window ``w`` from its first work item and drops ``c`` samples.
@@ -90,6 +126,7 @@ class Lane(BaseNode[dict[str, Any]]):
 
     def __init__(self, source: BaseNode[Any], lane: int) -> None:
         super().__init__()
+        check_window_restore(source, f"lane {lane}")
         self.source = source
         self.lane = lane
         self._window = 0
