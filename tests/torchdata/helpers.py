@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torchdata.nodes import (
     BaseNode,
@@ -95,3 +96,41 @@ def step_digests(per_rank: list[list[dict[str, torch.Tensor]]], micro: int) -> l
         digest_microbatches([mb for mbs in per_rank for mb in mbs[s * micro : (s + 1) * micro]])
         for s in range(steps)
     ]
+
+
+def shift(sample: dict[str, Any]) -> dict[str, Any]:
+    """A sample transform: shift the input ids by one (a new dict; the input is untouched)."""
+    out = dict(sample)
+    out["input"] = sample["input"] + 1
+    return out
+
+
+class WindowNumbered(BaseNode[dict[str, Any]]):
+    """A user node written like torchdata's examples: numbers the samples it has seen."""
+
+    def __init__(self, source: BaseNode[dict[str, Any]]) -> None:
+        super().__init__()
+        self.source = source
+        self.n = 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.source.reset(initial_state["source"] if initial_state else None)
+        self.n = initial_state["n"] if initial_state else 0
+
+    def next(self) -> dict[str, Any]:
+        sample = dict(next(self.source))
+        self.n += 1
+        sample["n"] = np.asarray([self.n], dtype=np.int64)
+        return sample
+
+    def get_state(self) -> dict[str, Any]:
+        return {"source": self.source.get_state(), "n": self.n}
+
+
+STAGE_KINDS: dict[str, Callable[[BaseNode[Any]], BaseNode[Any]]] = {
+    "Mapper": lambda feed: Mapper(feed, shift),
+    "ParallelMapper": lambda feed: ParallelMapper(feed, shift, num_workers=2, in_order=True),
+    "Batcher+Unbatcher": lambda feed: Unbatcher(Batcher(feed, 3, drop_last=False)),
+    "user node": WindowNumbered,
+}

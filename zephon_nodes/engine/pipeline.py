@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -20,6 +20,7 @@ from zephon_nodes.operators.bestfit import BestFitPacker
 from zephon_nodes.operators.pack import ConcatPacker
 from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.shuffle import ShuffleBuffer
+from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe.spec import Recipe
 
@@ -63,14 +64,25 @@ class Pipeline:
         recipe: The recipe.
         provenance: Add ``dataset_ids`` (each token's dataset index, -1 on padding) to the
             samples, for statistics (``zephon stats``); changes the digests.
+        stages: torchdata nodes appended to every lane, after packing and shuffling: each
+            ``make(feed) -> BaseNode`` builds a node over ``feed`` (the lane's samples of one
+            flush window) and runs in a :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+            They must yield samples (dicts of arrays) and are not part of the fingerprint.
     """
 
-    def __init__(self, recipe: Recipe, *, provenance: bool = False) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        provenance: bool = False,
+        stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]] = (),
+    ) -> None:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
         from zephon_nodes.io.sources import open_dataset
 
         self.recipe = recipe
         self.provenance = provenance
+        self.stages = tuple(stages)
         self.canonical = recipe.canonical()
         tok = load_tokenizer(recipe.tokenizer)
         if recipe.pack.pad_id is not None:
@@ -110,7 +122,7 @@ class Pipeline:
         return self.recipe.num_lanes
 
     def build_lane(self, lane: int, pool: WorkerPool, lookahead: int = 4) -> Lane:
-        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle."""
+        """Build lane ``lane``: work items -> parse+tokenize (pool) -> pack -> shuffle -> stages."""
         r = self.recipe
         node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
         node = OrderedParallelMap(node, self.stateless, pool, lookahead=lookahead)
@@ -128,6 +140,9 @@ class Pipeline:
         if r.shuffle.buffer_size > 0:
             size, seed = r.shuffle.buffer_size, r.seed
             node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, seed, lane, w))
+        for k, make in enumerate(self.stages):
+            name = getattr(make, "__name__", type(make).__name__)
+            node = TorchdataStage(node, make, name=f"stage {k} ({name})")
         return Lane(node, lane)
 
     def rank_node(
