@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     produced = 0
     last = resume["step"] if resume else 0
+    ended: dict[str, Any] = {}
     for result, _ in simulate(
         pipeline,
         args.dp_world_size,
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         resume_state=resume,
         save_at=args.save_at,
         on_save=on_save,
+        on_end=ended.update,
     ):
         print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
         produced += 1
@@ -74,4 +76,10 @@ def run(args: argparse.Namespace) -> int:
             f"steps produced; a finite recipe stops after its last full global batch)",
             file=sys.stderr,
         )
+    if ended:
+        from zephon_nodes.engine.end_of_data import format_unused, unused_samples
+
+        unused = unused_samples(pipeline, ended)
+        delivered = int(ended["step"]) * pipeline.recipe.global_batch_size
+        print(f"zephon digest: end of data: {format_unused(unused, delivered)}", file=sys.stderr)
     return 0

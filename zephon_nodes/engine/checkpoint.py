@@ -42,7 +42,9 @@ __all__ = [
 
 FORMAT = "zephon-nodes/1"
 STATE_FILE = "zephon_state.json"
-_KEYS = {"format", "fingerprint", "recipe", "num_lanes", "step", "micro", "lanes", "layout"}
+_KEYS = {
+    "format", "fingerprint", "recipe", "num_lanes", "step", "micro", "lanes", "layout", "pass"
+}  # fmt: skip
 _MAX_STATE_BYTES = 16 << 20
 
 
@@ -110,7 +112,9 @@ def validate_state(
         raise CheckpointError(
             f"checkpoint has num_lanes={state['num_lanes']!r}, recipe has {num_lanes=}"
         )
-    for key in ("step", "micro"):
+    for key in ("step", "micro", "pass"):
+        if key not in state:
+            continue
         if not _is_int(state[key]) or state[key] < 0:
             raise CheckpointError(f"checkpoint {key}={state[key]!r} must be an integer >= 0")
     raw_lanes = state["lanes"]
@@ -210,7 +214,7 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         bad = [k for k in s["lanes"] if not (isinstance(k, str) and k.isascii() and k.isdigit())]
         if bad:
             raise CheckpointError(f"checkpoint lane key(s) {bad[:4]} are not lane numbers")
-        for key in ("format", "fingerprint", "num_lanes", "step"):
+        for key in ("format", "fingerprint", "num_lanes", "step", "pass"):
             if s.get(key) != first.get(key):
                 raise CheckpointError(
                     f"ranks disagree on {key}: {first.get(key)!r} vs {s.get(key)!r}"

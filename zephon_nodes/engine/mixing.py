@@ -24,6 +24,7 @@ as in :class:`~zephon_nodes.engine.work.DatasetWorkSource`. When a dataset with
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.engine.seeding import permutation
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, pass_epoch_offset
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.recipe.schedule import WeightSchedule
@@ -109,6 +110,7 @@ class MixingWorkSource(WorkSource):
         super().__init__(num_lanes)
         self.datasets = list(datasets)
         self.seed = seed
+        self.epochs = epochs
         self.block = block
         self.schedule = schedule
         self.tokens_per_item = [float(c) for c in tokens_per_item]
@@ -283,6 +285,14 @@ class MixingWorkSource(WorkSource):
 
     # -- the WorkSource ---------------------------------------------------------------------
 
+    def make_pass(self, p: int) -> MixingWorkSource:
+        """Pass ``p``: the same plan, every dataset read from data epoch ``p * epochs`` on."""
+        other = copy.copy(self)
+        other.__dict__.pop("_pass_cache", None)
+        offset = pass_epoch_offset(self.epochs, p)
+        other.sources = [s.with_epoch_offset(offset) for s in self.sources]
+        return other
+
     def work(self, lane: int, i: int) -> WorkItem | None:
         """Return work item ``i`` of ``lane``, or None past the end of the stream."""
         g = i * self.num_lanes + lane
@@ -299,7 +309,7 @@ class MixingWorkSource(WorkSource):
             dataset_name=ds.name,
             text_field=ds.text_field,
             item=item,
-            epoch=epoch,
+            epoch=epoch + src.epoch_offset,
             shard=ds.shards[shard],
             start=start,
             stop=stop,

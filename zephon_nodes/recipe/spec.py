@@ -41,6 +41,7 @@ PACK_MODES = ("concat", "bestfit")
 LONG_DOCUMENTS = ("split", "drop")
 ON_ERROR = ("raise", "skip")
 ON_EXHAUSTED = ("end", "repeat")
+END_OF_DATA = ("drop_report", "error")
 SCHEDULE_UNITS = ("steps", "tokens")
 OPERATOR_KINDS = ("filter", "map")
 
@@ -227,16 +228,26 @@ class WorkSpec:
     Args:
         chunk_size: Records per work item (the last item of a shard may be shorter).
         epochs: Passes over the data; ``None`` repeats forever (a new seeded order each epoch).
+        end_of_data: What a finite stream does with the samples its lanes still hold after
+            the last full global batch: ``"drop_report"`` stops there and counts them
+            (``Multiplexer.unused_samples``, ``zephon digest``, ``zephon stats``);
+            ``"error"`` stops there too but raises ``DataError`` if any were left. Not part
+            of the fingerprint (the batches are the same).
     """
 
     chunk_size: int = 64
     epochs: int | None = 1
+    end_of_data: str = "drop_report"
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
             raise RecipeError(f"work.chunk_size={self.chunk_size} must be >= 1")
         if self.epochs is not None and self.epochs < 1:
             raise RecipeError(f"work.epochs={self.epochs} must be >= 1 (or 'inf')")
+        if self.end_of_data not in END_OF_DATA:
+            raise RecipeError(
+                f"work.end_of_data={self.end_of_data!r} must be one of {list(END_OF_DATA)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -627,7 +638,11 @@ class Recipe:
                 epochs: int | None = None
             else:
                 epochs = epochs_raw
-            work_spec = WorkSpec(chunk_size=work.get("chunk_size", int, 64), epochs=epochs)
+            work_spec = WorkSpec(
+                chunk_size=work.get("chunk_size", int, 64),
+                epochs=epochs,
+                end_of_data=work.get("end_of_data", str, "drop_report"),
+            )
             work.done()
             sh = top.table("shuffle")
             shuffle = ShuffleSpec(buffer_size=sh.get("buffer_size", int, 0))

@@ -41,6 +41,7 @@ def simulate(
     on_save: Callable[[dict[str, Any]], None] | None = None,
     pool: WorkerPool | None = None,
     keep_batches: bool = False,
+    on_end: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[tuple[StepResult, list[dict[str, torch.Tensor]] | None]]:
     """Run ``dp_world_size`` rank multiplexers and yield each global batch's digest.
 
@@ -57,6 +58,8 @@ def simulate(
         on_save: Receives the merged state.
         pool: A pool to use instead of creating one.
         keep_batches: Also yield the step's micro-batches.
+        on_end: When the data ends, receives the merged state after the last full global
+            batch (see :func:`~zephon_nodes.engine.end_of_data.unused_samples`).
 
     Yields:
         ``(StepResult, micro-batches or None)`` per step; ends early when the data ends.
@@ -77,11 +80,14 @@ def simulate(
         first = ranks[0].step
         for t in range(first + 1, first + steps + 1):
             mbs: list[dict[str, torch.Tensor]] = []
+            before = [node.state_dict() for node in ranks] if on_end is not None else []
             try:
                 for node in ranks:
                     for _ in range(node.micro_per_step):
                         mbs.append(next(node))
             except StopIteration:
+                if on_end is not None:
+                    on_end(merge_states(before))
                 return
             tokens = sum(int((mb["labels"] != -100).sum()) for mb in mbs)
             rows = sum(int(mb["input"].shape[0]) for mb in mbs)
