@@ -127,7 +127,11 @@ class TestToml:
 
 
 def test_single_dataset_recipes_keep_their_fingerprint_and_batches():
-    """The issue-2 format: fingerprint and digests pinned from the version before mixing."""
+    """The issue-2 format: fingerprint and digests pinned from the version before mixing.
+
+    Finite recipes are now dealt by size by default; ``deal = "round_robin"`` is the dealing
+    of that version, and keeps its fingerprint and batches exactly.
+    """
     recs = tuple({"text": "word " * (i % 7 + 1)} for i in range(300))
     r = Recipe(
         datasets=(DatasetSpec("m", records=recs),),
@@ -137,7 +141,7 @@ def test_single_dataset_recipes_keep_their_fingerprint_and_batches():
         global_batch_size=8,
         seq_len=32,
         flush_every=3,
-        work=WorkSpec(chunk_size=7, epochs=1),
+        work=WorkSpec(chunk_size=7, epochs=1, deal="round_robin"),
         shuffle=ShuffleSpec(4),
     )
     p = Pipeline(r)

@@ -16,7 +16,7 @@ import pytest
 from torchdata.nodes import Loader
 
 from tests.torchdata.helpers import STACKS, recipe, reference, step_digests, take_microbatches
-from zephon_nodes import CheckpointError, Pipeline, WorkerPool, load_state, merge_states
+from zephon_nodes import CheckpointError, Pipeline, Recipe, WorkerPool, load_state, merge_states
 from zephon_nodes.engine.loader_state import (
     load_rank_state,
     locate_rank_state,
@@ -114,3 +114,26 @@ def test_no_library_state_is_refused() -> None:
     loader = Loader(IterableWrapper(range(4)))
     with pytest.raises(CheckpointError, match="no zephon-nodes state"):
         merge_states([loader.state_dict()])
+
+
+def test_the_cli_reads_a_whole_loader_state(
+    pipeline: Pipeline, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchdata.nodes import Prefetcher
+
+    from tests.commands.conftest import write_recipe
+    from tests.commands.run import zephon
+
+    path = write_recipe(tmp_path)
+    p = Pipeline(Recipe.from_toml(path))
+    with WorkerPool(0) as pool:
+        loader = Loader(Prefetcher(p.rank_node(pool=pool), 2))
+        take_microbatches(loader, 2)
+        (tmp_path / "ckpt").mkdir()
+        (tmp_path / "ckpt" / "zephon_state.json").write_text(json.dumps(loader.state_dict()))
+    assert zephon("inspect", str(tmp_path / "ckpt"), "--recipe", str(path), "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["step"] == 2 and out["resume"]["ok"]
+    ckpt = str(tmp_path / "ckpt")
+    assert zephon("digest", str(path), "--steps", "1", "--resume-from", ckpt) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["step"] == 3

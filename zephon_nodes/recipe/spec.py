@@ -42,6 +42,7 @@ LONG_DOCUMENTS = ("split", "drop")
 ON_ERROR = ("raise", "skip")
 ON_EXHAUSTED = ("end", "repeat")
 END_OF_DATA = ("drop_report", "error")
+DEALS = ("balanced", "round_robin")
 SCHEDULE_UNITS = ("steps", "tokens")
 OPERATOR_KINDS = ("filter", "map")
 
@@ -233,17 +234,24 @@ class WorkSpec:
             (``Multiplexer.unused_samples``, ``zephon digest``, ``zephon stats``);
             ``"error"`` stops there too but raises ``DataError`` if any were left. Not part
             of the fingerprint (the batches are the same).
+        deal: How a finite stream's work items go to lanes: ``"balanced"`` (largest first to
+            the lane holding the fewest bytes, so lanes end closer together) or
+            ``"round_robin"`` (item ``g`` to lane ``g % L``). Endless streams are always
+            dealt round-robin.
     """
 
     chunk_size: int = 64
     epochs: int | None = 1
     end_of_data: str = "drop_report"
+    deal: str = "balanced"
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
             raise RecipeError(f"work.chunk_size={self.chunk_size} must be >= 1")
         if self.epochs is not None and self.epochs < 1:
             raise RecipeError(f"work.epochs={self.epochs} must be >= 1 (or 'inf')")
+        if self.deal not in DEALS:
+            raise RecipeError(f"work.deal={self.deal!r} must be one of {list(DEALS)}")
         if self.end_of_data not in END_OF_DATA:
             raise RecipeError(
                 f"work.end_of_data={self.end_of_data!r} must be one of {list(END_OF_DATA)}"
@@ -516,6 +524,14 @@ class Recipe:
             )
 
     @property
+    def balanced_dealing(self) -> bool:
+        """True if work items are dealt by size (``work.deal``, on a finite stream)."""
+        finite = self.work.epochs is not None and any(
+            d.on_exhausted == "end" for d in self.datasets
+        )
+        return finite and self.work.deal == "balanced"
+
+    @property
     def samples_per_lane(self) -> int:
         """Samples each lane contributes to every global batch (``G / L``)."""
         return self.global_batch_size // self.num_lanes
@@ -535,7 +551,12 @@ class Recipe:
             "flush_every": self.flush_every,
             "tokenizer": self.tokenizer.canonical(),
             "datasets": [d.canonical() for d in self.datasets],
-            "work": {"chunk_size": self.work.chunk_size, "epochs": self.work.epochs},
+            "work": {
+                "chunk_size": self.work.chunk_size,
+                "epochs": self.work.epochs,
+                # Only where it changes the data: balanced dealing of a finite stream.
+                **({"deal": "balanced"} if self.balanced_dealing else {}),
+            },
             "shuffle": {"buffer_size": self.shuffle.buffer_size},
             "pack": self.pack.canonical(),
             # Keys below appear only when used, so single-dataset recipes without operators
@@ -642,6 +663,7 @@ class Recipe:
                 chunk_size=work.get("chunk_size", int, 64),
                 epochs=epochs,
                 end_of_data=work.get("end_of_data", str, "drop_report"),
+                deal=work.get("deal", str, "balanced"),
             )
             work.done()
             sh = top.table("shuffle")
