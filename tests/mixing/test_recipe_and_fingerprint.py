@@ -127,11 +127,7 @@ class TestToml:
 
 
 def test_single_dataset_recipes_keep_their_fingerprint_and_batches():
-    """The issue-2 format: fingerprint and digests pinned from the version before mixing.
-
-    Finite recipes are now dealt by size by default; ``deal = "round_robin"`` is the dealing
-    of that version, and keeps its fingerprint and batches exactly.
-    """
+    """The issue-2 format: fingerprint and digests pinned from the version before mixing."""
     recs = tuple({"text": "word " * (i % 7 + 1)} for i in range(300))
     r = Recipe(
         datasets=(DatasetSpec("m", records=recs),),
@@ -141,7 +137,7 @@ def test_single_dataset_recipes_keep_their_fingerprint_and_batches():
         global_batch_size=8,
         seq_len=32,
         flush_every=3,
-        work=WorkSpec(chunk_size=7, epochs=1, deal="round_robin"),
+        work=WorkSpec(chunk_size=7, epochs=1),
         shuffle=ShuffleSpec(4),
     )
     p = Pipeline(r)

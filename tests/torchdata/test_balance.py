@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
-from zephon_nodes.engine.balance import BalancedWorkSource
+import pytest
+
+from zephon_nodes import DatasetSpec, Pipeline, Recipe, RecipeError, TokenizerSpec, WorkSpec
+from zephon_nodes.engine.balance import BalancedWorkSource, item_bytes
 from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.verification.simulate import simulate
 
 
-def skewed(deal: str = "balanced", epochs: int | None = 1, n: int = 240) -> Recipe:
-    """Documents from 1 to ~600 bytes: items of very different sizes."""
-    texts = [f"d{i} " + "word " * ((i * 37) % 120) for i in range(n)]
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A JSON lines shard of documents from 3 to ~600 bytes: items of very different sizes."""
+    path = tmp_path_factory.mktemp("balance") / "skewed.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(240):
+            f.write(json.dumps({"text": f"d{i} " + "word " * ((i * 37) % 120)}) + "\n")
+    return path
+
+
+def skewed(shard: Path, deal: str = "balanced", epochs: int | None = 1) -> Recipe:
     return Recipe(
-        datasets=(DatasetSpec("s", records=tuple({"text": t} for t in texts)),),
+        datasets=(DatasetSpec("s", paths=(str(shard),)),),
         tokenizer=TokenizerSpec(kind="bytes"),
         seed=11,
         num_lanes=8,
@@ -44,16 +56,16 @@ def _unused(p: Pipeline) -> int:
     return sum(unused_samples(p, ended).values())
 
 
-def test_every_item_is_dealt_once_per_epoch_and_the_lanes_hold_equal_bytes() -> None:
-    balanced, plain = Pipeline(skewed(epochs=2)), Pipeline(skewed("round_robin", epochs=2))
+def test_every_item_is_dealt_once_per_epoch_and_the_lanes_hold_equal_bytes(shard: Path) -> None:
+    balanced = Pipeline(skewed(shard, epochs=2))
+    plain = Pipeline(skewed(shard, "round_robin", epochs=2))
     ws = balanced.work_source
     assert isinstance(ws, BalancedWorkSource)
     n = balanced.datasets[0].num_work_items
     lanes = _lane_items(ws)
     assert Counter(i for items in lanes for i in items) == Counter({i: 2 for i in range(n)})
     spread = max(ws.lane_bytes) - min(ws.lane_bytes)
-    rr = [sum(len(r["text"]) + 1 for w in items for r in _records(plain, w)) for items in
-          _lane_items_raw(plain.work_source)]  # fmt: skip
+    rr = [sum(map(item_bytes, items)) for items in _lane_items_raw(plain.work_source)]
     assert spread < (max(rr) - min(rr)) / 4, (ws.lane_bytes, rr)
     # each lane reads its items in stream order (epoch 0 before epoch 1)
     for lane in range(8):
@@ -72,25 +84,23 @@ def _lane_items_raw(ws: Any) -> list[list[Any]]:
     return out
 
 
-def _records(p: Pipeline, w: Any) -> list[dict[str, str]]:
-    return list(w.shard.records[w.start : w.stop])
-
-
-def test_balanced_dealing_leaves_fewer_samples_unused() -> None:
-    balanced, plain = _unused(Pipeline(skewed())), _unused(Pipeline(skewed("round_robin")))
+def test_balanced_dealing_leaves_fewer_samples_unused(shard: Path) -> None:
+    balanced = _unused(Pipeline(skewed(shard)))
+    plain = _unused(Pipeline(skewed(shard, "round_robin")))
     assert balanced < plain / 2, (balanced, plain)
 
 
-def test_the_deal_is_part_of_the_fingerprint_only_where_it_changes_data() -> None:
-    assert skewed().fingerprint() != skewed("round_robin").fingerprint()
-    assert "deal" not in skewed("round_robin").canonical()["work"]
+def test_the_deal_is_part_of_the_fingerprint_only_where_it_changes_data(shard: Path) -> None:
+    assert skewed(shard).fingerprint() != skewed(shard, "round_robin").fingerprint()
+    assert "deal" not in skewed(shard, "round_robin").canonical()["work"]
     # endless streams are always dealt round-robin: the setting does not change them
-    assert skewed(epochs=None).fingerprint() == skewed("round_robin", epochs=None).fingerprint()
-    assert not isinstance(Pipeline(skewed(epochs=None)).work_source, BalancedWorkSource)
+    endless = skewed(shard, epochs=None)
+    assert endless.fingerprint() == skewed(shard, "round_robin", epochs=None).fingerprint()
+    assert not isinstance(Pipeline(endless).work_source, BalancedWorkSource)
 
 
-def test_balanced_dealing_is_elastic_and_has_passes() -> None:
-    p = Pipeline(skewed())
+def test_balanced_dealing_is_elastic_and_has_passes(shard: Path) -> None:
+    p = Pipeline(skewed(shard))
     ref = [r.digest for r, _ in simulate(p, 1, 8, num_workers=0)]
     saved: list[dict[str, Any]] = []
     first = [r.digest for r, _ in simulate(p, 4, 3, save_at=3, on_save=saved.append)]
@@ -99,3 +109,12 @@ def test_balanced_dealing_is_elastic_and_has_passes() -> None:
     second = p.work_source.for_pass(1)
     assert isinstance(second, BalancedWorkSource)
     assert _lane_items(second) != _lane_items(p.work_source)
+
+
+def test_balanced_dealing_needs_a_byte_index(shard: Path) -> None:
+    """Sizes read another way would make the batches depend on the storage format."""
+    records = tuple({"text": f"t{i}"} for i in range(40))
+    r = skewed(shard).replace(datasets=(DatasetSpec("mem", records=records),))
+    with pytest.raises(RecipeError, match=r"deal='balanced' needs JSON lines shards.*'mem'"):
+        Pipeline(r)
+    assert Pipeline(r.replace(work=WorkSpec(chunk_size=4))).recipe.work.deal == "round_robin"

@@ -19,28 +19,30 @@ from collections.abc import Callable
 import numpy as np
 
 from zephon_nodes.engine.work import WorkItem, WorkSource
-from zephon_nodes.io.shards import FileShard, MemoryShard, _load_index
+from zephon_nodes.errors import RecipeError
+from zephon_nodes.io.shards import FileShard, _load_index
 
 __all__ = ["BalancedWorkSource", "item_bytes"]
 
 
 def item_bytes(item: WorkItem) -> int:
-    """Size of a work item, in bytes where known.
+    """Size of a work item: the bytes of its records in a JSON lines shard (from the index).
 
-    Its records' bytes for JSON lines shards, text length for in-memory records, the record
-    count for Parquet and tar shards (no byte index).
+    Raises:
+        RecipeError: For a shard without a byte index (Parquet, tar, in-memory records):
+            a size read another way would make the batches depend on the storage format.
     """
     shard = item.shard
+    if not isinstance(shard, FileShard):
+        raise RecipeError(
+            f"work.deal='balanced' needs JSON lines shards (their index holds record bytes); "
+            f"dataset {item.dataset_name!r} has {shard.path} ({type(shard).__name__}): use "
+            f"work.deal='round_robin'"
+        )
     if item.stop <= item.start:
         return 0
-    if isinstance(shard, FileShard):
-        index = _load_index(shard.index_path)
-        return int(index[item.stop - 1, 1] - index[item.start, 0])
-    if isinstance(shard, MemoryShard):
-        return sum(
-            len(str(r.get(item.text_field, ""))) + 1 for r in shard.records[item.start : item.stop]
-        )
-    return item.stop - item.start
+    index = _load_index(shard.index_path)
+    return int(index[item.stop - 1, 1] - index[item.start, 0])
 
 
 def _refine(lane_of: np.ndarray, sizes: np.ndarray, lanes: int, rounds: int = 200) -> None:

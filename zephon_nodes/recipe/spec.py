@@ -234,16 +234,16 @@ class WorkSpec:
             (``Multiplexer.unused_samples``, ``zephon digest``, ``zephon stats``);
             ``"error"`` stops there too but raises ``DataError`` if any were left. Not part
             of the fingerprint (the batches are the same).
-        deal: How a finite stream's work items go to lanes: ``"balanced"`` (largest first to
-            the lane holding the fewest bytes, so lanes end closer together) or
-            ``"round_robin"`` (item ``g`` to lane ``g % L``). Endless streams are always
-            dealt round-robin.
+        deal: How a finite stream's work items go to lanes: ``"round_robin"`` (item ``g``
+            to lane ``g % L``) or ``"balanced"`` (largest first to the lane holding the
+            fewest bytes, so lanes end closer together; needs JSON lines shards, whose index
+            holds record bytes). Endless streams are always dealt round-robin.
     """
 
     chunk_size: int = 64
     epochs: int | None = 1
     end_of_data: str = "drop_report"
-    deal: str = "balanced"
+    deal: str = "round_robin"
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
@@ -663,7 +663,7 @@ class Recipe:
                 chunk_size=work.get("chunk_size", int, 64),
                 epochs=epochs,
                 end_of_data=work.get("end_of_data", str, "drop_report"),
-                deal=work.get("deal", str, "balanced"),
+                deal=work.get("deal", str, "round_robin"),
             )
             work.done()
             sh = top.table("shuffle")
