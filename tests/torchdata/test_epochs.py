@@ -146,3 +146,18 @@ def test_a_work_source_without_passes_ends_after_one() -> None:
     assert list(node) == []
     node.reset(None)
     assert [x for x in node if isinstance(x, int)] == [1, 2, 3]
+
+
+def test_the_torchtitan_layout_refuses_a_later_pass() -> None:
+    pytest.importorskip("torchtitan")
+    from zephon_nodes.integrations.torchtitan import to_dcp_state
+
+    p = Pipeline(recipe(60))
+    with WorkerPool(0) as pool:
+        node = p.rank_node(pool=pool)
+        list(Loader(node))
+        node.reset(None)
+        state = node.get_state()
+    assert state["pass"] == 1
+    with pytest.raises(CheckpointError, match="stores pass 0 only"):
+        to_dcp_state(state, dp_world_size=1, local_batch_size=16)
