@@ -13,10 +13,10 @@
    over gloo, ``examples/repro/scratch_job.py``); the held-out loss is tracked and the
    spread (max - min) of the final held-out loss across dp sizes reported per loader.
 
-Everything runs on CPU with torchrun (gloo). The Trainer needs TorchTitan's CPU patches,
-which are test/demo-only and live in ``tests/integrations/cpu_patches.py`` (applied by the
-torchrun script ``tests/integrations/scripts/tt_trainer.py``, reused here as is); they are
-never part of the library. The corpus is cut from Python's own stdlib sources (no network).
+Everything runs on CPU with torchrun (gloo). The Trainer needs TorchTitan's CPU patches
+(``zephon_nodes.integrations.torchtitan_cpu``, opt-in, applied by the torchrun script
+``tests/integrations/scripts/tt_trainer.py``, reused here as is). The corpus is cut from
+Python's own stdlib sources (no network).
 
 Usage (from the repository root; needs the ``torchtitan``, ``trainer`` and ``report``
 extras)::

@@ -12,6 +12,7 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.verification.dump import write_step
 from zephon_nodes.verification.simulate import simulate
 
 __all__ = ["add_parser", "run"]
@@ -36,6 +37,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--save-at", type=int, default=None, help="save the state after step K")
     p.add_argument("--checkpoint-dir", default=None, help="where --save-at writes the state")
     p.add_argument("--resume-from", default=None, help="checkpoint directory to resume from")
+    p.add_argument(
+        "--dump-batches",
+        default=None,
+        metavar="DIR",
+        help="also write each global batch as DIR/step-SSSSSSSS.npz (see zephon digest-dump)",
+    )
     p.set_defaults(func=run)
 
 
@@ -55,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     produced = 0
     last = resume["step"] if resume else 0
     ended: dict[str, Any] = {}
-    for result, _ in simulate(
+    for result, mbs in simulate(
         pipeline,
         args.dp_world_size,
         args.steps,
@@ -66,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
         save_at=args.save_at,
         on_save=on_save,
         on_end=ended.update,
+        keep_batches=args.dump_batches is not None,
     ):
+        if mbs is not None:
+            write_step(args.dump_batches, result.step, mbs)
         print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
         produced += 1
         last = result.step

@@ -40,6 +40,7 @@ from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.verification.dump import StepDumper
 
 __all__ = [
     "DCP_FORMAT",
@@ -285,13 +286,13 @@ def check_launch(
         raise RecipeError(
             f"each rank takes global_batch_size / dp_world_size = {G} / {dp_world_size} = "
             f"{share} samples per step, which must be a multiple of training.local_batch_size="
-            f"{local_batch_size}: set --training.local_batch_size to one of {ok} and "
-            f"--training.global_batch_size {G}"
+            f"{local_batch_size}: set --training.local-batch-size to one of {ok} and "
+            f"--training.global-batch-size {G}"
         )
     if seq_len != recipe.seq_len:
         raise RecipeError(
             f"training.seq_len={seq_len} but the recipe's seq_len={recipe.seq_len}: set "
-            f"--training.seq_len {recipe.seq_len} (seq_len is part of the recipe)"
+            f"--training.seq-len {recipe.seq_len} (seq_len is part of the recipe)"
         )
 
 
@@ -299,7 +300,7 @@ def check_tokenizer(recipe: Recipe, tokenizer: Any) -> None:
     """Refuse a TorchTitan tokenizer that does not describe the recipe's vocabulary.
 
     The recipe's tokenizer produces every token id the loader yields; TorchTitan's
-    tokenizer (built from ``--hf_assets_path``) is not used by the loader. They must be
+    tokenizer (built from ``--hf-assets-path``) is not used by the loader. They must be
     the same vocabulary: equal vocabulary size, and equal bos/eos ids where TorchTitan's
     tokenizer defines them.
 
@@ -316,7 +317,7 @@ def check_tokenizer(recipe: Recipe, tokenizer: Any) -> None:
         theirs_vocab = int(tokenizer.get_vocab_size())
     if theirs_vocab is not None and theirs_vocab != ours.vocab_size:
         raise RecipeError(
-            f"TorchTitan's tokenizer (--hf_assets_path) has vocab_size={theirs_vocab}, the "
+            f"TorchTitan's tokenizer (--hf-assets-path) has vocab_size={theirs_vocab}, the "
             f"{where} has {ours.vocab_size}: both must be the same vocabulary (the recipe's "
             f"tokenizer produces the ids; TorchTitan's describes them to the model)"
         )
@@ -379,6 +380,9 @@ class ZephonDataLoader(BaseDataLoader):
 
         infinite: bool = True
         """Set by TorchTitan's validator; False refuses an endless recipe (work.epochs='inf')."""
+
+        dump_batches: str = ""
+        """Folder for this rank's rows of every step (step-S.rank-R.npz; zephon digest-dump)."""
 
         def __post_init__(self) -> None:
             if self.num_workers < 0:
@@ -457,6 +461,11 @@ class ZephonDataLoader(BaseDataLoader):
             if config.prefetch > 0
             else self.multiplexer
         )
+        self._dumper = (
+            StepDumper(config.dump_batches, dp_rank, self.multiplexer.micro_per_step)
+            if config.dump_batches
+            else None
+        )
         self._state: dict[str, Any] = self._fresh_state()
         self._restore: dict[str, Any] | None = None
         self._started = False
@@ -501,6 +510,10 @@ class ZephonDataLoader(BaseDataLoader):
             except StopIteration:
                 return
             self._state = self._current_state()
+            if self._dumper is not None:
+                step, micro = self._state["step"], self._state["micro"]
+                index = (micro - 1) % self.multiplexer.micro_per_step
+                self._dumper.add(step if micro == 0 else step + 1, index, batch)
             yield {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
 
     def state_dict(self) -> dict[str, Any]:
