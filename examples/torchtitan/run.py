@@ -68,6 +68,7 @@ def train(work: Path, name: str, nproc: int, steps: int, save_at: int, *extra: s
         "--checkpoint.interval", str(save_at),
         "--dump-folder", str(work / "runs" / name),
         "--metrics.log-freq", "1",
+        "--metrics.enable-tensorboard",
         "--debug.seed", "0",
         *extra,
     ]  # fmt: skip

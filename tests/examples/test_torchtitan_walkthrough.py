@@ -79,3 +79,30 @@ def test_each_rank_dumped_its_own_rows(walk: Any) -> None:
         assert len(lanes) == world
         assert set().union(*lanes) == {0, 1, 2, 3}
         assert sum(len(s) for s in lanes) == 4
+
+
+def test_trainer_logs_loader_metrics(walk: Any) -> None:
+    """The Trainer's TensorBoard events hold the loader's metrics (zephon/...) at every step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    work, _, _ = walk
+    (events,) = (work / "runs" / "dp2").rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    scalars = {tag: acc.Scalars(tag) for tag in acc.Tags()["scalars"]}
+    steps = list(range(1, STEPS + 1))
+
+    def values(tag: str) -> list[float]:
+        assert [e.step for e in scalars[tag]] == steps, tag
+        return [e.value for e in scalars[tag]]
+
+    assert values("zephon/step") == steps
+    assert values("zephon/samples") == [4.0] * STEPS  # rank 0's share: G / dp = 8 / 2
+    assert values("zephon/samples_total") == [4.0 * t for t in steps]
+    assert all(0 < v <= 4 * 64 for v in values("zephon/tokens"))
+    assert all(0 <= v < 1 for v in values("zephon/padding_fraction"))
+    assert all(v >= 0 for v in values("zephon/data_wait_s"))
+    assert values("zephon/data_wait_s_total")[-1] > 0
+    busy = values("zephon/operators/tokenize/busy_s")
+    assert busy[-1] > 0 and busy == sorted(busy)  # cumulative
+    assert all(v >= 0 for v in values("zephon/queue_depth"))

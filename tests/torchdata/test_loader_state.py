@@ -16,7 +16,15 @@ import pytest
 from torchdata.nodes import Loader
 
 from tests.torchdata.helpers import STACKS, recipe, reference, step_digests, take_microbatches
-from zephon_nodes import CheckpointError, Pipeline, Recipe, WorkerPool, load_state, merge_states
+from zephon_nodes import (
+    CheckpointError,
+    Pipeline,
+    Recipe,
+    WorkerPool,
+    load_state,
+    merge_states,
+    save_state,
+)
 from zephon_nodes.engine.loader_state import (
     load_rank_state,
     locate_rank_state,
@@ -87,7 +95,7 @@ def test_an_exact_loader_state_merges_and_loads_without_the_recipe(
     merged = merge_states(states)
     assert merged["step"] == 3 and sorted(merged["lanes"], key=int) == [str(i) for i in range(8)]
     assert rank_state(states[0]) == states[0]["root"]["snapshot"]
-    (tmp_path / "zephon_state.json").write_text(json.dumps(states[1]))
+    save_state(tmp_path, states[1])  # a whole Loader state, with its checksum
     assert load_state(tmp_path) == states[1]["root"]["snapshot"]
 
 
@@ -129,8 +137,7 @@ def test_the_cli_reads_a_whole_loader_state(
     with WorkerPool(0) as pool:
         loader = Loader(Prefetcher(p.rank_node(pool=pool), 2))
         take_microbatches(loader, 2)
-        (tmp_path / "ckpt").mkdir()
-        (tmp_path / "ckpt" / "zephon_state.json").write_text(json.dumps(loader.state_dict()))
+        save_state(tmp_path / "ckpt", loader.state_dict())
     assert zephon("inspect", str(tmp_path / "ckpt"), "--recipe", str(path), "--json") == 0
     out = json.loads(capsys.readouterr().out)
     assert out["step"] == 2 and out["resume"]["ok"]

@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-from zephon_nodes.engine.checkpoint import load_state, save_state
+from zephon_nodes.commands.progress import progress_bar
+from zephon_nodes.engine.checkpoint import check_writable, load_state, save_state
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
@@ -43,24 +44,40 @@ def add_parser(sub: Any) -> None:
         metavar="DIR",
         help="also write each global batch as DIR/step-SSSSSSSS.npz (see zephon digest-dump)",
     )
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="show a live progress bar on stderr (stdout keeps only the JSON lines)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon digest``."""
-    if args.steps < 0:
-        raise RecipeError(f"--steps={args.steps} must be >= 0")
     if (args.save_at is None) != (args.checkpoint_dir is None):
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
+    if args.checkpoint_dir is not None:
+        check_writable(args.checkpoint_dir)  # now, not when the save step is reached
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
+    pipeline.check_produces()
     resume = load_state(args.resume_from) if args.resume_from else None
+    first = resume["step"] if resume else 0
+    if args.save_at is not None and not first < args.save_at <= first + args.steps:
+        raise RecipeError(
+            f"--save-at={args.save_at} must be a step this run produces, in "
+            f"[{first + 1}, {first + args.steps}] (--steps={args.steps}"
+            + (f" after the resumed step {first})" if resume else ")")
+        )
+    saved: list[int] = []
 
     def on_save(state: dict[str, Any]) -> None:
         path = save_state(args.checkpoint_dir, state)
+        saved.append(state["step"])
         print(f"saved state after step {state['step']} to {path}", file=sys.stderr)
 
     produced = 0
-    last = resume["step"] if resume else 0
+    last = first
+    bar = progress_bar(args.steps, pipeline.recipe.seq_len) if args.progress else None
     ended: dict[str, Any] = {}
     for result, mbs in simulate(
         pipeline,
@@ -80,6 +97,22 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
         produced += 1
         last = result.step
+        if bar is not None:
+            bar.update(result)
+    if bar is not None:
+        bar.close()
+    if produced == 0 and args.steps > 0 and not resume:
+        raise RecipeError(
+            f"{args.recipe}: the recipe produced no global batch (its data ends before step 1)"
+        )
+    if args.save_at is not None and not saved:
+        raise RecipeError(
+            f"the data ended after step {last}, before --save-at={args.save_at}: no state "
+            f"was saved to {args.checkpoint_dir}"
+        )
+    skipped = {name: files for name, files in pipeline.skipped_files.items() if files}
+    if skipped:
+        print(f"zephon digest: files left out, by dataset and reason: {skipped}", file=sys.stderr)
     if produced < args.steps:
         print(
             f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "

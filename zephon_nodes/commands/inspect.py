@@ -84,6 +84,7 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
             summary=summary,
             num_lanes=recipe.num_lanes,
             lanes=owned,
+            samples_per_lane=recipe.samples_per_lane,
         )
     except CheckpointError as e:
         return False, str(e), diffs

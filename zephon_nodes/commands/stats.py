@@ -68,6 +68,7 @@ def compute_stats(
     if steps < 1:
         raise RecipeError(f"--steps={steps} must be >= 1")
     pipeline = Pipeline(recipe, provenance=True)
+    pipeline.check_produces()
     names = [d.name for d in recipe.datasets]
     tokens = np.zeros(len(names), dtype=np.int64)
     padding = positions = produced = 0
@@ -87,7 +88,7 @@ def compute_stats(
                     ds = mb["dataset_ids"].numpy()
                     real = labels != IGNORE_INDEX
                     tokens += np.bincount(ds[real], minlength=len(names))[: len(names)]
-                    padding += int((~real).sum())
+                    padding += int((ds < 0).sum())  # -1 on padding (chat masks are not)
                     positions += labels.size
                 produced += 1
         except StopIteration:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -12,9 +13,11 @@ from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.checkpoint import FORMAT, validate_state
 from zephon_nodes.engine.lane import Lane
+from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
+from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
@@ -75,7 +78,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         per_step = self.samples_per_lane * len(self.lanes)
         if not self.lanes:
             raise RecipeError("a rank needs at least one lane")
-        self.local_batch_size = local_batch_size or per_step
+        if local_batch_size is not None:
+            check_setting("local_batch_size", local_batch_size)
+        self.local_batch_size = local_batch_size if local_batch_size is not None else per_step
         if per_step % self.local_batch_size:
             raise RecipeError(
                 f"this rank's share of a step ({per_step} samples: {len(self.lanes)} lanes x "
@@ -93,6 +98,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._used = False
         self._partial: dict[int, int] = {}
         self._unused: dict[int, int] | None = None
+        self._metrics = StepMetrics()
 
     @property
     def pass_index(self) -> int:
@@ -109,6 +115,17 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start from step 0, or restore a state (validated first; raises CheckpointError)."""
+        t0 = time.perf_counter()
+        self._restore(initial_state)
+        self._metrics.restore_s = time.perf_counter() - t0 if initial_state is not None else 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """Return this rank's run metrics as a plain dict (see ``docs/cli.md``, Metrics)."""
+        out = rank_metrics(self._metrics, self.lanes.values())
+        out["step"] = self._step
+        return out
+
+    def _restore(self, initial_state: dict[str, Any] | None) -> None:
         super().reset(initial_state)
         self._pending, self._pending_end, self._exhausted = [], {}, False
         self._partial, self._unused = {}, None
@@ -133,6 +150,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             summary=p.summary,
             num_lanes=p.num_lanes,
             lanes=self.lanes,
+            samples_per_lane=self.samples_per_lane,
         )
         flush_every = p.recipe.flush_every
         pass_index = initial_state.get("pass", 0)
@@ -195,6 +213,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         if self._exhausted:
             raise StopIteration
         if self._micro == 0:
+            t0 = time.perf_counter()
             try:
                 self._build_step()
             except StopIteration:
@@ -202,6 +221,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                 if self.pipeline.recipe.work.end_of_data == "error":
                     self._refuse_unused()
                 raise
+            self._metrics.step(self._pending, time.perf_counter() - t0)
         batch = self._pending[self._micro]
         self._micro += 1
         if self._micro == self.micro_per_step:

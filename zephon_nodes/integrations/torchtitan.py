@@ -8,8 +8,10 @@ TorchTitan's batch format ``({"input": ..., "positions": ...}, labels)``, one mi
 Checkpoint state goes through TorchTitan's own ``CheckpointManager`` (DCP) as small int64 /
 uint8 tensors, never pickled objects (keys below live under ``dataloader.``):
 
-* one key per lane, unique to that lane: ``lane_00003 -> int64[window, consumed, step]``
-  (DCP keeps one value per key, so lanes must never share a key);
+* one key per lane, unique to that lane: ``lane_00003 -> int64[window, consumed, step,
+  check]`` (DCP keeps one value per key, so lanes must never share a key); ``check`` is 62
+  bits of a SHA-256 over the lane, its position and the replicated fingerprint, lane count,
+  step, micro, dp size and micro-batch size, so a flipped bit in any of them is refused;
 * replicated keys, identical on every rank: ``zephon_format``, ``num_lanes``, ``step``,
   ``micro``, ``dp_world_size``, ``local_batch_size`` (int64[1]), ``fingerprint``
   (uint8[32]) and one ``recipe_<field>`` per top-level recipe field (int64[kind, value]),
@@ -23,8 +25,11 @@ checkpoint written at dp 2 loads at dp 1, 4, 8, ... (any divisor of ``num_lanes`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,12 +38,14 @@ import torch
 from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_nodes.engine.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.checkpoint import FORMAT, fingerprint_pair, validate_state
+from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.operators.tokenize import load_tokenizer
+from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.verification.dump import StepDumper
 
@@ -48,14 +55,19 @@ __all__ = [
     "check_launch",
     "check_tokenizer",
     "from_dcp_state",
+    "lane_check",
     "lane_key",
+    "loader_metrics",
     "to_dcp_state",
 ]
 
 logger = logging.getLogger(__name__)
 
-DCP_FORMAT = 1
-"""Version of the DCP key layout (``zephon_format``); the JSON state inside is ``FORMAT``."""
+DCP_FORMAT = 2
+"""Version of the DCP key layout (``zephon_format``); the JSON state inside is ``FORMAT``.
+
+2: lane tensors carry a check value (``[window, consumed, step, check]``).
+"""
 
 FORMAT_KEY = "zephon_format"
 NUM_LANES_KEY = "num_lanes"
@@ -68,6 +80,22 @@ RECIPE_PREFIX = "recipe_"
 LANE_PREFIX = "lane_"
 
 _KIND_INT, _KIND_HASH, _KIND_OTHER = 0, 1, 2
+
+
+# Loaders alive in this process, whose metrics TorchTitan's metrics processor logs.
+_LIVE_LOADERS: weakref.WeakSet[ZephonDataLoader] = weakref.WeakSet()
+_SERIAL = itertools.count()
+
+
+def loader_metrics(prefix: str = "zephon") -> dict[str, float]:
+    """Metrics of the live :class:`ZephonDataLoader` (training, not validation), flattened.
+
+    Keys are ``zephon/data_wait_s``, ``zephon/operators/tokenize/busy_s``, ...; empty when
+    no loader is alive. With several loaders (a validator's too) the first one built (the
+    trainer's) is reported.
+    """
+    loaders = sorted(_LIVE_LOADERS, key=lambda x: x.serial)
+    return flatten_metrics(loaders[0].metrics(), prefix) if loaders else {}
 
 
 def lane_key(lane: int) -> str:
@@ -96,6 +124,21 @@ def _encode_field(value: Any) -> tuple[int, int]:
             return _KIND_HASH, int.from_bytes(raw, "little", signed=True)
     blob = json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
     return _KIND_OTHER, int.from_bytes(hashlib.sha256(blob).digest()[:8], "little", signed=True)
+
+
+def lane_check(
+    fingerprint: str, lane: int, position: tuple[int, int], replicated: tuple[int, ...]
+) -> int:
+    """The check value stored with a lane: 62 bits of a SHA-256 (a non-negative int64).
+
+    Args:
+        fingerprint: The recipe fingerprint (hex).
+        lane: The lane.
+        position: The lane's ``(window, consumed)``.
+        replicated: ``(num_lanes, step, micro, dp_world_size, local_batch_size)``.
+    """
+    text = f"{fingerprint}:{lane}:{position[0]}:{position[1]}:" + ":".join(map(str, replicated))
+    return int.from_bytes(hashlib.sha256(text.encode("ascii")).digest()[:8], "little") >> 2
 
 
 def _decode_field(kind: int, value: int) -> Any:
@@ -141,8 +184,17 @@ def to_dcp_state(
     }
     for name, value in sorted(dict(state.get("recipe") or {}).items()):
         out[RECIPE_PREFIX + name] = torch.tensor(_encode_field(value), dtype=torch.int64)
+    fp = str(state["fingerprint"])
+    replicated = (
+        int(state["num_lanes"]),
+        step,
+        int(state["micro"]),
+        dp_world_size,
+        local_batch_size,
+    )
     for key, (window, consumed) in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
-        out[lane_key(int(key))] = torch.tensor([window, consumed, step], dtype=torch.int64)
+        check = lane_check(fp, int(key), (window, consumed), replicated)
+        out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
     return out
 
 
@@ -212,10 +264,17 @@ def from_dcp_state(
     fingerprint = bytes(fp.tolist()).hex()
     if fingerprint != pipeline.fingerprint:
         diffs = _recipe_diff(sd, pipeline.summary)
-        detail = "; ".join(diffs) if diffs else "no per-field difference was recorded"
+        detail = (
+            "; ".join(diffs)
+            if diffs
+            else (
+                "every recipe field recorded in the checkpoint matches, so the fingerprint itself "
+                "was altered (a damaged or edited checkpoint)"
+            )
+        )
         raise CheckpointError(
             f"the checkpoint was written with a different recipe (fingerprint "
-            f"{fingerprint[:12]}..., this recipe {pipeline.fingerprint[:12]}...): {detail}"
+            f"{fingerprint_pair(fingerprint, pipeline.fingerprint)}): {detail}"
         )
     (num_lanes,) = _as_ints(sd, NUM_LANES_KEY, 1)
     (step,) = _as_ints(sd, STEP_KEY, 1)
@@ -227,10 +286,17 @@ def from_dcp_state(
         key = lane_key(lane)
         if key not in sd:
             raise CheckpointError(f"the checkpoint has no state for lane {lane} ({key})")
-        window, consumed, lane_step = _as_ints(sd, key, 3)
+        window, consumed, lane_step, check = _as_ints(sd, key, 4)
         if lane_step != step:
             raise CheckpointError(
                 f"lane {lane} was saved at step {lane_step}, the checkpoint is at step {step}"
+            )
+        replicated = (num_lanes, step, micro, saved_dp, saved_lbs)
+        if check != lane_check(fingerprint, lane, (window, consumed), replicated):
+            raise CheckpointError(
+                f"dataloader.{key}: check value mismatch: the lane's position [{window}, "
+                f"{consumed}] or the replicated num_lanes/step/micro/dp_world_size/"
+                f"local_batch_size {list(replicated)} were damaged or edited after saving"
             )
         positions[str(lane)] = [window, consumed]
     state: dict[str, Any] = {
@@ -268,6 +334,9 @@ def check_launch(
         RecipeError: Naming the TorchTitan option or recipe field to change.
     """
     L, G = recipe.num_lanes, recipe.global_batch_size
+    check_setting("dp_world_size", dp_world_size)
+    check_setting("training.local_batch_size", local_batch_size, bound=SETTINGS["local_batch_size"])
+    check_setting("training.seq_len", seq_len, bound=SETTINGS["seq_len"])
     if dp_world_size < 1 or not 0 <= dp_rank < dp_world_size:
         raise RecipeError(f"{dp_rank=} must be in [0, {dp_world_size=})")
     if L % dp_world_size:
@@ -385,8 +454,8 @@ class ZephonDataLoader(BaseDataLoader):
         """Folder for this rank's rows of every step (step-S.rank-R.npz; zephon digest-dump)."""
 
         def __post_init__(self) -> None:
-            if self.num_workers < 0:
-                raise RecipeError(f"dataloader.num_workers={self.num_workers} must be >= 0")
+            for name in ("num_workers", "lookahead", "prefetch", "worker_timeout_s"):
+                check_setting(f"dataloader.{name}", getattr(self, name), bound=SETTINGS[name])
             if self.runner not in RUNNERS:
                 raise RecipeError(f"dataloader.runner={self.runner!r} must be one of {RUNNERS}")
             if self.lookahead < 1:
@@ -469,6 +538,12 @@ class ZephonDataLoader(BaseDataLoader):
         self._state: dict[str, Any] = self._fresh_state()
         self._restore: dict[str, Any] | None = None
         self._started = False
+        # What the trainer got and how long it waited, per step (after the prefetcher).
+        self._steps = StepMetrics()
+        self._step_batches: list[dict[str, torch.Tensor]] = []
+        self._step_wait = 0.0
+        self.serial = next(_SERIAL)
+        _LIVE_LOADERS.add(self)
 
     def _fresh_state(self) -> dict[str, Any]:
         p = self.pipeline
@@ -505,16 +580,48 @@ class ZephonDataLoader(BaseDataLoader):
         if not self._started or self._restore is not None:
             self._start()
         while True:
+            t0 = time.perf_counter()
             try:
                 batch = next(self._node)
             except StopIteration:
                 return
             self._state = self._current_state()
+            self._count(batch, time.perf_counter() - t0)
             if self._dumper is not None:
                 step, micro = self._state["step"], self._state["micro"]
                 index = (micro - 1) % self.multiplexer.micro_per_step
                 self._dumper.add(step if micro == 0 else step + 1, index, batch)
             yield {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
+
+    def _count(self, batch: dict[str, torch.Tensor], wait_s: float) -> None:
+        self._step_batches.append(batch)
+        self._step_wait += wait_s
+        if self._state["micro"] == 0:  # the step's last micro-batch
+            self._steps.step(self._step_batches, self._step_wait)
+            self._step_batches, self._step_wait = [], 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """Return the rank's run metrics (a plain dict; see ``docs/torchtitan.md``).
+
+        As :meth:`~zephon_nodes.Multiplexer.metrics` (operators, queues, skipped records,
+        replay time), but the per-step numbers are those of the steps the trainer took:
+        ``step`` is the last step fully handed out, ``data_wait_s`` the time the trainer
+        waited for its micro-batches (after the prefetcher), ``samples``, ``tokens`` and
+        ``padding_fraction`` its rows.
+        """
+        out = self.multiplexer.metrics()
+        st = self._steps
+        out.update(
+            step=int(self._state["step"]),
+            data_wait_s=st.wait_s,
+            samples=st.samples,
+            tokens=st.tokens,
+            padding_fraction=st.padding_fraction,
+            data_wait_s_total=st.total_wait_s,
+            samples_total=st.total_samples,
+            tokens_total=st.total_tokens,
+        )
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """Return the checkpoint: one ``lane_NNNNN`` tensor per owned lane + replicated keys.
@@ -562,6 +669,7 @@ class ZephonDataLoader(BaseDataLoader):
             summary=p.summary,
             num_lanes=p.num_lanes,
             lanes=self.lanes,
+            samples_per_lane=p.recipe.samples_per_lane,
         )
         self._restore = state
         self._state = state

@@ -21,6 +21,7 @@ from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.trainer import Trainer
 
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader
+from zephon_nodes.integrations.torchtitan_metrics import with_zephon_metrics
 
 __all__ = ["zephon_llama3_debugmodel"]
 
@@ -28,9 +29,11 @@ __all__ = ["zephon_llama3_debugmodel"]
 def zephon_llama3_debugmodel() -> Trainer.Config:
     """Llama3 ``debugmodel`` (6 layers, dim 256, vocab 2048) with :class:`ZephonDataLoader`.
 
-    Everything but the dataloader is TorchTitan's ``llama3_debugmodel``; pass the recipe
+    Everything but the dataloader and the metrics processor (which also logs the loader's
+    metrics) is TorchTitan's ``llama3_debugmodel``; pass the recipe
     with ``--dataloader.recipe`` and the matching tokenizer folder with ``--hf-assets-path``.
     """
     config = llama3_debugmodel()
     config.dataloader = ZephonDataLoader.Config()
+    config.metrics = with_zephon_metrics(config.metrics)  # logs the loader's metrics too
     return config

@@ -20,6 +20,7 @@ import numpy as np
 import zstandard
 
 from zephon_nodes.errors import DataError
+from zephon_nodes.io.arrow import ArrowShard
 from zephon_nodes.io.cache import atomic_write, cache_dir, cache_key
 from zephon_nodes.io.parquet import ParquetShard
 from zephon_nodes.io.tar import TarShard
@@ -108,7 +109,7 @@ class MemoryShard:
         return f"{self.path} record {record}"
 
 
-Shard = FileShard | MemoryShard | ParquetShard | TarShard
+Shard = FileShard | MemoryShard | ParquetShard | TarShard | ArrowShard
 
 _INDEX_CACHE: dict[str, np.ndarray] = {}
 

@@ -12,6 +12,7 @@ from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.verification.digest import digest_microbatches
 
 __all__ = ["StepResult", "simulate"]
@@ -64,6 +65,10 @@ def simulate(
     Yields:
         ``(StepResult, micro-batches or None)`` per step; ends early when the data ends.
     """
+    check_setting("dp_world_size", dp_world_size)
+    check_setting("steps", steps)
+    if save_at is not None:
+        check_setting("save_at", save_at)
     own_pool = pool is None
     pool = pool if pool is not None else WorkerPool(num_workers, runner)
     try:
