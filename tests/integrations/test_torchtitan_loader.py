@@ -41,7 +41,7 @@ def build(recipe: Path | str, world: int, rank: int, lbs: int = 2, tok: Any = No
 
 
 def expected_digests(recipe: Path, steps: int) -> list[str]:
-    pipeline = Pipeline(Recipe.from_toml(recipe))
+    pipeline = Pipeline(Recipe.from_toml(recipe), provenance=False)  # TorchTitan rows: no ids
     return [r.digest for r, _ in simulate(pipeline, 2, steps, num_workers=1)]
 
 
@@ -242,9 +242,14 @@ class TestState:
         sd = build(recipe_path, 2, 1).state_dict()
         lanes = sorted(k for k in sd if k.startswith("lane_"))
         assert lanes == [lane_key(2), lane_key(3)] == ["lane_00002", "lane_00003"]
+        assert sorted(k for k in sd if k.startswith("mixture_lane_")) == [
+            "mixture_lane_00002",
+            "mixture_lane_00003",
+        ]
         for k, v in sd.items():
             assert isinstance(v, torch.Tensor), k
-            assert v.dtype == (torch.uint8 if k == "fingerprint" else torch.int64), k
+            want = {"fingerprint": torch.uint8, "mixture_log": torch.float64}.get(k, torch.int64)
+            assert v.dtype == want, k
         assert sd["fingerprint"].shape == (32,)
         assert {"zephon_format", "num_lanes", "step", "micro", "recipe_seq_len"} <= set(sd)
 

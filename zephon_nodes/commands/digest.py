@@ -9,6 +9,7 @@ from typing import Any
 
 from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.engine.checkpoint import check_writable, load_state, save_state
+from zephon_nodes.engine.decisions import read_updates, updates_after
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
@@ -49,6 +50,13 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="show a live progress bar on stderr (stdout keeps only the JSON lines)",
     )
+    p.add_argument(
+        "--mixture-updates",
+        default=None,
+        metavar="FILE",
+        help='JSON list of decisions [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...], '
+        "each made after its step (dynamic mixture)",
+    )
     p.set_defaults(func=run)
 
 
@@ -69,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
             + (f" after the resumed step {first})" if resume else ")")
         )
     saved: list[int] = []
+    updates: list[tuple[int, dict[str, float]]] = []
+    if args.mixture_updates:
+        names = [d.name for d in pipeline.recipe.datasets]
+        updates = updates_after(
+            read_updates(args.mixture_updates, names), resume, names, "--mixture-updates"
+        )
 
     def on_save(state: dict[str, Any]) -> None:
         path = save_state(args.checkpoint_dir, state)
@@ -91,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         on_save=on_save,
         on_end=ended.update,
         keep_batches=args.dump_batches is not None,
+        mixture_updates=updates,
     ):
         if mbs is not None:
             write_step(args.dump_batches, result.step, mbs)

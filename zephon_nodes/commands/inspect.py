@@ -115,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         "num_lanes": state.get("num_lanes"),
         "lanes": positions,
     }
+    mixture = state.get("mixture")
+    if isinstance(mixture, dict) and isinstance(mixture.get("log"), list):
+        out["mixture_log"] = mixture["log"]  # decisions of a dynamic mixture
     status = 0
     if args.recipe is not None:
         ok, message, diffs = resume_check(state, Recipe.from_toml(args.recipe))
@@ -134,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     print("lane positions [window, consumed]:")
     for k, v in positions.items():
         print(f"  lane {k:>4}: {v}")
+    for entry in out.get("mixture_log", []):
+        print(f"mixture decision after step {entry.get('step')}: {entry.get('weights')}")
     if "resume" in out:
         r = out["resume"]
         verdict = r["message"] if r["ok"] else f"no: {r['message']}"

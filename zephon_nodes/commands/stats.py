@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from zephon_nodes.engine.checkpoint import merge_states
+from zephon_nodes.engine.decisions import read_updates
 from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
@@ -41,6 +42,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
     p.add_argument("--num-workers", type=int, default=2, help="pool workers (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--mixture-updates",
+        default=None,
+        metavar="FILE",
+        help='JSON list of decisions [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...], '
+        "each made after its step (dynamic mixture)",
+    )
+    p.add_argument(
+        "--window-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also report token shares per window of N steps (token_shares_per_window)",
+    )
     p.set_defaults(func=run)
 
 
@@ -50,7 +65,13 @@ def _shares(counts: Mapping[str, float]) -> dict[str, float]:
 
 
 def compute_stats(
-    recipe: Recipe, steps: int, dp_world_size: int = 1, num_workers: int = 2
+    recipe: Recipe,
+    steps: int,
+    dp_world_size: int = 1,
+    num_workers: int = 2,
+    *,
+    mixture_updates: Sequence[tuple[int, Mapping[str, float]]] = (),
+    window_steps: int | None = None,
 ) -> dict[str, Any]:
     """Measure a recipe's first ``steps`` global batches (see the command's description).
 
@@ -61,12 +82,19 @@ def compute_stats(
     (:attr:`~zephon_nodes.operators.documents.DocBatch.skipped`) and are summed in lane and
     item order, so they are the same at every dp size and worker count.
 
+    ``mixture_updates`` are decisions ``(step, weights)`` made on every rank after their
+    step; with ``window_steps``, ``token_shares_per_window`` lists per window of that many
+    steps its first and last step, token shares and the weights in force (the last decision
+    made before the window, or the recipe's static weights).
+
     Returns:
         A JSON-safe dict; ``token_shares`` maps dataset names to fractions of non-padding
         tokens and ``padding_fraction`` is the padded share of all positions.
     """
     if steps < 1:
         raise RecipeError(f"--steps={steps} must be >= 1")
+    if window_steps is not None and window_steps < 1:
+        raise RecipeError(f"--window-steps={window_steps} must be >= 1")
     pipeline = Pipeline(recipe, provenance=True)
     pipeline.check_produces()
     names = [d.name for d in recipe.datasets]
@@ -79,18 +107,44 @@ def compute_stats(
         for node in ranks:
             node.reset(None)
         ended: dict[str, Any] | None = None
+        in_force: dict[str, float] | None = None
+        if len(names) > 1 and recipe.mixture.schedule is None:
+            in_force = _shares({d.name: d.weight for d in recipe.datasets})
+        windows: list[dict[str, Any]] = []
+        window = np.zeros(len(names), dtype=np.int64)
+        window_weights = in_force
         try:
-            for _ in range(steps):
+            for t in range(steps):
+                for at, weights in mixture_updates:
+                    if at == t:
+                        for node in ranks:
+                            node.set_mixture(weights)
+                        in_force = dict(ranks[0].mixture_log[-1][1])
+                if window_steps and t % window_steps == 0:
+                    window[:] = 0
+                    window_weights = in_force
                 before = [node.state_dict() for node in ranks]
                 batches = [next(node) for node in ranks for _ in range(node.micro_per_step)]
                 for mb in batches:
                     labels = mb["labels"].numpy()
                     ds = mb["dataset_ids"].numpy()
                     real = labels != IGNORE_INDEX
-                    tokens += np.bincount(ds[real], minlength=len(names))[: len(names)]
+                    counts = np.bincount(ds[real], minlength=len(names))[: len(names)]
+                    tokens += counts
+                    window += counts
                     padding += int((ds < 0).sum())  # -1 on padding (chat masks are not)
                     positions += labels.size
                 produced += 1
+                if window_steps and (produced % window_steps == 0 or produced == steps):
+                    start = (produced - 1) // window_steps * window_steps + 1
+                    shares = _shares(dict(zip(names, window.tolist(), strict=True)))
+                    windows.append(
+                        {
+                            "steps": [start, produced],
+                            "token_shares": shares,
+                            "weights": window_weights,
+                        }
+                    )
         except StopIteration:
             ended = merge_states(before)
         lanes: dict[int, Any] = {}
@@ -138,6 +192,10 @@ def compute_stats(
     }
     if len(names) > 1 and recipe.mixture.schedule is None:
         out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
+    if mixture_updates:
+        out["mixture_log"] = [{"step": s, "weights": dict(w)} for s, w in ranks[0].mixture_log]
+    if window_steps:
+        out["token_shares_per_window"] = windows
     if "estimate" in pipeline.canonical.get("mixture", {}):
         out["estimated_tokens_per_record"] = pipeline.canonical["mixture"]["estimate"]
     return out
@@ -170,8 +228,17 @@ def _count_items(
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon stats``."""
+    recipe = Recipe.from_toml(args.recipe)
+    updates: list[tuple[int, dict[str, float]]] = []
+    if args.mixture_updates:
+        updates = read_updates(args.mixture_updates, [d.name for d in recipe.datasets])
     stats = compute_stats(
-        Recipe.from_toml(args.recipe), args.steps, args.dp_world_size, args.num_workers
+        recipe,
+        args.steps,
+        args.dp_world_size,
+        args.num_workers,
+        mixture_updates=updates,
+        window_steps=args.window_steps,
     )
     if args.json:
         print(json.dumps(stats, sort_keys=True))
@@ -199,4 +266,11 @@ def run(args: argparse.Namespace) -> int:
         for name, reasons in stats[key].items():
             for reason, count in sorted(reasons.items()):
                 print(f"{key}: {name}: {reason}: {count}")
+    for entry in stats.get("mixture_log", []):
+        w = " ".join(f"{n}={v:.4f}" for n, v in entry["weights"].items())
+        print(f"decision after step {entry['step']}: {w}")
+    for win in stats.get("token_shares_per_window", []):
+        a, b = win["steps"]
+        shares = " ".join(f"{n}={v:.4f}" for n, v in win["token_shares"].items())
+        print(f"steps {a}-{b}: {shares}")
     return 0

@@ -58,6 +58,13 @@ def work_source(
         if recipe.balanced_dealing and single.total_items is not None:
             return BalancedWorkSource(single, single.total_items), None
         return single, None
+    if recipe.balanced_dealing:
+        from zephon_nodes.errors import RecipeError
+
+        raise RecipeError(
+            "work.deal='balanced' applies to single-dataset recipes; a mixture deals its items "
+            "by its per-lane plans: use work.deal='round_robin'"
+        )
     stored = recipe.mixture.tokens_per_record
     estimate: dict[str, float] | None = None
     if stored is not None:
@@ -81,6 +88,4 @@ def work_source(
         per_item,
         recipe.mixture.block,
     )
-    if recipe.balanced_dealing and source.end is not None:
-        return BalancedWorkSource(source, source.end), estimate
     return source, estimate

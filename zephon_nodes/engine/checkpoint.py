@@ -50,8 +50,17 @@ __all__ = [
 FORMAT = "zephon-nodes/1"
 STATE_FILE = "zephon_state.json"
 _KEYS = {
-    "format", "fingerprint", "recipe", "num_lanes", "step", "micro", "lanes", "layout", "pass"
-}  # fmt: skip
+    "format",
+    "fingerprint",
+    "recipe",
+    "num_lanes",
+    "step",
+    "micro",
+    "lanes",
+    "layout",
+    "mixture",  # the decision log of a dynamic mixture (zephon_nodes.engine.decisions)
+    "pass",  # the pass of the recipe's stream, after the first (docs/torchdata.md)
+}
 _MAX_STATE_BYTES = 16 << 20
 CHECKSUM_KEY = "checksum"
 _HEADER = b'{"checksum":"sha256:'
@@ -289,7 +298,27 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         lanes.update(s["lanes"])
     merged = {k: v for k, v in first.items() if k not in ("lanes", "layout")}
     merged["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
+    mixtures = [s.get("mixture") for s in states]
+    if any(m is not None for m in mixtures):
+        merged["mixture"] = _merge_mixtures(mixtures)
     return merged
+
+
+def _merge_mixtures(mixtures: Sequence[Any]) -> dict[str, Any]:
+    """Merge the ranks' decision logs (identical) and per-lane effect windows (disjoint)."""
+    logs = [m.get("log") if isinstance(m, Mapping) else None for m in mixtures]
+    for k, log in enumerate(logs):
+        if log != logs[0]:
+            raise CheckpointError(
+                f"ranks disagree on the mixture decision log: rank 0 has {logs[0]!r:.200}, "
+                f"rank {k} has {log!r:.200}"
+            )
+    effects: dict[str, Any] = {}
+    for m in mixtures:
+        if isinstance(m, Mapping) and isinstance(m.get("effects"), Mapping):
+            effects.update(m["effects"])
+    ordered = sorted(effects.items(), key=lambda kv: (len(str(kv[0])), str(kv[0])))
+    return {"log": logs[0], "effects": dict(ordered)}
 
 
 def encode_checked(obj: Mapping[str, Any]) -> bytes:

@@ -12,6 +12,13 @@ import torch
 from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.decisions import (
+    MIXTURE_KEY,
+    MixtureLog,
+    normalize_weights,
+    parse_mixture_state,
+    with_decision,
+)
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
@@ -43,9 +50,12 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     For every optimizer step it takes the next ``G/L`` samples of each owned lane, in lane
     order, and cuts them into micro-batches of ``local_batch_size`` rows (dicts of
-    ``LongTensor``: ``input``, ``labels``, ``positions``, plus ``lane``, the lane of each
-    row). Reassembled in lane order, the ranks' rows are exactly the global batch, whatever
-    the number of ranks.
+    ``LongTensor``: ``input``, ``labels``, ``positions``, ``dataset_ids``, plus ``lane``, the
+    lane of each row). Reassembled in lane order, the ranks' rows are exactly the global
+    batch, whatever the number of ranks.
+
+    :meth:`set_mixture` changes the mixture between steps (a dynamic mixture, see
+    :mod:`zephon_nodes.engine.decisions`); the decision log is part of the state.
 
     State (plain JSON-safe data): format, recipe fingerprint and summary, lane count, step,
     micro-batches already yielded in the current step, and per owned lane
@@ -62,6 +72,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         lanes: The rank's lanes by lane index.
         pipeline: The compiled recipe (fingerprint, lane count, batch geometry).
         local_batch_size: Rows per micro-batch; default ``G/R`` (one micro-batch per step).
+        work_source: The work source the lanes read (default the pipeline's); decisions are
+            installed into it, so each rank node should have its own (``fork()``).
     """
 
     def __init__(
@@ -69,10 +81,13 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         lanes: Mapping[int, Lane],
         pipeline: CompiledRecipe,
         local_batch_size: int | None = None,
+        work_source: WorkSource | None = None,
     ) -> None:
         super().__init__()
         self.lanes = dict(sorted(lanes.items()))
         self.pipeline = pipeline
+        self.work_source = work_source if work_source is not None else pipeline.work_source
+        self._mixture = MixtureLog()
         recipe = pipeline.recipe
         self.samples_per_lane = recipe.samples_per_lane
         per_step = self.samples_per_lane * len(self.lanes)
@@ -133,6 +148,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             if self._used:
                 self._pass += 1
             self._used = False
+            self._install(MixtureLog())
             for lane in self.lanes.values():
                 if self._pass:
                     lane.reset(
@@ -152,9 +168,17 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             lanes=self.lanes,
             samples_per_lane=self.samples_per_lane,
         )
+        self._install(
+            parse_mixture_state(
+                initial_state.get(MIXTURE_KEY),
+                [d.name for d in p.recipe.datasets],
+                list(self.lanes),
+                initial_state["step"],
+            )
+        )
         flush_every = p.recipe.flush_every
         pass_index = initial_state.get("pass", 0)
-        source = p.work_source.for_pass(pass_index)
+        source = self.work_source.for_pass(pass_index)
         for i in self.lanes:
             w = positions[i][0]
             if w > 0 and (source is None or source.work(i, (w - 1) * flush_every) is None):
@@ -182,6 +206,40 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         if micro:
             self._build_step()
             self._micro = micro
+
+    def _install(self, mixture: MixtureLog) -> None:
+        """Install a decision log into this rank's work source."""
+        names = [d.name for d in self.pipeline.recipe.datasets]
+        setter = getattr(self.work_source, "set_decisions", None)
+        if setter is not None:
+            k = self.pipeline.recipe.flush_every
+            setter(
+                [tuple(w[n] for n in names) for _, w in mixture.entries],
+                {i: [e * k for e in mixture.effects.get(i, [])] for i in self.lanes},
+            )
+        self._mixture = mixture
+
+    @property
+    def mixture_log(self) -> list[tuple[int, dict[str, float]]]:
+        """The decisions in force: ``[(step, {dataset: weight}), ...]`` (normalized)."""
+        return [(s, dict(w)) for s, w in self._mixture.entries]
+
+    def set_mixture(self, weights: Mapping[str, float]) -> None:
+        """Change the mixture after the current step: a weight per recipe dataset.
+
+        Weights are token shares (0 pauses a dataset) and are renormalized. The decision is
+        logged as ``(step, weights)`` and takes effect in each lane from the first flush
+        window that begins after the lane's position now (see
+        :mod:`zephon_nodes.engine.decisions`); work computed ahead is recomputed. Every rank
+        must make the same decision after the same step.
+
+        Raises:
+            RecipeError: If a dataset is unknown or missing, a weight is invalid, or the
+                call comes in the middle of a step.
+        """
+        names = [d.name for d in self.pipeline.recipe.datasets]
+        normalized = normalize_weights(names, weights, where="set_mixture")
+        self.reset(with_decision(self.get_state(), normalized))
 
     def _build_step(self) -> None:
         rows: list[dict[str, np.ndarray]] = []
@@ -281,6 +339,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         }
         if self._micro:
             state["layout"] = self._layout()
+        if self._mixture:
+            state[MIXTURE_KEY] = self._mixture.to_state(list(self.lanes))
         if self._pass:
             state["pass"] = self._pass
         return state

@@ -67,8 +67,8 @@ class Pipeline:
 
     Args:
         recipe: The recipe.
-        provenance: Add ``dataset_ids`` (each token's dataset index, -1 on padding) to the
-            samples, for statistics (``zephon stats``); changes the digests.
+        provenance: Add ``dataset_ids`` (each token's recipe dataset index, -1 on padding)
+            to every sample (the default; covered by digests). False drops the field.
         stages: torchdata nodes appended to every lane, after packing and shuffling: each
             ``make(feed) -> BaseNode`` builds a node over ``feed`` (the lane's samples of one
             flush window) and runs in a :class:`~zephon_nodes.operators.stage.TorchdataStage`.
@@ -79,7 +79,7 @@ class Pipeline:
         self,
         recipe: Recipe,
         *,
-        provenance: bool = False,
+        provenance: bool = True,
         stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]] = (),
     ) -> None:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
@@ -230,5 +230,14 @@ class Pipeline:
                     f"a repeated lane would yield its samples twice"
                 )
         pool = pool if pool is not None else WorkerPool(2, "thread")
-        built = {lane: self.build_lane(lane, pool, lookahead) for lane in lanes}
-        return Multiplexer(built, self, local_batch_size=local_batch_size)
+        # Each rank node gets its own copy of a mixing work source (its decisions are per
+        # node); build_lane (which subclasses override) reads it as ``self.work_source``.
+        shared = self.work_source
+        fork = getattr(shared, "fork", None)
+        ws = fork() if fork is not None else shared
+        self.work_source = ws
+        try:
+            built = {lane: self.build_lane(lane, pool, lookahead) for lane in lanes}
+        finally:
+            self.work_source = shared
+        return Multiplexer(built, self, local_batch_size=local_batch_size, work_source=ws)

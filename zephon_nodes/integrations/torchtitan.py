@@ -17,6 +17,11 @@ uint8 tensors, never pickled objects (keys below live under ``dataloader.``):
   (uint8[32]) and one ``recipe_<field>`` per top-level recipe field (int64[kind, value]),
   so a refused resume names the field that changed.
 
+* the decision log of a dynamic mixture (:meth:`ZephonDataLoader.set_mixture`), with room
+  for ``max_decisions`` entries: ``mixture_count`` (int64[1]) and ``mixture_log``
+  (float64[max_decisions, 1 + D]: the step, then the weights in recipe order; replicated) and
+  one ``mixture_lane_00003 -> int64[max_decisions]`` per lane (its effect windows, -1 unused).
+
 On load, DCP first calls :meth:`ZephonDataLoader.state_dict` on the *new* loader to learn
 which keys to read: it lists exactly the lanes this rank owns in the new layout, so a
 checkpoint written at dp 2 loads at dp 1, 4, 8, ... (any divisor of ``num_lanes``).
@@ -39,6 +44,12 @@ from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon_nodes.engine.checkpoint import FORMAT, fingerprint_pair, validate_state
+from zephon_nodes.engine.decisions import (
+    MIXTURE_KEY,
+    normalize_weights,
+    parse_mixture_state,
+    with_decision,
+)
 from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
@@ -52,12 +63,14 @@ from zephon_nodes.verification.dump import StepDumper
 __all__ = [
     "DCP_FORMAT",
     "ZephonDataLoader",
+    "check_agreement",
     "check_launch",
     "check_tokenizer",
     "from_dcp_state",
     "lane_check",
     "lane_key",
     "loader_metrics",
+    "mixture_lane_key",
     "to_dcp_state",
 ]
 
@@ -78,6 +91,9 @@ LBS_KEY = "local_batch_size"
 FINGERPRINT_KEY = "fingerprint"
 RECIPE_PREFIX = "recipe_"
 LANE_PREFIX = "lane_"
+MIXTURE_COUNT_KEY = "mixture_count"
+MIXTURE_LOG_KEY = "mixture_log"
+MIXTURE_LANE_PREFIX = "mixture_lane_"
 
 _KIND_INT, _KIND_HASH, _KIND_OTHER = 0, 1, 2
 
@@ -149,7 +165,12 @@ def _decode_field(kind: int, value: int) -> Any:
 
 
 def to_dcp_state(
-    state: Mapping[str, Any], *, dp_world_size: int, local_batch_size: int
+    state: Mapping[str, Any],
+    *,
+    dp_world_size: int,
+    local_batch_size: int,
+    dataset_names: list[str] | None = None,
+    max_decisions: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Convert a :class:`~zephon_nodes.engine.multiplexer.Multiplexer` state to DCP tensors.
 
@@ -157,13 +178,16 @@ def to_dcp_state(
         state: The rank's JSON-safe multiplexer state.
         dp_world_size: The job's data-parallel size (stored for mid-step states).
         local_batch_size: The rank's micro-batch size (stored for mid-step states).
+        dataset_names: The recipe's datasets (order of the stored weights).
+        max_decisions: Room for decisions (0: no mixture keys).
 
     Returns:
         ``{key: tensor}``: one ``lane_NNNNN`` per lane in ``state`` plus the replicated keys.
 
     Raises:
-        CheckpointError: For a state of a later pass (``ZephonDataLoader`` never starts one;
-            the DCP layout has no place for it, and dropping it would resume in pass 0).
+        CheckpointError: If the decision log holds more than ``max_decisions`` entries, or
+            for a state of a later pass (``ZephonDataLoader`` never starts one; the DCP
+            layout has no place for it, and dropping it would resume in pass 0).
     """
     if state.get("pass", 0):
         raise CheckpointError(
@@ -195,7 +219,62 @@ def to_dcp_state(
     for key, (window, consumed) in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
         check = lane_check(fp, int(key), (window, consumed), replicated)
         out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
+    if max_decisions > 0:
+        names = list(dataset_names or [])
+        mixture = state.get(MIXTURE_KEY) or {"log": [], "effects": {}}
+        log = mixture["log"]
+        if len(log) > max_decisions:
+            raise CheckpointError(
+                f"the mixture log holds {len(log)} decisions, more than "
+                f"dataloader.max_decisions={max_decisions}"
+            )
+        table = torch.full((max_decisions, 1 + len(names)), -1.0, dtype=torch.float64)
+        for k, entry in enumerate(log):
+            table[k, 0] = float(entry["step"])
+            weights = [float(entry["weights"][n]) for n in names]
+            table[k, 1:] = torch.tensor(weights, dtype=torch.float64)
+        out[MIXTURE_COUNT_KEY] = _scalar(len(log))
+        out[MIXTURE_LOG_KEY] = table
+        for key in state["lanes"]:
+            windows = torch.full((max_decisions,), -1, dtype=torch.int64)
+            eff = mixture["effects"].get(str(key), [])
+            windows[: len(eff)] = torch.tensor(eff, dtype=torch.int64)
+            out[mixture_lane_key(int(key))] = windows
     return out
+
+
+def mixture_lane_key(lane: int) -> str:
+    """Return the DCP key of lane ``lane``'s decision effect windows."""
+    return f"{MIXTURE_LANE_PREFIX}{lane:05d}"
+
+
+def _mixture_from_dcp(
+    sd: Mapping[str, Any], names: list[str], lanes: list[int], max_decisions: int
+) -> dict[str, Any] | None:
+    """Read the decision log back from DCP tensors (None when there is none)."""
+    if MIXTURE_COUNT_KEY not in sd:
+        return None
+    (count,) = _as_ints(sd, MIXTURE_COUNT_KEY, 1)
+    table = sd.get(MIXTURE_LOG_KEY)
+    shape = (max_decisions, 1 + len(names))
+    if not isinstance(table, torch.Tensor) or tuple(table.shape) != shape:
+        raise CheckpointError(
+            f"dataloader.{MIXTURE_LOG_KEY}: expected a float64 tensor of shape {shape}, got "
+            f"{table!r:.80}"
+        )
+    if not 0 <= count <= max_decisions:
+        raise CheckpointError(f"dataloader.{MIXTURE_COUNT_KEY}={count} is out of range")
+    if count == 0:
+        return None
+    rows = table.to(torch.float64).tolist()
+    log = [
+        {"step": int(row[0]), "weights": dict(zip(names, row[1:], strict=True))}
+        for row in rows[:count]
+    ]
+    effects = {}
+    for lane in lanes:
+        effects[str(lane)] = _as_ints(sd, mixture_lane_key(lane), max_decisions)[:count]
+    return {"log": log, "effects": effects}
 
 
 def _as_ints(sd: Mapping[str, Any], key: str, n: int) -> list[int]:
@@ -235,6 +314,7 @@ def from_dcp_state(
     *,
     dp_world_size: int,
     local_batch_size: int,
+    max_decisions: int = 0,
 ) -> dict[str, Any]:
     """Convert loaded DCP tensors back to a JSON-safe multiplexer state for ``lanes``.
 
@@ -244,6 +324,7 @@ def from_dcp_state(
         lanes: Lanes this rank owns now.
         dp_world_size: This job's data-parallel size.
         local_batch_size: This job's micro-batch size.
+        max_decisions: Room for decisions in the mixture keys (0: none stored).
 
     Raises:
         CheckpointError: If the checkpoint is not a zephon-nodes one, was written with
@@ -312,6 +393,11 @@ def from_dcp_state(
         "micro": micro,
         "lanes": positions,
     }
+    if max_decisions > 0:
+        names = [d.name for d in pipeline.recipe.datasets]
+        mixture = _mixture_from_dcp(sd, names, lanes, max_decisions)
+        if mixture is not None:
+            state[MIXTURE_KEY] = mixture
     if micro:
         if (saved_dp, saved_lbs) != (dp_world_size, local_batch_size):
             raise CheckpointError(
@@ -323,6 +409,38 @@ def from_dcp_state(
             )
         state["layout"] = {"lanes": list(lanes), "local_batch_size": saved_lbs}
     return state
+
+
+def check_agreement(step: int, index: int, weights: Mapping[str, float], group: Any = None) -> None:
+    """Check that every rank of ``group`` makes decision ``index`` after ``step`` alike.
+
+    One ``all_gather`` of ``2 + D`` float64 values; nothing happens when
+    ``torch.distributed`` is not initialized.
+
+    Raises:
+        RecipeError: Naming a rank that disagrees and both weight sets (and steps).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    names = list(weights)
+    mine = torch.tensor([float(step), float(index), *weights.values()], dtype=torch.float64)
+    if dist.get_backend(group) == "nccl":
+        mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    me = dist.get_rank(group)
+    for rank, theirs in enumerate(gathered):
+        if not torch.equal(theirs.cpu(), mine.cpu()):
+            t = theirs.cpu().tolist()
+            raise RecipeError(
+                f"ranks disagree on mixture decision {index}: rank {me} decided "
+                f"{dict(weights)} after step {step}, rank {rank} decided "
+                f"{dict(zip(names, t[2:], strict=True))} after step {int(t[0])} (decision "
+                f"{int(t[1])}); every rank must call set_mixture with the same weights "
+                f"after the same step"
+            )
 
 
 def check_launch(
@@ -450,6 +568,9 @@ class ZephonDataLoader(BaseDataLoader):
         infinite: bool = True
         """Set by TorchTitan's validator; False refuses an endless recipe (work.epochs='inf')."""
 
+        max_decisions: int = 256
+        """Room for set_mixture decisions in the checkpoint (fixed-shape DCP tensors)."""
+
         dump_batches: str = ""
         """Folder for this rank's rows of every step (step-S.rank-R.npz; zephon digest-dump)."""
 
@@ -462,6 +583,8 @@ class ZephonDataLoader(BaseDataLoader):
                 raise RecipeError(f"dataloader.lookahead={self.lookahead} must be >= 1")
             if self.prefetch < 0:
                 raise RecipeError(f"dataloader.prefetch={self.prefetch} must be >= 0")
+            if self.max_decisions < 0:
+                raise RecipeError(f"dataloader.max_decisions={self.max_decisions} must be >= 0")
             if not self.worker_timeout_s > 0:
                 raise RecipeError(
                     f"dataloader.worker_timeout_s={self.worker_timeout_s} must be > 0"
@@ -538,6 +661,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._state: dict[str, Any] = self._fresh_state()
         self._restore: dict[str, Any] | None = None
         self._started = False
+        self._dataset_ids: list[torch.Tensor] = []
         # What the trainer got and how long it waited, per step (after the prefetcher).
         self._steps = StepMetrics()
         self._step_batches: list[dict[str, torch.Tensor]] = []
@@ -577,15 +701,18 @@ class ZephonDataLoader(BaseDataLoader):
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         """Yield micro-batches, continuing where the last iteration (or checkpoint) stopped."""
-        if not self._started or self._restore is not None:
-            self._start()
         while True:
+            if not self._started or self._restore is not None:
+                self._start()  # at the start, after a load, or after set_mixture
             t0 = time.perf_counter()
             try:
                 batch = next(self._node)
             except StopIteration:
                 return
             self._state = self._current_state()
+            if "dataset_ids" in batch:
+                self._dataset_ids.append(batch["dataset_ids"])
+                del self._dataset_ids[:-1024]
             self._count(batch, time.perf_counter() - t0)
             if self._dumper is not None:
                 step, micro = self._state["step"], self._state["micro"]
@@ -623,6 +750,57 @@ class ZephonDataLoader(BaseDataLoader):
         )
         return out
 
+    def pop_dataset_ids(self) -> list[torch.Tensor]:
+        """Return the ``dataset_ids`` of the micro-batches yielded since the last call.
+
+        Each is int64 ``[local_batch_size, seq_len]``: the recipe dataset index of every
+        label token, -1 on padding. TorchTitan passes every ``input_dict`` key to the
+        model, so the loader keeps this field aside for controllers (per-domain loss).
+        """
+        out, self._dataset_ids = self._dataset_ids, []
+        return out
+
+    @property
+    def mixture_log(self) -> list[tuple[int, dict[str, float]]]:
+        """The decisions made so far: ``[(step, {dataset: weight}), ...]`` (normalized)."""
+        state = self._restore if self._restore is not None else self._state
+        log = (state.get(MIXTURE_KEY) or {}).get("log", [])
+        return [(int(e["step"]), dict(e["weights"])) for e in log]
+
+    def set_mixture(self, weights: Mapping[str, float], *, group: Any = None) -> None:
+        """Change the mixture after the step just consumed (call between steps).
+
+        The decision ``(step, weights)`` joins the log kept in the checkpoint and takes
+        effect in each lane from the first flush window after the lane's position at this
+        step (see :mod:`zephon_nodes.engine.decisions`); micro-batches prefetched under the
+        old weights are thrown away and recomputed. With ``torch.distributed`` initialized,
+        one all-gather on ``group`` (default: the whole job; pass the data-parallel group)
+        checks that every rank makes the same decision at the same step.
+
+        Args:
+            weights: ``{dataset: weight}`` for every recipe dataset (0 pauses one);
+                renormalized.
+            group: Process group to check agreement on.
+
+        Raises:
+            RecipeError: On an unknown or missing dataset, a bad weight, a call in the
+                middle of a step, a full log (``dataloader.max_decisions``), or when ranks
+                disagree (naming both weight sets).
+        """
+        names = [d.name for d in self.pipeline.recipe.datasets]
+        normalized = normalize_weights(names, weights, where="ZephonDataLoader.set_mixture")
+        state = self._restore if self._restore is not None else self._state
+        log = (state.get(MIXTURE_KEY) or {}).get("log", [])
+        if len(log) >= self.config.max_decisions:
+            raise RecipeError(
+                f"set_mixture: the decision log is full ({len(log)} decisions, "
+                f"dataloader.max_decisions={self.config.max_decisions}); raise it"
+            )
+        check_agreement(int(state["step"]), len(log), normalized, group)
+        new = with_decision(state, normalized)
+        self._restore = new
+        self._state = new
+
     def state_dict(self) -> dict[str, Any]:
         """Return the checkpoint: one ``lane_NNNNN`` tensor per owned lane + replicated keys.
 
@@ -641,7 +819,11 @@ class ZephonDataLoader(BaseDataLoader):
                 self.pipeline.recipe.global_batch_size,
             )
         return to_dcp_state(
-            state, dp_world_size=self.dp_world_size, local_batch_size=self.local_batch_size
+            state,
+            dp_world_size=self.dp_world_size,
+            local_batch_size=self.local_batch_size,
+            dataset_names=[d.name for d in self.pipeline.recipe.datasets],
+            max_decisions=self.config.max_decisions,
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -661,6 +843,7 @@ class ZephonDataLoader(BaseDataLoader):
             self.lanes,
             dp_world_size=self.dp_world_size,
             local_batch_size=self.local_batch_size,
+            max_decisions=self.config.max_decisions,
         )
         p = self.pipeline
         validate_state(
@@ -670,6 +853,12 @@ class ZephonDataLoader(BaseDataLoader):
             num_lanes=p.num_lanes,
             lanes=self.lanes,
             samples_per_lane=p.recipe.samples_per_lane,
+        )
+        parse_mixture_state(
+            state.get(MIXTURE_KEY),
+            [d.name for d in p.recipe.datasets],
+            self.lanes,
+            int(state["step"]),
         )
         self._restore = state
         self._state = state

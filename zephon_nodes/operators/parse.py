@@ -18,6 +18,8 @@ def classify_file_error(message: str, path: str = "") -> str:
     text = message.replace(path, "").lower() if path else message.lower()
     if "changed since it was indexed" in text:
         return "changed_file"
+    if "unreadable parquet" in text:  # before "not found": pyarrow says "magic bytes not found"
+        return "unreadable_parquet"
     if "not found" in text or "no such file" in text:
         return "missing_file"
     if "truncated" in text:
