@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     produced = 0
     last = first
     bar = progress_bar(args.steps, pipeline.recipe.seq_len) if args.progress else None
+    ended: dict[str, Any] = {}
     for result, mbs in simulate(
         pipeline,
         args.dp_world_size,
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         save_at=args.save_at,
         on_save=on_save,
         operator_pools=args.operator_workers,
+        on_end=ended.update,
         keep_batches=args.dump_batches is not None,
         mixture_updates=updates,
     ):
@@ -141,4 +143,10 @@ def run(args: argparse.Namespace) -> int:
             f"steps produced; a finite recipe stops after its last full global batch)",
             file=sys.stderr,
         )
+    if ended:
+        from zephon_nodes.engine.end_of_data import format_unused, unused_samples
+
+        unused = unused_samples(pipeline, ended)
+        delivered = int(ended["step"]) * pipeline.recipe.global_batch_size
+        print(f"zephon digest: end of data: {format_unused(unused, delivered)}", file=sys.stderr)
     return 0

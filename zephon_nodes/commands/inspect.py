@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         "fingerprint": state.get("fingerprint"),
         "step": state.get("step"),
         "micro": state.get("micro"),
+        "pass": state.get("pass", 0),
         "num_lanes": state.get("num_lanes"),
         "lanes": positions,
     }
@@ -130,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"fingerprint:  {out['fingerprint']}")
     micro = f" (+{out['micro']} micro-batches of step {out['step'] + 1})" if out["micro"] else ""
     print(f"step:         {out['step']}{micro}")
+    if out["pass"]:
+        print(f"pass:         {out['pass']} (a later pass of the recipe's stream)")
     print(f"num_lanes:    {out['num_lanes']} ({len(positions)} in this state)")
     print("lane positions [window, consumed]:")
     for k, v in positions.items():

@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.decisions import read_updates
+from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
@@ -104,6 +106,7 @@ def compute_stats(
         ]
         for node in ranks:
             node.reset(None)
+        ended: dict[str, Any] | None = None
         in_force: dict[str, float] | None = None
         if len(names) > 1 and recipe.mixture.schedule is None:
             in_force = _shares({d.name: d.weight for d in recipe.datasets})
@@ -120,6 +123,7 @@ def compute_stats(
                 if window_steps and t % window_steps == 0:
                     window[:] = 0
                     window_weights = in_force
+                before = [node.state_dict() for node in ranks]
                 batches = [next(node) for node in ranks for _ in range(node.micro_per_step)]
                 for mb in batches:
                     labels = mb["labels"].numpy()
@@ -142,12 +146,24 @@ def compute_stats(
                         }
                     )
         except StopIteration:
-            pass
+            ended = merge_states(before)
         lanes: dict[int, Any] = {}
         for node in ranks:
             for lane, (w, c) in node.get_state()["lanes"].items():
                 lanes[int(lane)] = (w, c)
         documents, skipped = _count_items(pipeline, lanes, pool)
+        end_of_data: dict[str, Any] | None = None
+        if ended is not None:
+            unused = unused_samples(pipeline, ended, pool)
+            delivered = produced * recipe.global_batch_size
+            total = delivered + sum(unused.values())
+            end_of_data = {
+                "delivered_samples": delivered,
+                "unused_samples": sum(unused.values()),
+                "unused_fraction": sum(unused.values()) / total if total else 0.0,
+                "unused_per_lane": {str(lane): n for lane, n in sorted(unused.items())},
+                "policy": recipe.work.end_of_data,
+            }
     per_dataset = {n: int(t) for n, t in zip(names, tokens.tolist(), strict=True)}
     skipped_records: dict[str, dict[str, int]] = {n: {} for n in names} | {
         n: {r: c for r, c in v.items() if not r.startswith(FILTER_PREFIX)}
@@ -172,6 +188,7 @@ def compute_stats(
         "skipped_records": skipped_records,
         "skipped_files": pipeline.skipped_files,
         "filtered": filtered,
+        "end_of_data": end_of_data,
     }
     if len(names) > 1 and recipe.mixture.schedule is None:
         out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
@@ -236,6 +253,14 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{name:<20} {count:>12} {stats['token_shares'][name]:>12.4f} {w:>8} "
             f"{stats['document_shares'][name]:>10.4f}"
+        )
+    end = stats["end_of_data"]
+    if end is not None:
+        per_lane = ", ".join(f"{k}: {v}" for k, v in end["unused_per_lane"].items())
+        print(
+            f"end of data after {stats['steps']} steps: {end['unused_samples']} of "
+            f"{end['delivered_samples'] + end['unused_samples']} samples unused "
+            f"({end['unused_fraction']:.2%}); per lane: {{{per_lane}}}"
         )
     for key in ("skipped_records", "skipped_files", "filtered"):
         for name, reasons in stats[key].items():

@@ -24,10 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.engine.state_paths import locate_state
 from zephon_nodes.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
+    "unwrap_state",
     "STATE_FILE",
     "load_state",
     "merge_states",
@@ -57,6 +59,7 @@ _KEYS = {
     "lanes",
     "layout",
     "mixture",  # the decision log of a dynamic mixture (zephon_nodes.engine.decisions)
+    "pass",  # the pass of the recipe's stream, after the first (docs/torchdata.md)
 }
 _MAX_STATE_BYTES = 16 << 20
 CHECKSUM_KEY = "checksum"
@@ -147,7 +150,9 @@ def validate_state(
         raise CheckpointError(
             f"checkpoint has num_lanes={state['num_lanes']!r}, recipe has {num_lanes=}"
         )
-    for key in ("step", "micro"):
+    for key in ("step", "micro", "pass"):
+        if key not in state:
+            continue
         if not _is_int(state[key]) or not 0 <= state[key] < 2**62:
             raise CheckpointError(
                 f"checkpoint {key}={state[key]!r} must be an integer in [0, 2**62)"
@@ -225,14 +230,53 @@ def _summary_diff(saved: Any, current: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def unwrap_state(state: Any) -> dict[str, Any]:
+    """Return the library's state: ``state`` itself, or the one inside a ``Loader`` state.
+
+    A ``torchdata.nodes.Loader`` over a rank node holds its state under the wrappers' keys
+    (``root``, ``root.snapshot``, ``root.it_state.snapshot``, ``root.source``, ...); it is
+    found by its ``format`` key whatever the stack.
+
+    Raises:
+        CheckpointError: If there is no library state, more than one, or the wrappers yielded
+            items after it was taken (``steps_since_snapshot`` > 0): then the state lags the
+            consumer and :func:`zephon_nodes.engine.loader_state.rank_state` must replay it to
+            the step the consumer reached.
+    """
+    if isinstance(state, Mapping) and "format" in state:
+        return dict(state)
+    found = locate_state(state, FORMAT)
+    if not found:
+        kind = type(state).__name__
+        raise CheckpointError(
+            f"no zephon-nodes state (a dict with format {FORMAT!r}) found in this {kind}"
+        )
+    if len(found) > 1:
+        where = ", ".join(f.where for f in found)
+        raise CheckpointError(f"more than one zephon-nodes state in this Loader state: {where}")
+    f = found[0]
+    if not f.exact:
+        lag = ", ".join(f"{k}={v}" for k, v in f.lag)
+        raise CheckpointError(
+            f"the zephon-nodes state at {f.where} in this Loader state was taken before the "
+            f"last items the wrappers yielded ({lag}); replay it to the step the training loop "
+            f"reached: zephon_nodes.loader_state.rank_state(state, pipeline, step=STEP)"
+        )
+    return dict(f.state)
+
+
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Merge the states of all ranks (each holding its own lanes) into one global state.
+
+    Each state may also be a whole ``torchdata.nodes.Loader`` state (see
+    :func:`unwrap_state`).
 
     Raises:
         CheckpointError: If the ranks disagree on recipe or step, are mid-step, or overlap.
     """
     if not states:
         raise CheckpointError("no states to merge")
+    states = [unwrap_state(s) for s in states]
     first = states[0]
     lanes: dict[str, Any] = {}
     for s in states:
@@ -241,7 +285,7 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         bad = [k for k in s["lanes"] if not (isinstance(k, str) and k.isascii() and k.isdigit())]
         if bad:
             raise CheckpointError(f"checkpoint lane key(s) {bad[:4]} are not lane numbers")
-        for key in ("format", "fingerprint", "num_lanes", "step"):
+        for key in ("format", "fingerprint", "num_lanes", "step", "pass"):
             if s.get(key) != first.get(key):
                 raise CheckpointError(
                     f"ranks disagree on {key}: {first.get(key)!r} vs {s.get(key)!r}"
@@ -460,7 +504,8 @@ def save_state(directory: str | os.PathLike[str], state: Mapping[str, Any]) -> P
 def load_state(path: str | os.PathLike[str], *, allow_unchecked: bool = False) -> dict[str, Any]:
     """Read a state saved by :func:`save_state` (a directory or the JSON file itself).
 
-    The checksum is verified before the JSON is parsed.
+    The checksum is verified before the JSON is parsed. A file holding a whole
+    ``torchdata.nodes.Loader`` state gives the library state inside it (:func:`unwrap_state`).
 
     Args:
         path: The file, or the directory holding ``zephon_state.json``.
@@ -480,6 +525,11 @@ def load_state(path: str | os.PathLike[str], *, allow_unchecked: bool = False) -
     state = decode_checked(_read_bytes(p, "state"), p, allow_unchecked=allow_unchecked)
     if not isinstance(state, dict):
         raise CheckpointError(f"{p}: a state must be a JSON object, got {type(state).__name__}")
+    if "format" not in state:
+        try:
+            return unwrap_state(state)
+        except CheckpointError as e:
+            raise CheckpointError(f"{p}: {e}") from None
     return state
 
 

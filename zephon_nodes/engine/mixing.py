@@ -35,6 +35,7 @@ of any dataset is skipped or taken twice.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.engine.seeding import permutation
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, pass_epoch_offset
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.recipe.schedule import WeightSchedule
@@ -219,6 +220,7 @@ class MixingWorkSource(WorkSource):
         super().__init__(num_lanes)
         self.datasets = list(datasets)
         self.seed = seed
+        self.epochs = epochs
         self.block = max(1, block // num_lanes)
         self.schedule = schedule
         self.epochs = epochs
@@ -544,6 +546,14 @@ class MixingWorkSource(WorkSource):
 
     # -- the WorkSource ---------------------------------------------------------------------
 
+    def make_pass(self, p: int) -> MixingWorkSource:
+        """Pass ``p``: the same plan, every dataset read from data epoch ``p * epochs`` on."""
+        other = copy.copy(self)
+        other.__dict__.pop("_pass_cache", None)
+        offset = pass_epoch_offset(self.epochs, p)
+        other.sources = [s.with_epoch_offset(offset) for s in self.sources]
+        return other
+
     def work(self, lane: int, i: int) -> WorkItem | None:
         """Return work item ``i`` of ``lane``, or None past the end of the lane's stream."""
         end = self.lane_end(lane)
@@ -560,7 +570,7 @@ class MixingWorkSource(WorkSource):
             dataset_name=ds.name,
             text_field=ds.text_field,
             item=item,
-            epoch=epoch,
+            epoch=epoch + src.epoch_offset,
             shard=ds.shards[shard],
             start=start,
             stop=stop,

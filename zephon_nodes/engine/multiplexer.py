@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -23,7 +24,7 @@ from zephon_nodes.engine.decisions import (
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
-from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.recipe.spec import Recipe
@@ -90,6 +91,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     the step's last micro-batch is handed out, so a prefetcher above cannot skew them. A
     state taken in the middle of a step resumes only on the same lanes and micro-batch size.
 
+    Passes: a reset without a state (torchdata's "new epoch", a second ``iter(loader)``) after
+    the node was used starts the recipe's next pass, with its own seeded order (see
+    :meth:`~zephon_nodes.engine.work.WorkSource.for_pass`); the state then carries
+    ``"pass": p`` and the step count restarts at 0. Pass 0 states have no ``pass`` key.
+
     Args:
         lanes: The rank's lanes by lane index.
         pipeline: The compiled recipe (fingerprint, lane count, batch geometry).
@@ -131,6 +137,10 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._pending: list[dict[str, torch.Tensor]] = []
         self._pending_end: dict[int, tuple[int, int]] = {}
         self._exhausted = False
+        self._pass = 0
+        self._used = False
+        self._partial: dict[int, int] = {}
+        self._unused: dict[int, int] | None = None
         self._metrics = StepMetrics()
         self._owned: list[Closable] = []
         # Closes what the node owns when it is garbage-collected (e.g. its Loader dropped).
@@ -155,6 +165,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self.close()
 
     @property
+    def pass_index(self) -> int:
+        """The pass being read (0 until a reset without a state follows a used pass)."""
+        return self._pass
+
+    @property
     def step(self) -> int:
         """Number of steps whose micro-batches were all handed out."""
         return self._step
@@ -177,10 +192,19 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     def _restore(self, initial_state: dict[str, Any] | None) -> None:
         super().reset(initial_state)
         self._pending, self._pending_end, self._exhausted = [], {}, False
+        self._partial, self._unused = {}, None
         if initial_state is None:
+            if self._used:
+                self._pass += 1
+            self._used = False
             self._install(MixtureLog())
             for lane in self.lanes.values():
-                lane.reset(None)
+                if self._pass:
+                    lane.reset(
+                        {Lane.WINDOW_KEY: 0, Lane.CONSUMED_KEY: 0, Lane.PASS_KEY: self._pass}
+                    )
+                else:
+                    lane.reset(None)
             self._step, self._micro = 0, 0
             self._positions = {i: (0, 0) for i in self.lanes}
             return
@@ -202,9 +226,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             )
         )
         flush_every = p.recipe.flush_every
+        pass_index = initial_state.get("pass", 0)
+        source = self.work_source.for_pass(pass_index)
         for i in self.lanes:
             w = positions[i][0]
-            if w > 0 and self.work_source.work(i, (w - 1) * flush_every) is None:
+            if w > 0 and (source is None or source.work(i, (w - 1) * flush_every) is None):
                 raise CheckpointError(
                     f"checkpoint lane {i}: window {w} is beyond the end of the lane's stream "
                     f"(its work item {(w - 1) * flush_every} does not exist)"
@@ -221,7 +247,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                 raise CheckpointError(f"checkpoint micro={micro} >= {self.micro_per_step}")
         for i, lane in self.lanes.items():
             w, c = positions[i]
-            lane.reset({Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c})
+            lane.reset({Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c, Lane.PASS_KEY: pass_index})
+        self._pass, self._used = pass_index, True
         self._positions = {i: positions[i] for i in self.lanes}
         self._step = initial_state["step"]
         self._micro = 0
@@ -269,7 +296,12 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         end: dict[int, tuple[int, int]] = {}
         for i, lane in self.lanes.items():
             for _ in range(self.samples_per_lane):
-                rows.append(next(lane))
+                try:
+                    rows.append(next(lane))
+                except StopIteration:
+                    # The rows of this unfinished step are never delivered: count them.
+                    self._partial = dict(Counter(lane_ids))
+                    raise
                 lane_ids.append(i)
             st = lane.get_state()
             end[i] = (st[Lane.WINDOW_KEY], st[Lane.CONSUMED_KEY])
@@ -284,6 +316,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def next(self) -> dict[str, torch.Tensor]:
         """Return the next micro-batch; StopIteration after the last full global batch."""
+        self._used = True
         if self._exhausted:
             raise StopIteration
         if self._micro == 0:
@@ -292,6 +325,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                 self._build_step()
             except StopIteration:
                 self._exhausted = True
+                if self.pipeline.recipe.work.end_of_data == "error":
+                    self._refuse_unused()
                 raise
             self._metrics.step(self._pending, time.perf_counter() - t0)
         batch = self._pending[self._micro]
@@ -302,6 +337,42 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             self._step += 1
             self._micro = 0
         return batch
+
+    def unused_samples(self) -> dict[int, int]:
+        """Count, per owned lane, the samples of this pass never delivered (end of data).
+
+        A finite stream stops after its last full global batch: the rows already taken for
+        the unfinished step and everything the lanes still hold are not delivered. Call
+        after ``next()`` raised StopIteration; the lanes are drained to count (the same
+        work as reading them). The counts do not depend on the dp size or workers.
+
+        Raises:
+            RuntimeError: If the stream has not ended.
+        """
+        if not self._exhausted:
+            raise RuntimeError("unused_samples() is known only after the stream has ended")
+        if self._unused is None:
+            unused = {}
+            for i, lane in self.lanes.items():
+                n = self._partial.get(i, 0)
+                while True:
+                    try:
+                        next(lane)
+                    except StopIteration:
+                        break
+                    n += 1
+                unused[i] = n
+            self._unused = unused
+        return dict(self._unused)
+
+    def _refuse_unused(self) -> None:
+        unused = {i: n for i, n in self.unused_samples().items() if n}
+        if unused:
+            raise DataError(
+                f"work.end_of_data='error': the data ended after step {self._step} with "
+                f"{sum(unused.values())} samples not delivered (per lane: {unused}); the "
+                f"lanes hold different amounts of data"
+            )
 
     def get_state(self) -> dict[str, Any]:
         """Return the checkpoint state (a fresh, JSON-safe dict)."""
@@ -319,4 +390,6 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             state["layout"] = self._layout()
         if self._mixture:
             state[MIXTURE_KEY] = self._mixture.to_state(list(self.lanes))
+        if self._pass:
+            state["pass"] = self._pass
         return state

@@ -23,6 +23,7 @@ from zephon_nodes.operators.bestfit import BestFitPacker
 from zephon_nodes.operators.pack import ConcatPacker
 from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.shuffle import ShuffleBuffer
+from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.recipe.spec import Recipe
@@ -69,14 +70,25 @@ class Pipeline:
         recipe: The recipe.
         provenance: Add ``dataset_ids`` (each token's recipe dataset index, -1 on padding)
             to every sample (the default; covered by digests). False drops the field.
+        stages: torchdata nodes appended to every lane, after packing and shuffling: each
+            ``make(feed) -> BaseNode`` builds a node over ``feed`` (the lane's samples of one
+            flush window) and runs in a :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+            They must yield samples (dicts of arrays) and are not part of the fingerprint.
     """
 
-    def __init__(self, recipe: Recipe, *, provenance: bool = True) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        provenance: bool = True,
+        stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]] = (),
+    ) -> None:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
         from zephon_nodes.io.sources import open_dataset
 
         self.recipe = recipe
         self.provenance = provenance
+        self.stages = tuple(stages)
         self.canonical = recipe.canonical()
         tok = load_tokenizer(recipe.tokenizer)
         if recipe.pack.pad_id is not None:
@@ -159,20 +171,22 @@ class Pipeline:
         pool: WorkerPool,
         lookahead: int = 4,
         *,
-        stages: Sequence[tuple[Callable[[Any], Any], WorkerPool]] | None = None,
+        chain_stages: Sequence[tuple[Callable[[Any], Any], WorkerPool]] | None = None,
     ) -> Lane:
-        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle.
+        """Build lane ``lane``: work items -> parse+tokenize (pool) -> pack -> shuffle -> stages.
 
         Args:
             lane: Lane index.
             pool: The pool running the fused stateless chain.
-            lookahead: Work items each stage submits ahead.
-            stages: Instead of the fused chain on ``pool``: ``(operators, pool)`` stages run
-                one after another (see :meth:`operator_stages`).
+            lookahead: Work items each pool stage submits ahead.
+            chain_stages: Instead of the fused chain on ``pool``: ``(operators, pool)``
+                stages run one after another (per-operator pools, see
+                :meth:`operator_stages`).
         """
         r = self.recipe
         node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
-        for fn, stage_pool in stages if stages is not None else [(self.stateless, pool)]:
+        fused = [(self.stateless, pool)]
+        for fn, stage_pool in chain_stages if chain_stages is not None else fused:
             node = OrderedParallelMap(node, fn, stage_pool, lookahead=lookahead)
         seq_len, pad_id, prov = r.seq_len, self.pad_id, self.provenance
         if r.image is not None:
@@ -189,6 +203,9 @@ class Pipeline:
         if r.shuffle.buffer_size > 0:
             size, seed = r.shuffle.buffer_size, r.seed
             node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, seed, lane, w))
+        for k, make in enumerate(self.stages):
+            name = getattr(make, "__name__", type(make).__name__)
+            node = TorchdataStage(node, make, name=f"stage {k} ({name})")
         return Lane(node, lane)
 
     def rank_node(
@@ -242,9 +259,9 @@ class Pipeline:
         if pool is None:
             pool = WorkerPool(2, "thread")
             owned.append(pool)
-        stages = None
+        chain_stages = None
         if operator_pools:
-            stages, created = self.operator_stages(operator_pools, pool)
+            chain_stages, created = self.operator_stages(operator_pools, pool)
             owned.extend(created)
         # Each rank node gets its own copy of a mixing work source (its decisions are per
         # node); build_lane (which subclasses override) reads it as ``self.work_source``.
@@ -256,8 +273,8 @@ class Pipeline:
             # Without per-operator pools, the call a subclass overriding build_lane expects.
             built = {
                 lane: self.build_lane(lane, pool, lookahead)
-                if stages is None
-                else self.build_lane(lane, pool, lookahead, stages=stages)
+                if chain_stages is None
+                else self.build_lane(lane, pool, lookahead, chain_stages=chain_stages)
                 for lane in lanes
             }
             node = Multiplexer(built, self, local_batch_size=local_batch_size, work_source=ws)

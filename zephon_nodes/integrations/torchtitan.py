@@ -186,8 +186,15 @@ def to_dcp_state(
         ``{key: tensor}``: one ``lane_NNNNN`` per lane in ``state`` plus the replicated keys.
 
     Raises:
-        CheckpointError: If the decision log holds more than ``max_decisions`` entries.
+        CheckpointError: If the decision log holds more than ``max_decisions`` entries, or
+            for a state of a later pass (``ZephonDataLoader`` never starts one; the DCP
+            layout has no place for it, and dropping it would resume in pass 0).
     """
+    if state.get("pass", 0):
+        raise CheckpointError(
+            f"the state is in pass {state['pass']} of the recipe's stream; the TorchTitan "
+            f"checkpoint layout stores pass 0 only"
+        )
     step = int(state["step"])
     out: dict[str, torch.Tensor] = {
         FORMAT_KEY: _scalar(DCP_FORMAT),

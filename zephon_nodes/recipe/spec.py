@@ -44,6 +44,8 @@ PACK_MODES = ("concat", "bestfit")
 LONG_DOCUMENTS = ("split", "drop")
 ON_ERROR = ("raise", "skip")
 ON_EXHAUSTED = ("end", "repeat")
+END_OF_DATA = ("drop_report", "error")
+DEALS = ("balanced", "round_robin")
 SCHEDULE_UNITS = ("steps", "tokens")
 OPERATOR_KINDS = ("filter", "map")
 _WEIGHT = SETTINGS["datasets.weight"]
@@ -240,15 +242,32 @@ class WorkSpec:
     Args:
         chunk_size: Records per work item (the last item of a shard may be shorter).
         epochs: Passes over the data; ``None`` repeats forever (a new seeded order each epoch).
+        end_of_data: What a finite stream does with the samples its lanes still hold after
+            the last full global batch: ``"drop_report"`` stops there and counts them
+            (``Multiplexer.unused_samples``, ``zephon digest``, ``zephon stats``);
+            ``"error"`` stops there too but raises ``DataError`` if any were left. Not part
+            of the fingerprint (the batches are the same).
+        deal: How a finite stream's work items go to lanes: ``"round_robin"`` (item ``g``
+            to lane ``g % L``) or ``"balanced"`` (largest first to the lane holding the
+            fewest bytes, so lanes end closer together; needs JSON lines shards, whose index
+            holds record bytes). Endless streams are always dealt round-robin.
     """
 
     chunk_size: int = 64
     epochs: int | None = 1
+    end_of_data: str = "drop_report"
+    deal: str = "round_robin"
 
     def __post_init__(self) -> None:
         check_setting("work.chunk_size", self.chunk_size)
         if self.epochs is not None:
             check_setting("work.epochs", self.epochs)
+        if self.deal not in DEALS:
+            raise RecipeError(f"work.deal={self.deal!r} must be one of {list(DEALS)}")
+        if self.end_of_data not in END_OF_DATA:
+            raise RecipeError(
+                f"work.end_of_data={self.end_of_data!r} must be one of {list(END_OF_DATA)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -519,6 +538,14 @@ class Recipe:
             )
 
     @property
+    def balanced_dealing(self) -> bool:
+        """True if work items are dealt by size (``work.deal``, on a finite stream)."""
+        finite = self.work.epochs is not None and any(
+            d.on_exhausted == "end" for d in self.datasets
+        )
+        return finite and self.work.deal == "balanced"
+
+    @property
     def samples_per_lane(self) -> int:
         """Samples each lane contributes to every global batch (``G / L``)."""
         return self.global_batch_size // self.num_lanes
@@ -542,7 +569,12 @@ class Recipe:
             "flush_every": self.flush_every,
             "tokenizer": self.tokenizer.canonical(),
             "datasets": [d.canonical() for d in self.datasets],
-            "work": {"chunk_size": self.work.chunk_size, "epochs": self.work.epochs},
+            "work": {
+                "chunk_size": self.work.chunk_size,
+                "epochs": self.work.epochs,
+                # Only where it changes the data: balanced dealing of a finite stream.
+                **({"deal": "balanced"} if self.balanced_dealing else {}),
+            },
             "shuffle": {"buffer_size": self.shuffle.buffer_size},
             "pack": self.pack.canonical(),
             # Keys below appear only when used, so single-dataset recipes without operators
@@ -657,7 +689,12 @@ class Recipe:
                 epochs: int | None = None
             else:
                 epochs = epochs_raw
-            work_spec = WorkSpec(chunk_size=work.get("chunk_size", int, 64), epochs=epochs)
+            work_spec = WorkSpec(
+                chunk_size=work.get("chunk_size", int, 64),
+                epochs=epochs,
+                end_of_data=work.get("end_of_data", str, "drop_report"),
+                deal=work.get("deal", str, "round_robin"),
+            )
             work.done()
             sh = top.table("shuffle")
             shuffle = ShuffleSpec(buffer_size=sh.get("buffer_size", int, 0))

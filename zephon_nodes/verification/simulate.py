@@ -45,6 +45,7 @@ def simulate(
     keep_batches: bool = False,
     operator_pools: Mapping[str, WorkerPool | PoolSpec | str] | None = None,
     mixture_updates: Sequence[tuple[int, Mapping[str, float]]] = (),
+    on_end: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[tuple[StepResult, list[dict[str, torch.Tensor]] | None]]:
     """Run ``dp_world_size`` rank multiplexers and yield each global batch's digest.
 
@@ -66,6 +67,8 @@ def simulate(
         mixture_updates: Decisions ``(step, weights)``: each is made on every rank right
             after ``step`` (before a save at that step); entries before the first step run
             here must already be in ``resume_state``.
+        on_end: When the data ends, receives the merged state after the last full global
+            batch (see :func:`~zephon_nodes.engine.end_of_data.unused_samples`).
 
     Yields:
         ``(StepResult, micro-batches or None)`` per step; ends early when the data ends.
@@ -112,11 +115,14 @@ def simulate(
         decide(first)
         for t in range(first + 1, first + steps + 1):
             mbs: list[dict[str, torch.Tensor]] = []
+            before = [node.state_dict() for node in ranks] if on_end is not None else []
             try:
                 for node in ranks:
                     for _ in range(node.micro_per_step):
                         mbs.append(next(node))
             except StopIteration:
+                if on_end is not None:
+                    on_end(merge_states(before))
                 return
             tokens = sum(int((mb["labels"] != -100).sum()) for mb in mbs)
             rows = sum(int(mb["input"].shape[0]) for mb in mbs)
