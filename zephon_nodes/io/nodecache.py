@@ -60,11 +60,25 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.errors import DataError, RecipeError
+from zephon_nodes.io.cache import cache_dir
 
-__all__ = ["CacheFullError", "Fetch", "NodeCache", "parse_size"]
+__all__ = [
+    "LIMIT_ENV",
+    "POLICY_ENV",
+    "CacheFullError",
+    "Cacheable",
+    "Fetch",
+    "NodeCache",
+    "node_cache",
+    "parse_size",
+    "set_cache_limit",
+]
+
+LIMIT_ENV = "ZEPHON_CACHE_LIMIT"
+POLICY_ENV = "ZEPHON_CACHE_POLICY"
 
 Fetch = Callable[[Path], None]
 """Writes the whole entry to the given path (called with a temporary path inside the cache)."""
@@ -75,6 +89,24 @@ _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _INF = float("inf")
 _PLAN_HORIZON = 4096
 _PLAN_PUBLISH_S = 0.05
+_ADVANCE_WINDOW = 256
+
+
+@runtime_checkable
+class Cacheable(Protocol):
+    """A shard read through the node cache (what :mod:`zephon_nodes.io.future` plans with).
+
+    Attributes:
+        cache_key: Identity of the cached file (content checksum or URI + version tag); the
+            same string in every process.
+        cache_size: Bytes the cached file takes (or an upper bound).
+    """
+
+    cache_key: str
+    cache_size: int
+
+    def cache_fetch(self, dest: Path) -> None:
+        """Write the whole cached file to ``dest``."""
 
 
 class CacheFullError(DataError):
@@ -158,6 +190,7 @@ class NodeCache:
         self._future: list[str] = []
         self._keys: dict[str, str] = {}  # file name -> key, for the prefetcher
         self._cursor = 0
+        self._consumed: set[int] = set()  # planned accesses done out of order, past the cursor
         self._published = 0.0
         self._pinned: dict[str, int] = {}  # name -> bytes pinned by this process (counted)
         self._stats = {
@@ -214,6 +247,7 @@ class NodeCache:
             self._keys = {_name(k): k for k in keys}
             self._future = [_name(k) for k in keys]
             self._cursor = 0
+            self._consumed = set()
         self._publish(force=True)
         if self._prefetch is not None:
             self._prefetch.wake()
@@ -518,9 +552,11 @@ class NodeCache:
         """Next use of each key by any process on the node, in accesses from now."""
         dist: dict[str, float] = {}
         with self._tlock:
-            mine = self._future[self._cursor :]
+            base = self._cursor
+            mine = self._future[base:]
+            done = set(self._consumed)
         for i, n in enumerate(mine):
-            if n not in dist:
+            if n not in dist and base + i not in done:
                 dist[n] = float(i)
         for plan in (self.root / "plan").glob("*.json"):
             if plan == self._plan_path:
@@ -558,13 +594,16 @@ class NodeCache:
         """Move the cursor past the next planned access of ``name``."""
         with self._tlock:
             fut = self._future
-            end = min(len(fut), self._cursor + 64)
+            end = min(len(fut), self._cursor + _ADVANCE_WINDOW)
             for i in range(self._cursor, end):
-                if fut[i] == name:
-                    self._cursor = i + 1
+                if fut[i] == name and i not in self._consumed:
+                    self._consumed.add(i)
                     break
             else:
                 return
+            while self._cursor in self._consumed:
+                self._consumed.discard(self._cursor)
+                self._cursor += 1
         self._publish()
         if self._prefetch is not None:
             self._prefetch.wake()
@@ -576,7 +615,11 @@ class NodeCache:
             return
         self._published = now
         with self._tlock:
-            keys = self._future[self._cursor : self._cursor + _PLAN_HORIZON]
+            keys = [
+                n
+                for i, n in enumerate(self._future[self._cursor : self._cursor + _PLAN_HORIZON])
+                if self._cursor + i not in self._consumed
+            ]
         blob = json.dumps(keys).encode("utf-8")
         if self._plan_fd is None:
             self._plan_fd = os.open(self._plan_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -587,12 +630,70 @@ class NodeCache:
     def _upcoming(self, depth: int) -> list[str]:
         with self._tlock:
             out: list[str] = []
-            for n in self._future[self._cursor :]:
-                if n not in out:
+            for i in range(self._cursor, len(self._future)):
+                n = self._future[i]
+                if i not in self._consumed and n not in out:
                     out.append(n)
                     if len(out) >= depth:
                         break
             return out
+
+
+_SHARED: dict[tuple[int, str, str, str], NodeCache] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def set_cache_limit(limit: str | int | None, policy: str | None = None) -> None:
+    """Set (or with None, remove) this process's node-cache limit and policy.
+
+    They go to ``ZEPHON_CACHE_LIMIT`` and ``ZEPHON_CACHE_POLICY``, so worker processes
+    started afterwards use the same cache.
+
+    Raises:
+        RecipeError: ``limit`` is not a byte size or ``policy`` unknown.
+    """
+    if limit is None:
+        os.environ.pop(LIMIT_ENV, None)
+    else:
+        _parse_limit(str(limit))
+        os.environ[LIMIT_ENV] = str(limit)
+    if policy is not None:
+        if policy not in ("belady", "lru"):
+            raise RecipeError(f"cache policy should be 'belady' or 'lru', got {policy!r}")
+        os.environ[POLICY_ENV] = policy
+
+
+def _parse_limit(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise RecipeError(f"{LIMIT_ENV} / --cache-limit: {exc}") from None
+
+
+def node_cache() -> NodeCache | None:
+    """Return this process's node cache, or None when no limit is set.
+
+    The cache lives in ``$ZEPHON_CACHE_DIR/node`` with the limit of ``ZEPHON_CACHE_LIMIT``
+    (e.g. ``50G``) and the policy of ``ZEPHON_CACHE_POLICY`` (default ``belady``); one
+    instance per process, shared by its threads.
+
+    Raises:
+        RecipeError: The limit or the policy is invalid.
+    """
+    limit = os.environ.get(LIMIT_ENV, "").strip()
+    if not limit:
+        return None
+    policy = os.environ.get(POLICY_ENV, "").strip() or "belady"
+    if policy not in ("belady", "lru"):
+        raise RecipeError(f"{POLICY_ENV} should be 'belady' or 'lru', got {policy!r}")
+    root = str(cache_dir() / "node")
+    key = (os.getpid(), root, limit, policy)
+    with _SHARED_LOCK:
+        cache = _SHARED.get(key)
+        if cache is None:
+            cache = NodeCache(root, _parse_limit(limit), policy)  # type: ignore[arg-type]
+            _SHARED[key] = cache
+    return cache
 
 
 class _Prefetcher:
