@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -83,6 +83,15 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._pending: list[dict[str, torch.Tensor]] = []
         self._pending_end: dict[int, tuple[int, int]] = {}
         self._exhausted = False
+        #: Called with ``{lane: next work item index}`` (start of the lane's current flush
+        #: window) after a reset and after each step, e.g. to plan a node cache's future.
+        self.position_hooks: list[Callable[[dict[int, int]], None]] = []
+
+    def _notify_positions(self) -> None:
+        k = self.pipeline.recipe.flush_every
+        positions = {i: w * k for i, (w, _) in self._positions.items()}
+        for hook in self.position_hooks:
+            hook(positions)
 
     @property
     def step(self) -> int:
@@ -97,10 +106,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         super().reset(initial_state)
         self._pending, self._pending_end, self._exhausted = [], {}, False
         if initial_state is None:
+            self._positions = {i: (0, 0) for i in self.lanes}
+            self._notify_positions()
             for lane in self.lanes.values():
                 lane.reset(None)
             self._step, self._micro = 0, 0
-            self._positions = {i: (0, 0) for i in self.lanes}
             return
         p = self.pipeline
         positions = validate_state(
@@ -128,10 +138,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                 )
             if micro >= self.micro_per_step:
                 raise CheckpointError(f"checkpoint micro={micro} >= {self.micro_per_step}")
+        self._positions = {i: positions[i] for i in self.lanes}
+        self._notify_positions()
         for i, lane in self.lanes.items():
             w, c = positions[i]
             lane.reset({Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c})
-        self._positions = {i: positions[i] for i in self.lanes}
         self._step = initial_state["step"]
         self._micro = 0
         if micro:
@@ -174,6 +185,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             self._pending, self._pending_end = [], {}
             self._step += 1
             self._micro = 0
+            self._notify_positions()
         return batch
 
     def get_state(self) -> dict[str, Any]:

@@ -66,7 +66,14 @@ class Pipeline:
     """
 
     def __init__(self, recipe: Recipe, *, provenance: bool = False) -> None:
+        from zephon_nodes.io.checksum import one_pass
+
+        with one_pass():
+            self._build(recipe, provenance)
+
+    def _build(self, recipe: Recipe, provenance: bool) -> None:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
+        from zephon_nodes.io.identity import content_summary
         from zephon_nodes.io.sources import open_dataset
 
         self.recipe = recipe
@@ -103,6 +110,10 @@ class Pipeline:
         blob = json.dumps(self.canonical, sort_keys=True, separators=(",", ":"))
         self.fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
         self.summary = recipe_summary(self.canonical)
+        contents = content_summary(recipe.datasets, self.canonical)
+        if contents:
+            self.summary["contents"] = contents
+        self._cache_feed: Any = None
 
     @property
     def num_lanes(self) -> int:
@@ -162,4 +173,35 @@ class Pipeline:
             lanes = lanes_for_rank(L, dp_world_size, dp_rank)
         pool = pool if pool is not None else WorkerPool(2, "thread")
         built = {lane: self.build_lane(lane, pool, lookahead) for lane in lanes}
-        return Multiplexer(built, self, local_batch_size=local_batch_size)
+        node = Multiplexer(built, self, local_batch_size=local_batch_size)
+        feed = self.cache_feed()
+        if feed is not None:
+            node.position_hooks.append(feed.update)
+        return node
+
+    def cache_feed(self) -> Any:
+        """Return the feed planning the node cache's future (None without a cache limit).
+
+        Every rank built by this pipeline registers its lanes' positions with it, so the
+        node cache (:func:`~zephon_nodes.io.nodecache.node_cache`) evicts and prefetches by
+        the exact upcoming accesses of all of them.
+        """
+        if self._cache_feed is None:
+            from zephon_nodes.io.future import CacheFeed, cacheable
+            from zephon_nodes.io.nodecache import node_cache
+
+            cache = node_cache()
+            cached = any(cacheable(s) for d in self.datasets for s in d.shards)
+            if cache is not None and cached:
+                self._cache_feed = CacheFeed(cache, self.work_source)
+        return self._cache_feed
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """Return this process's node-cache counters (hits, misses, bytes_fetched, ...).
+
+        None when no cache limit is set (``ZEPHON_CACHE_LIMIT`` / ``--cache-limit``).
+        """
+        from zephon_nodes.io.nodecache import node_cache
+
+        cache = node_cache()
+        return cache.stats() if cache is not None else None

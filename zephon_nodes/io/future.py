@@ -38,7 +38,7 @@ class AccessPlan:
         horizon: Most accesses listed (the farther future does not change decisions much).
     """
 
-    def __init__(self, work_source: WorkSource, horizon: int = 1024) -> None:
+    def __init__(self, work_source: WorkSource, horizon: int = 256) -> None:
         self.work_source = work_source
         self.horizon = horizon
         self.positions: dict[int, int] = {}
@@ -99,7 +99,7 @@ class CacheFeed:
     """
 
     def __init__(
-        self, cache: NodeCache, work_source: WorkSource, horizon: int = 1024, prefetch: int = 4
+        self, cache: NodeCache, work_source: WorkSource, horizon: int = 256, prefetch: int = 4
     ) -> None:
         self.cache = cache
         self.plan = AccessPlan(work_source, horizon)

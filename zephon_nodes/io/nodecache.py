@@ -192,7 +192,8 @@ class NodeCache:
         self._cursor = 0
         self._consumed: set[int] = set()  # planned accesses done out of order, past the cursor
         self._published = 0.0
-        self._pinned: dict[str, int] = {}  # name -> bytes pinned by this process (counted)
+        self._clock = 0
+        self._pinned: dict[tuple[int, str], int] = {}  # (thread, name) -> open pins
         self._stats = {
             "hits": 0,
             "misses": 0,
@@ -258,9 +259,14 @@ class NodeCache:
         Args:
             resolve: Maps a key of the future to ``(size, fetch)`` as :meth:`open` takes them.
             depth: How many upcoming accesses to keep fetched ahead of use.
+
+        Called again, it replaces ``resolve`` and ``depth`` (one prefetcher per cache).
         """
-        if self._prefetch is not None:
-            raise RuntimeError("prefetch already started")
+        if self._prefetch is not None:  # a newer plan (e.g. a new pipeline) takes over
+            self._prefetch.resolve = resolve
+            self._prefetch.depth = max(1, depth)
+            self._prefetch.wake()
+            return
         self._prefetch = _Prefetcher(self, resolve, depth)
 
     def stats(self) -> dict[str, int]:
@@ -327,13 +333,19 @@ class NodeCache:
     def _lock_fd(self, name: str) -> int:
         return os.open(self.root / "lock" / name, os.O_RDWR | os.O_CREAT, 0o644)
 
+    def _pin(self, name: str) -> None:
+        key = (threading.get_ident(), name)
+        self._pinned[key] = self._pinned.get(key, 0) + 1
+
     def _unpin(self, name: str, fd: int) -> None:
         os.close(fd)
-        left = self._pinned.get(name)
+        key = (threading.get_ident(), name)
+        left = self._pinned.get(key)
         if left is not None:
-            self._pinned[name] = left - 1
             if left <= 1:
-                del self._pinned[name]
+                del self._pinned[key]
+            else:
+                self._pinned[key] = left - 1
 
     # ------------------------------------------------------------------ core
 
@@ -358,9 +370,8 @@ class NodeCache:
                     if _try_flock(fd, fcntl.LOCK_SH):
                         self._stats["hits"] += 1
                         self._stats["bytes_read"] += data.stat().st_size
-                        self._pinned[name] = self._pinned.get(name, 0) + 1
-                        if self.policy == "lru":
-                            os.utime(data)
+                        self._pin(name)
+                        self._touch(data)
                         return fd
                     os.close(fd)  # an evictor's brief exclusive lock: retry
                 elif resv.exists() and self._live(name):
@@ -420,6 +431,7 @@ class NodeCache:
                             "bytes) cannot make room"
                         )
                 os.replace(part, data)
+                self._touch(data)
                 resv.unlink()
                 self._stats["fetches"] += 1
                 self._stats["bytes_fetched"] += actual
@@ -431,7 +443,7 @@ class NodeCache:
                 self._stats["misses"] += 1
                 self._stats["bytes_read"] += actual
                 fcntl.flock(fd, fcntl.LOCK_SH)  # converts: pinned, and waiters may pin too
-                self._pinned[name] = self._pinned.get(name, 0) + 1
+                self._pin(name)
                 return fd
         except BaseException:
             with self._global():
@@ -442,6 +454,13 @@ class NodeCache:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
             raise
+
+    def _touch(self, data: Path) -> None:
+        """Stamp ``data`` as just used (LRU order; file times are too coarse by themselves)."""
+        if self.policy == "lru":
+            now = max(time.time_ns(), self._clock + 1)
+            self._clock = now
+            os.utime(data, ns=(now, now))
 
     def _live(self, name: str) -> bool:
         """Return whether someone holds the key's lock exclusively (a fetch in flight)."""
@@ -499,13 +518,15 @@ class NodeCache:
         used = self._usage()
         if used + size <= self.limit_bytes:
             return True
-        own_pinned = 0
-        for pinned in self._pinned:
-            with contextlib.suppress(FileNotFoundError):
-                own_pinned += (self.root / "data" / pinned).stat().st_size
+        me = threading.get_ident()
+        own_pinned = 0  # pins of the calling thread: waiting would never release them
+        for thread, pinned in self._pinned:
+            if thread == me:
+                with contextlib.suppress(FileNotFoundError):
+                    own_pinned += (self.root / "data" / pinned).stat().st_size
         if own_pinned + size > self.limit_bytes:
             return (
-                f"node cache {self.root}: entry {name!r} needs {size} bytes but this process "
+                f"node cache {self.root}: entry {name!r} needs {size} bytes but the caller "
                 f"already pins {own_pinned} bytes of limit_bytes={self.limit_bytes}; raise "
                 "--cache-limit / ZEPHON_CACHE_LIMIT"
             )
