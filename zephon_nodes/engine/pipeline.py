@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -51,6 +51,27 @@ def _refuse_tar(datasets: Sequence[Dataset]) -> None:
                 f"dataset {d.name!r}: {tars[0]} is a tar shard (images); a recipe reading "
                 f"tar shards needs an [image] table"
             )
+
+
+def _read_frontiers(lanes: Mapping[int, Lane]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per lane: the first work item not yet read for sure, and the next one to submit.
+
+    Items in between are in flight on the pool (their shard may be being read right now).
+    """
+    starts: dict[int, int] = {}
+    submitted: dict[int, int] = {}
+    for i, lane in lanes.items():
+        node: Any = lane.source
+        pending: list[int] = []
+        while node is not None and not isinstance(node, WorkItemNode):
+            if isinstance(node, OrderedParallelMap):
+                pending = [w.position for w in node.in_flight() if hasattr(w, "position")]
+            node = getattr(node, "source", None)
+        if node is None:
+            continue
+        submitted[i] = node.next_index
+        starts[i] = min(pending, default=node.next_index)
+    return starts, submitted
 
 
 class Pipeline:
@@ -176,7 +197,7 @@ class Pipeline:
         node = Multiplexer(built, self, local_batch_size=local_batch_size)
         feed = self.cache_feed()
         if feed is not None:
-            node.position_hooks.append(feed.update)
+            node.position_hooks.append(lambda _: feed.update(*_read_frontiers(built)))
         return node
 
     def cache_feed(self) -> Any:

@@ -30,6 +30,22 @@ class OpenedDataset:
 
 
 def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) -> Shard:
+    from zephon_nodes.io.index import find_entry
+
+    found = find_entry(path)
+    if found is not None:
+        entry = found[0]
+        if entry["kind"] == "parquet":
+            from zephon_nodes.io.parquet import indexed_parquet_shard
+
+            return indexed_parquet_shard(path, entry, spec.text_field, image_column)
+        if entry["kind"] == "tar":
+            from zephon_nodes.io.tar import indexed_tar_shard
+
+            return indexed_tar_shard(path, entry)
+        from zephon_nodes.io.shards import indexed_shard
+
+        return indexed_shard(path, entry)
     if path.endswith(PARQUET_SUFFIXES):
         from zephon_nodes.io.parquet import open_parquet_shard
 

@@ -1,0 +1,197 @@
+"""Session servers for storage tests: an S3 endpoint (moto) and a Range-honouring HTTP server.
+
+Both listen on 127.0.0.1 with a free port and are stopped by finalizers. The S3 credentials
+and endpoint are set in ``os.environ`` only while a test uses :func:`s3_env`, and only in the
+moto server's own subprocess environment otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    """Return a free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} did not start in {timeout} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@dataclass
+class S3Server:
+    """A moto S3 server on 127.0.0.1 that can be stopped and restarted on the same port."""
+
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables pointing at this server (dummy credentials)."""
+        return {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def start(self) -> None:
+        """Start the server (its state starts empty)."""
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_port(self.port, self.proc)
+
+    def stop(self) -> None:
+        """Stop the server."""
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A moto S3 server for the whole session."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    server = S3Server(free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """Point the standard AWS variables at the session's S3 server for one test."""
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    from zephon_nodes.io import storage
+
+    storage._forget_filesystems()
+    return s3_server
+
+
+def s3_put_tree(server: S3Server, bucket: str, root: Path, prefix: str = "") -> str:
+    """Upload every file under ``root`` to ``s3://bucket/prefix``; return that URI."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=server.env["AWS_ENDPOINT_URL"], **_creds(server))
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=bucket)
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            key = (prefix + "/" if prefix else "") + p.relative_to(root).as_posix()
+            client.upload_file(str(p), bucket, key)
+    return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
+
+def _creds(server: S3Server) -> dict[str, str]:
+    e = server.env
+    return {
+        "aws_access_key_id": e["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": e["AWS_SECRET_ACCESS_KEY"],
+        "region_name": e["AWS_REGION"],
+    }
+
+
+NGINX_CONF = """\
+daemon off;
+{user}worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log;
+events {{ worker_connections 64; }}
+http {{
+    access_log {tmp}/access.log;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location /forbidden/ {{ return 403; }}
+    }}
+}}
+"""
+
+
+@dataclass
+class HttpServer:
+    """An nginx serving ``root`` on 127.0.0.1 (honours ``Range``)."""
+
+    root: Path
+    port: int
+
+    def url(self, rel: str) -> str:
+        """The URL of ``root/rel``."""
+        return f"http://127.0.0.1:{self.port}/{rel}"
+
+
+@pytest.fixture(scope="session")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    """nginx on a free port serving a session temp dir."""
+    nginx = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
+    if nginx is None:
+        pytest.fail("nginx is not installed (apt-get install nginx; .ci/run installs it)")
+    tmp = tmp_path_factory.mktemp("nginx")
+    root = tmp / "www"
+    root.mkdir()
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    # As root, nginx workers would switch to a user that cannot read the 0700 temp dirs.
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, root=root))
+    proc = subprocess.Popen(
+        [nginx, "-c", str(conf), "-p", str(tmp)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(port, proc)
+        yield HttpServer(root, port)
+    finally:
+        _stop(proc)
