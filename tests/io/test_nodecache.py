@@ -10,12 +10,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import DataError, RecipeError
+from zephon_nodes.io.future import AccessPlan, CacheFeed
 from zephon_nodes.io.nodecache import (
     LIMIT_ENV,
     CacheFullError,
@@ -337,7 +340,7 @@ class TestPrefetch:
     def test_prefetch_turns_misses_into_hits(self, tmp_path: Path) -> None:
         """Keys prefetched before their open are hits; each is fetched once."""
         log: list[str] = []
-        cache = NodeCache(tmp_path, 1000)
+        cache = NodeCache(tmp_path, 1000)  # a quarter holds 25 entries of 10 bytes
         seq = [f"k{i}" for i in range(6)]
         cache.start_prefetch(lambda key: (10, writer(key, 10, log)), depth=6)
         cache.set_future(seq)
@@ -350,15 +353,44 @@ class TestPrefetch:
         assert sorted(log) == seq
         cache.close()
 
-    def test_prefetch_never_evicts_sooner_needs(self, tmp_path: Path) -> None:
-        """With room for two, prefetching the third key must not evict the first two."""
+    def test_prefetch_evicts_only_later_needs(self, tmp_path: Path) -> None:
+        """A full cache: prefetching v and w evicts g and h (never needed), nothing else."""
         log: list[str] = []
-        cache = NodeCache(tmp_path, 20)
-        cache.start_prefetch(lambda key: (10, writer(key, 10, log)), depth=3)
-        cache.set_future(["a", "b", "c"])
+        cache = NodeCache(tmp_path, 80)
+        run(cache, list("pqrstugh"))
+        cache.start_prefetch(lambda key: (10, writer(key, 10, log)), depth=8)
+        cache.set_future(list("vpqrstuw"))
+        deadline = time.monotonic() + 10
+        while len(log) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert log == ["v", "w"]
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == list("pqrstuvw")
+        cache.close()
+
+    def test_prefetch_keeps_sooner_needs(self, tmp_path: Path) -> None:
+        """If every cached entry is needed before the prefetch candidate, nothing happens."""
+        log: list[str] = []
+        cache = NodeCache(tmp_path, 80)
+        run(cache, list("pqrstugh"))
+        cache.start_prefetch(lambda key: (10, writer(key, 10, log)), depth=9)
+        cache.set_future(list("pqrstughv"))
         time.sleep(0.3)
-        assert sorted(log) == ["a", "b"]
+        assert log == []
         assert cache.stats()["evictions"] == 0
+        cache.close()
+
+    def test_prefetch_bounded_to_a_quarter(self, tmp_path: Path) -> None:
+        """At most a quarter of the limit waits for its first use: 2 of 8 upcoming keys."""
+        log: list[str] = []
+        cache = NodeCache(tmp_path, 80)
+        cache.start_prefetch(lambda key: (10, writer(key, 10, log)), depth=8)
+        cache.set_future(list("abcdefgh"))
+        time.sleep(0.3)
+        assert log == ["a", "b"]
+        run(cache, ["a"])  # used: one more may come
+        time.sleep(0.3)
+        assert log == ["a", "b", "c"]
         cache.close()
 
 
@@ -451,3 +483,57 @@ def test_four_processes_fetch_each_key_once(tmp_path: Path) -> None:
     hits = sum(int(out.split()[1]) for out, _ in outs)
     assert (misses, hits) == (12, 36)
     assert sum(int(out.split()[2]) for out, _ in outs) > 0  # some opens did wait for a fetch
+
+
+class _Shard:
+    """A cacheable shard stand-in (or, with ``key=None``, one read in place)."""
+
+    def __init__(self, key: str | None) -> None:
+        if key is not None:
+            self.cache_key = key
+        self.cache_size = 10
+
+    def cache_fetch(self, dest: Path) -> None:
+        dest.write_bytes(content(self.cache_key, 10))
+
+
+class _Item:
+    def __init__(self, shard: _Shard) -> None:
+        self.shard = shard
+
+
+class _Source(WorkSource):
+    """Lane 0 reads shards a b c d, lane 1 reads x (in place) y z; then both end."""
+
+    def __init__(self) -> None:
+        super().__init__(num_lanes=2)
+        self.STREAMS = {0: ["a", "b", "c", "d"], 1: [None, "y", "z"]}
+
+    def work(self, lane: int, i: int) -> Any:
+        stream = self.STREAMS[lane]
+        return _Item(_Shard(stream[i])) if i < len(stream) else None
+
+
+class TestAccessPlan:
+    """The future of several lanes, round-robin from their positions."""
+
+    def test_round_robin_from_positions(self) -> None:
+        """Lane 0 from item 1 (item 1 in flight), lane 1 from item 0; in-place reads skipped."""
+        plan = AccessPlan(_Source())  # type: ignore[arg-type]
+        assert plan.update({0: 1, 1: 0}, {0: 2, 1: 0})
+        # t=0: lane0 b (in flight), lane1 x (in place); t=1: c, y; t=2: d, z.
+        assert plan.keys() == (["b", "c", "y", "d", "z"], [0])
+        assert not plan.update({0: 1, 1: 0}, {0: 2, 1: 0})
+        plan.horizon = 2
+        assert plan.keys() == (["b", "c"], [0])
+
+    def test_feed_drives_eviction_and_prefetch(self, tmp_path: Path) -> None:
+        """The feed's plan makes the cache keep the sooner key and prefetch the next one."""
+        cache = NodeCache(tmp_path, 100)  # a quarter holds 2 entries
+        feed = CacheFeed(cache, _Source(), prefetch=2)  # type: ignore[arg-type]
+        feed.update({0: 0, 1: 1}, {0: 1, 1: 1})  # a in flight; then y, b, z, c, d
+        deadline = time.monotonic() + 10
+        while cache.stats()["prefetches"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cache.contains("y") and cache.contains("b") and not cache.contains("a")
+        cache.close()

@@ -38,6 +38,11 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
         self._index = 0
         self._flushed = True
 
+    @property
+    def next_index(self) -> int:
+        """Index of the next work item this node will yield."""
+        return self._index
+
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start at item 0, or at the item index in ``initial_state``."""
         super().reset(initial_state)

@@ -41,46 +41,62 @@ class AccessPlan:
     def __init__(self, work_source: WorkSource, horizon: int = 256) -> None:
         self.work_source = work_source
         self.horizon = horizon
-        self.positions: dict[int, int] = {}
+        self.positions: dict[int, tuple[int, int]] = {}  # lane -> (start, submitted)
         self.shards: dict[str, Cacheable] = {}
 
-    def update(self, positions: Mapping[int, int]) -> bool:
-        """Set the next work item index of some lanes; return whether anything changed."""
+    def update(self, starts: Mapping[int, int], submitted: Mapping[int, int] | None = None) -> bool:
+        """Set lanes' positions; return whether anything changed.
+
+        Args:
+            starts: Per lane, the first work item whose shard may still be read.
+            submitted: Per lane, the first work item not yet handed to a worker (items
+                before it are in flight: the prefetcher leaves them to their worker).
+                Default: ``starts``.
+        """
         changed = False
-        for lane, i in positions.items():
-            if self.positions.get(lane) != i:
-                self.positions[lane] = int(i)
+        for lane, i in starts.items():
+            sub = int(submitted.get(lane, i)) if submitted is not None else int(i)
+            if self.positions.get(lane) != (int(i), sub):
+                self.positions[lane] = (int(i), max(int(i), sub))
                 changed = True
         return changed
 
-    def items(self) -> Iterable[WorkItem]:
-        """Yield the lanes' upcoming work items, round-robin over lanes by position."""
+    def items(self) -> Iterable[tuple[WorkItem, bool]]:
+        """Yield ``(work item, in flight)`` of the lanes, round-robin over lanes by position."""
         live = dict(sorted(self.positions.items()))
         t = 0
         while live:
-            for lane, start in list(live.items()):
+            for lane, (start, submitted) in list(live.items()):
                 item = self.work_source.work(lane, start + t)
                 if item is None:
                     del live[lane]
                     continue
-                yield item
+                yield item, start + t < submitted
             t += 1
 
-    def keys(self) -> list[str]:
-        """Return the cache keys of the next ``horizon`` cached-shard accesses, in order."""
+    def keys(self) -> tuple[list[str], list[int]]:
+        """Return the next ``horizon`` cached-shard accesses and which are in flight.
+
+        Returns:
+            The accesses' cache keys in order, and the indexes (into them) of those already
+            handed to a worker.
+        """
         out: list[str] = []
+        in_flight: list[int] = []
         if self.horizon <= 0:
-            return out
-        for scanned, item in enumerate(self.items(), 1):
+            return out, in_flight
+        for scanned, (item, flying) in enumerate(self.items(), 1):
             shard = cacheable(item.shard)
             if shard is not None:
                 self.shards.setdefault(shard.cache_key, shard)
+                if flying:
+                    in_flight.append(len(out))
                 out.append(shard.cache_key)
                 if len(out) >= self.horizon:
                     break
             if scanned >= 8 * self.horizon:  # mostly in-place shards: stop looking
                 break
-        return out
+        return out, in_flight
 
 
 class CacheFeed:
@@ -107,13 +123,13 @@ class CacheFeed:
         if prefetch > 0 and cache.policy == "belady":
             cache.start_prefetch(self._resolve, prefetch)
 
-    def update(self, positions: Mapping[int, int]) -> None:
-        """Record lane positions (next work item index) and refresh the cache's future."""
+    def update(self, starts: Mapping[int, int], submitted: Mapping[int, int] | None = None) -> None:
+        """Record lane positions (see :meth:`AccessPlan.update`); refresh the cache's future."""
         with self._lock:
-            if not self.plan.update(positions):
+            if not self.plan.update(starts, submitted):
                 return
-            keys = self.plan.keys()
-        self.cache.set_future(keys)
+            keys, in_flight = self.plan.keys()
+        self.cache.set_future(keys, in_flight)
 
     def _resolve(self, key: str) -> tuple[int, Fetch]:
         shard = self.plan.shards[key]

@@ -34,7 +34,8 @@ Policies:
   by any process on the node, is farthest away is evicted first (Belady's rule, optimal for a
   known sequence); entries no process will use again go first, ties by key. A background
   prefetcher (:meth:`NodeCache.start_prefetch`) fetches the next keys of the future ahead of
-  use, and only evicts entries needed later than what it fetches.
+  use, only evicts entries needed later than what it fetches, and keeps at most a quarter of
+  the limit in entries fetched ahead and not used yet (so a small cache is not churned).
 - ``"lru"``: the least recently used unpinned entry is evicted first (the comparison policy).
 
 If the limit would be exceeded and every entry is pinned, ``open`` waits for pins to be
@@ -58,7 +59,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
@@ -191,6 +192,8 @@ class NodeCache:
         self._keys: dict[str, str] = {}  # file name -> key, for the prefetcher
         self._cursor = 0
         self._consumed: set[int] = set()  # planned accesses done out of order, past the cursor
+        self._in_flight: set[int] = set()  # planned accesses the prefetcher leaves alone
+        self._ahead: dict[str, int] = {}  # prefetched, not opened yet: name -> bytes
         self._published = 0.0
         self._clock = 0
         self._pinned: dict[tuple[int, str], int] = {}  # (thread, name) -> open pins
@@ -228,6 +231,8 @@ class NodeCache:
         """
         name = _name(key)
         self._advance(name)
+        with self._tlock:
+            self._ahead.pop(name, None)
         fd = self._acquire(key, name, int(size), fetch, prefetch=False)
         assert fd is not None
         path = self.root / "data" / name
@@ -237,18 +242,25 @@ class NodeCache:
             with self._global():
                 self._unpin(name, fd)
 
-    def set_future(self, keys: Sequence[str]) -> None:
+    def set_future(self, keys: Sequence[str], in_flight: Iterable[int] = ()) -> None:
         """Tell the cache this process's exact upcoming accesses, next one first.
 
-        Each :meth:`open` of the next planned key moves a cursor along the list; eviction
-        (``belady``) and prefetch read the keys from the cursor on. Other processes sharing
-        the directory see the first 4096 keys through a plan file in ``root/plan/``.
+        Each :meth:`open` of a planned key marks it done and moves a cursor past the done
+        prefix; eviction (``belady``) and prefetch read the keys from the cursor on. Other
+        processes sharing the directory see the first 4096 keys through a plan file in
+        ``root/plan/``.
+
+        Args:
+            keys: The upcoming accesses, in order.
+            in_flight: Indexes of accesses already handed to a reader: they count for
+                eviction, but the prefetcher leaves them to their reader.
         """
         with self._tlock:
             self._keys = {_name(k): k for k in keys}
             self._future = [_name(k) for k in keys]
             self._cursor = 0
             self._consumed = set()
+            self._in_flight = set(in_flight)
         self._publish(force=True)
         if self._prefetch is not None:
             self._prefetch.wake()
@@ -437,6 +449,7 @@ class NodeCache:
                 self._stats["bytes_fetched"] += actual
                 if prefetch:
                     self._stats["prefetches"] += 1
+                    self._ahead[name] = actual
                     fcntl.flock(fd, fcntl.LOCK_UN)
                     os.close(fd)
                     return None
@@ -648,12 +661,20 @@ class NodeCache:
         os.ftruncate(self._plan_fd, 0)
         os.pwrite(self._plan_fd, blob, 0)
 
+    def _ahead_bytes(self) -> int:
+        """Bytes prefetched and not opened yet (forgetting entries evicted meanwhile)."""
+        with self._tlock:
+            for name in list(self._ahead):
+                if not (self.root / "data" / name).exists():
+                    del self._ahead[name]
+            return sum(self._ahead.values())
+
     def _upcoming(self, depth: int) -> list[str]:
         with self._tlock:
             out: list[str] = []
             for i in range(self._cursor, len(self._future)):
                 n = self._future[i]
-                if i not in self._consumed and n not in out:
+                if i not in self._consumed and i not in self._in_flight and n not in out:
                     out.append(n)
                     if len(out) >= depth:
                         break
@@ -760,6 +781,8 @@ class _Prefetcher:
                 key = self.cache._keys.get(name, name)
                 try:
                     size, fetch = self.resolve(key)
+                    if self.cache._ahead_bytes() + size > self.cache.limit_bytes // 4:
+                        break  # a quarter of the cache at most waits for its first use
                     self.cache._acquire(key, name, size, fetch, prefetch=True)
                 except Exception as exc:  # the foreground open will fetch and report it
                     self.error = exc
