@@ -195,3 +195,89 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer
         yield HttpServer(root, port)
     finally:
         _stop(proc)
+
+
+class OutageProxy:
+    """A TCP proxy in front of a server that can drop every connection and stop listening.
+
+    ``outage(seconds)`` makes the endpoint disappear (connections reset, new ones refused)
+    and come back on the same port, as a restarted S3 endpoint would, without losing the
+    server's state.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        import threading
+
+        self.target_port = target_port
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self.refused = 0
+        self.start()
+
+    def start(self) -> None:
+        """Listen again on the same port."""
+        import threading
+
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self._listener = s
+        t = threading.Thread(target=self._accept, args=(s,), daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept(self, listener: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        """Stop listening and reset every open connection."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                )
+                c.close()
+            except OSError:
+                pass
+
+    def outage(self, seconds: float) -> None:
+        """Disappear for ``seconds``, then come back."""
+        self.stop()
+        time.sleep(seconds)
+        self.start()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from os.path import commonpath
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +68,11 @@ def file_names(files: Sequence[str | os.PathLike[str]]) -> list[str]:
     texts = [storage.redact(str(f)) for f in files]
     if len(texts) < 2:
         return [t.rsplit("/", 1)[-1] for t in texts]
-    common = os.path.commonpath(texts) if all("://" not in t for t in texts) else ""
-    if not common:
-        prefix = commonpath(texts)
-        common = prefix[: prefix.rfind("/")] if "/" in prefix else ""
-    return [t[len(common) :].lstrip("/") if common else t for t in texts]
+    parts = [t.split("/") for t in texts]
+    n = 0
+    while all(len(p) > n + 1 and p[n] == parts[0][n] for p in parts):
+        n += 1
+    return ["/".join(p[n:]) for p in parts]
 
 
 def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[str, Any]:

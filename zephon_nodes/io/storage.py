@@ -225,8 +225,9 @@ def filesystem(uri: str) -> Any:
             try:
                 import fsspec
 
-                # skip_instance_cache: fsspec's shared instances are not safe across fork.
-                fs = fsspec.filesystem(protocol, skip_instance_cache=True)
+                # skip_instance_cache: fsspec's shared instances are not safe across fork;
+                # no listings cache: a changed object must show its new size and version tag.
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, use_listings_cache=False)
             except ImportError:
                 raise DataError(
                     f"{redact(uri)}: reading {sch}:// needs {package}: "
