@@ -11,6 +11,7 @@ from zephon_nodes.engine.checkpoint import load_state, save_state
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
+from zephon_nodes.io.nodecache import set_cache_limit
 from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.verification.simulate import simulate
 
@@ -36,6 +37,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--save-at", type=int, default=None, help="save the state after step K")
     p.add_argument("--checkpoint-dir", default=None, help="where --save-at writes the state")
     p.add_argument("--resume-from", default=None, help="checkpoint directory to resume from")
+    p.add_argument(
+        "--cache-limit",
+        default=None,
+        help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT); never changes a digest",
+    )
     p.set_defaults(func=run)
 
 
@@ -45,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         raise RecipeError(f"--steps={args.steps} must be >= 0")
     if (args.save_at is None) != (args.checkpoint_dir is None):
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
+    if args.cache_limit is not None:
+        set_cache_limit(args.cache_limit)
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
     resume = load_state(args.resume_from) if args.resume_from else None
 
@@ -68,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
         produced += 1
         last = result.step
+    cache = pipeline.cache_stats()
+    if cache is not None:
+        print(f"zephon digest: node cache {json.dumps(cache, sort_keys=True)}", file=sys.stderr)
     if produced < args.steps:
         print(
             f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "

@@ -14,6 +14,7 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import RecipeError
+from zephon_nodes.io.nodecache import set_cache_limit
 from zephon_nodes.operators.pack import IGNORE_INDEX
 from zephon_nodes.recipe.spec import Recipe
 
@@ -39,6 +40,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
     p.add_argument("--num-workers", type=int, default=2, help="pool workers (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--cache-limit",
+        default=None,
+        help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT); reports its hits",
+    )
     p.set_defaults(func=run)
 
 
@@ -61,7 +67,9 @@ def compute_stats(
 
     Returns:
         A JSON-safe dict; ``token_shares`` maps dataset names to fractions of non-padding
-        tokens and ``padding_fraction`` is the padded share of all positions.
+        tokens and ``padding_fraction`` is the padded share of all positions. With a node
+        cache limit set, ``cache`` holds its counters over the run (hits, misses,
+        bytes_fetched, peak_bytes, ...).
     """
     if steps < 1:
         raise RecipeError(f"--steps={steps} must be >= 1")
@@ -88,6 +96,7 @@ def compute_stats(
                 produced += 1
         except StopIteration:
             pass
+        cache = pipeline.cache_stats()  # before the documents are counted (they read again)
         lanes: dict[int, Any] = {}
         for node in ranks:
             for lane, (w, c) in node.get_state()["lanes"].items():
@@ -118,6 +127,8 @@ def compute_stats(
         "skipped_files": pipeline.skipped_files,
         "filtered": filtered,
     }
+    if cache is not None:
+        out["cache"] = cache
     if len(names) > 1 and recipe.mixture.schedule is None:
         out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
     if "estimate" in pipeline.canonical.get("mixture", {}):
@@ -152,6 +163,8 @@ def _count_items(
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon stats``."""
+    if args.cache_limit is not None:
+        set_cache_limit(args.cache_limit)
     stats = compute_stats(
         Recipe.from_toml(args.recipe), args.steps, args.dp_world_size, args.num_workers
     )
@@ -168,6 +181,12 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{name:<20} {count:>12} {stats['token_shares'][name]:>12.4f} {w:>8} "
             f"{stats['document_shares'][name]:>10.4f}"
+        )
+    if "cache" in stats:
+        c = stats["cache"]
+        print(
+            f"node cache: {c['hits']} hits, {c['misses']} misses, {c['bytes_fetched']} bytes "
+            f"fetched, peak {c['peak_bytes']} of {c['limit_bytes']} bytes"
         )
     for key in ("skipped_records", "skipped_files", "filtered"):
         for name, reasons in stats[key].items():

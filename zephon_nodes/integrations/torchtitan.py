@@ -38,6 +38,7 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.io.nodecache import parse_size, set_cache_limit
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe.spec import Recipe
 
@@ -371,6 +372,10 @@ class ZephonDataLoader(BaseDataLoader):
         infinite: bool = True
         """Set by TorchTitan's validator; False refuses an endless recipe (work.epochs='inf')."""
 
+        cache_limit: str = ""
+        """Node cache size shared by the node's ranks, e.g. "50G" (sets ZEPHON_CACHE_LIMIT;
+        empty: that variable, or no cache). Physical: never changes a batch."""
+
         def __post_init__(self) -> None:
             if self.num_workers < 0:
                 raise RecipeError(f"dataloader.num_workers={self.num_workers} must be >= 0")
@@ -380,6 +385,11 @@ class ZephonDataLoader(BaseDataLoader):
                 raise RecipeError(f"dataloader.lookahead={self.lookahead} must be >= 1")
             if self.prefetch < 0:
                 raise RecipeError(f"dataloader.prefetch={self.prefetch} must be >= 0")
+            if self.cache_limit:
+                try:
+                    parse_size(self.cache_limit)
+                except ValueError as e:
+                    raise RecipeError(f"dataloader.cache_limit: {e}") from None
             if not self.worker_timeout_s > 0:
                 raise RecipeError(
                     f"dataloader.worker_timeout_s={self.worker_timeout_s} must be > 0"
@@ -432,6 +442,8 @@ class ZephonDataLoader(BaseDataLoader):
         self.dp_world_size = dp_world_size
         self.dp_rank = dp_rank
         self.local_batch_size = local_batch_size
+        if config.cache_limit:
+            set_cache_limit(config.cache_limit)
         self.pipeline = Pipeline(recipe)
         self.lanes = lanes_for_rank(recipe.num_lanes, dp_world_size, dp_rank)
         self.pool = WorkerPool(config.num_workers, config.runner, config.worker_timeout_s)
@@ -451,6 +463,14 @@ class ZephonDataLoader(BaseDataLoader):
         self._state: dict[str, Any] = self._fresh_state()
         self._restore: dict[str, Any] | None = None
         self._started = False
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """Return the node cache's counters in this process, or None without a cache limit.
+
+        Keys: hits, misses, bytes_fetched, evictions, peak_bytes, limit_bytes and more (see
+        :meth:`~zephon_nodes.io.nodecache.NodeCache.stats`); log them with your metrics.
+        """
+        return self.pipeline.cache_stats()
 
     def _fresh_state(self) -> dict[str, Any]:
         p = self.pipeline
