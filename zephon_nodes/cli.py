@@ -19,6 +19,7 @@ COMMANDS = {
     "inspect": "inspect",
     "lanes": "lanes",
     "stats": "stats",
+    "index": "index",
 }
 
 

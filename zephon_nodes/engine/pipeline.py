@@ -209,12 +209,12 @@ class Pipeline:
         """
         if self._cache_feed is None:
             from zephon_nodes.io.future import CacheFeed, cacheable
-            from zephon_nodes.io.nodecache import node_cache
+            from zephon_nodes.io.nodecache import node_cache, prefetch_depth
 
             cache = node_cache()
             cached = any(cacheable(s) for d in self.datasets for s in d.shards)
             if cache is not None and cached:
-                self._cache_feed = CacheFeed(cache, self.work_source)
+                self._cache_feed = CacheFeed(cache, self.work_source, prefetch=prefetch_depth())
         return self._cache_feed
 
     def cache_stats(self) -> dict[str, int] | None:

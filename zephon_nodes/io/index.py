@@ -123,7 +123,20 @@ def _manifest(location: str) -> tuple[str, dict[str, Any]] | None:
         if location in _MANIFESTS:
             return _MANIFESTS[location]
     data = load_index(location)
-    found = (_dirname(location), data["shards"]) if data is not None else None
+    found = None
+    if data is not None:
+        base = str(data.get("base", "."))
+        if storage.is_remote(base):
+            directory = base.rstrip("/")
+        elif storage.is_remote(location):
+            directory = (
+                _dirname(location)
+                if base == "."
+                else posixpath.normpath(posixpath.join(_dirname(location), base))
+            )
+        else:
+            directory = os.path.normpath(os.path.join(_dirname(location), base))
+        found = (directory, data["shards"])
     with _LOCK:
         _MANIFESTS[location] = found
     return found
@@ -334,12 +347,25 @@ def build_index(
     return directory, {"format": FORMAT, "version": VERSION, "every": every, "shards": shards}
 
 
-def write_index(manifest: dict[str, Any], location: str) -> None:
+def write_index(manifest: dict[str, Any], location: str, directory: str | None = None) -> None:
     """Write a manifest to a local path or remote URI (atomically for local files).
+
+    Args:
+        manifest: From :func:`build_index`.
+        location: Where to write it.
+        directory: The shards' directory, when not the manifest's own (kept as ``base``:
+            relative for local paths, so a copied tree keeps working).
 
     Raises:
         DataError: If it cannot be written.
     """
+    if directory is not None:
+        here = _dirname(_normal(location))
+        if storage.is_remote(directory) or storage.is_remote(location):
+            base = "." if directory.rstrip("/") == here.rstrip("/") else directory
+        else:
+            base = os.path.relpath(directory, here)
+        manifest = {**manifest, "base": base}
     blob = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode("utf-8")
     if storage.is_remote(location):
 

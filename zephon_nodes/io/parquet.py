@@ -38,15 +38,9 @@ def _pq() -> Any:
 
 
 def _parquet_file(path: str, checksum: str = "") -> Any:
+    # Keyed by content checksum: a same-size edit with its mtime restored gets a new handle.
     remote = storage.is_remote(path)
-    if remote:
-        key = f"{path}|{checksum}"
-    else:
-        try:
-            st = Path(path).stat()
-        except OSError as e:
-            raise DataError(f"{path}: cannot read: {e}") from None
-        key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    key = f"{path}|{checksum}"
     files: dict[str, Any] | None = getattr(_LOCAL, "files", None)
     if files is None:
         files = _LOCAL.files = {}
@@ -129,7 +123,8 @@ class ParquetShard:
 
                 table = storage.with_retries(read, self.path)
             else:
-                table = _parquet_file(self.path).read_row_groups(groups, columns=columns)
+                f = _parquet_file(self.path, self.checksum)
+                table = f.read_row_groups(groups, columns=columns)
             values = table.column(0).to_pylist()[start - base : stop - base]
             images = (
                 table.column(1).to_pylist()[start - base : stop - base]

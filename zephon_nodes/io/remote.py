@@ -44,6 +44,23 @@ def known_checksum(uri: str, st: storage.FileStat) -> str | None:
     return value if isinstance(value, str) else None
 
 
+_FETCHED = [0]
+
+
+def _announce(uri: str, st: storage.FileStat) -> None:
+    """Say what is fetched: the first shards by name, then a count every 100 shards."""
+    _FETCHED[0] += 1
+    n = _FETCHED[0]
+    if n <= 3:
+        print(
+            f"zephon: fetching and indexing {storage.redact(uri)} ({st.size:,} bytes; no "
+            f"dataset index: `zephon index` builds one)",
+            file=sys.stderr,
+        )
+    elif n % 100 == 0:
+        print(f"zephon: {n} remote shards fetched and indexed so far", file=sys.stderr)
+
+
 @contextmanager
 def fetched(
     uri: str, st: storage.FileStat, sink: Callable[[bytes], Any] | None = None
@@ -55,11 +72,7 @@ def fetched(
     Raises:
         DataError: If the fetch fails (after retries) or the file changes meanwhile.
     """
-    print(
-        f"zephon: fetching and indexing {storage.redact(uri)} ({st.size:,} bytes; no dataset "
-        f"index: `zephon index` builds one)",
-        file=sys.stderr,
-    )
+    _announce(uri, st)
     fd, tmp = tempfile.mkstemp(dir=cache_dir(), prefix="fetch.", suffix=".tmp")
     try:
         h = Hasher()

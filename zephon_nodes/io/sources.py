@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
@@ -57,6 +59,26 @@ def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) ->
     return open_shard(path)
 
 
+HINT_FILES = 100
+_HINTED: set[str] = set()
+
+
+def _hint(spec: DatasetSpec, files: list[Any]) -> None:
+    """One line, once per dataset and process: many local shards and no dataset index."""
+    from zephon_nodes.io import storage
+    from zephon_nodes.io.index import find_entry
+
+    if len(files) < HINT_FILES or spec.name in _HINTED or storage.is_remote(files[0]):
+        return
+    _HINTED.add(spec.name)
+    if find_entry(str(files[0])) is None:
+        print(
+            f"zephon: dataset {spec.name!r}: {len(files)} shards and no dataset index, so "
+            f"every shard is read at start-up; `zephon index` builds one (see docs/storage.md)",
+            file=sys.stderr,
+        )
+
+
 def open_dataset(
     spec: DatasetSpec, chunk_size: int, image_column: str | None = None
 ) -> OpenedDataset:
@@ -80,7 +102,9 @@ def open_dataset(
         return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size))
     shards = []
     skipped: dict[str, int] = {}
-    for path in spec.files():
+    files = spec.files()
+    _hint(spec, files)
+    for path in files:
         try:
             # An empty shard (0 records) is valid and contributes no work items (issue 2);
             # it is reported under "empty_file" with the skipped files, whatever the policy.
