@@ -353,7 +353,7 @@ class TestPrefetch:
         assert sorted(log) == seq
         cache.close()
 
-    def test_prefetch_evicts_only_later_needs(self, tmp_path: Path) -> None:
+    def test_prefetch_evicts_only_unplanned(self, tmp_path: Path) -> None:
         """A full cache: prefetching v and w evicts g and h (never needed), nothing else."""
         log: list[str] = []
         cache = NodeCache(tmp_path, 80)
@@ -368,13 +368,13 @@ class TestPrefetch:
         assert sorted(p.name for p in (tmp_path / "data").iterdir()) == list("pqrstuvw")
         cache.close()
 
-    def test_prefetch_keeps_sooner_needs(self, tmp_path: Path) -> None:
-        """If every cached entry is needed before the prefetch candidate, nothing happens."""
+    def test_prefetch_keeps_planned(self, tmp_path: Path) -> None:
+        """If every cached entry is planned (even after the candidate), nothing happens."""
         log: list[str] = []
         cache = NodeCache(tmp_path, 80)
         run(cache, list("pqrstugh"))
         cache.start_prefetch(lambda key: (10, writer(key, 10, log)), depth=9)
-        cache.set_future(list("pqrstughv"))
+        cache.set_future(list("vpqrstugh"))
         time.sleep(0.3)
         assert log == []
         assert cache.stats()["evictions"] == 0

@@ -34,8 +34,9 @@ Policies:
   by any process on the node, is farthest away is evicted first (Belady's rule, optimal for a
   known sequence); entries no process will use again go first, ties by key. A background
   prefetcher (:meth:`NodeCache.start_prefetch`) fetches the next keys of the future ahead of
-  use, only evicts entries needed later than what it fetches, and keeps at most a quarter of
-  the limit in entries fetched ahead and not used yet (so a small cache is not churned).
+  use; it only evicts entries that no process plans to use, and keeps at most a quarter of
+  the limit in entries fetched ahead and not used yet, so it takes little room from
+  entries that will be used sooner.
 - ``"lru"``: the least recently used unpinned entry is evicted first (the comparison policy).
 
 If the limit would be exceeded and every entry is pinned, ``open`` waits for pins to be
@@ -69,17 +70,20 @@ from zephon_nodes.io.cache import cache_dir
 __all__ = [
     "LIMIT_ENV",
     "POLICY_ENV",
+    "PREFETCH_ENV",
     "CacheFullError",
     "Cacheable",
     "Fetch",
     "NodeCache",
     "node_cache",
     "parse_size",
+    "prefetch_depth",
     "set_cache_limit",
 ]
 
 LIMIT_ENV = "ZEPHON_CACHE_LIMIT"
 POLICY_ENV = "ZEPHON_CACHE_POLICY"
+PREFETCH_ENV = "ZEPHON_CACHE_PREFETCH"
 
 Fetch = Callable[[Path], None]
 """Writes the whole entry to the given path (called with a temporary path inside the cache)."""
@@ -543,8 +547,7 @@ class NodeCache:
                 f"already pins {own_pinned} bytes of limit_bytes={self.limit_bytes}; raise "
                 "--cache-limit / ZEPHON_CACHE_LIMIT"
             )
-        horizon = self._distance(name) if prefetch else None
-        for victim, _ in self._victims(prefetch_horizon=horizon):
+        for victim, _ in self._victims(unplanned_only=prefetch):
             path = self.root / "data" / victim
             try:
                 vsize = path.stat().st_size
@@ -564,7 +567,7 @@ class NodeCache:
                 return True
         return None
 
-    def _victims(self, prefetch_horizon: float | None) -> list[tuple[str, float]]:
+    def _victims(self, unplanned_only: bool = False) -> list[tuple[str, float]]:
         """Return eviction candidates, best victim first (pins are checked by the caller)."""
         names = [e.name for e in os.scandir(self.root / "data")]
         if self.policy == "lru":
@@ -576,8 +579,8 @@ class NodeCache:
             return [(n, 0.0) for _, n in order]
         dist = self._distances()
         ranked = sorted(((dist.get(n, _INF), n) for n in names), key=lambda t: (-t[0], t[1]))
-        if prefetch_horizon is not None:
-            ranked = [t for t in ranked if t[0] > prefetch_horizon]
+        if unplanned_only:  # the prefetcher: only what no process plans to use
+            ranked = [t for t in ranked if t[0] == _INF]
         return [(n, d) for d, n in ranked]
 
     # ------------------------------------------------------------------ the future
@@ -600,9 +603,6 @@ class NodeCache:
                 if dist.get(n, _INF) > i:
                     dist[n] = float(i)
         return dist
-
-    def _distance(self, name: str) -> float:
-        return self._distances().get(name, _INF)
 
     def _read_plan(self, plan: Path) -> list[str]:
         """Read another process's plan; remove it if that process is gone."""
@@ -685,14 +685,16 @@ _SHARED: dict[tuple[int, str, str, str], NodeCache] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def set_cache_limit(limit: str | int | None, policy: str | None = None) -> None:
-    """Set (or with None, remove) this process's node-cache limit and policy.
+def set_cache_limit(
+    limit: str | int | None, policy: str | None = None, prefetch: int | None = None
+) -> None:
+    """Set (or with None, remove) this process's node-cache limit, policy and prefetch depth.
 
-    They go to ``ZEPHON_CACHE_LIMIT`` and ``ZEPHON_CACHE_POLICY``, so worker processes
-    started afterwards use the same cache.
+    They go to ``ZEPHON_CACHE_LIMIT``, ``ZEPHON_CACHE_POLICY`` and ``ZEPHON_CACHE_PREFETCH``,
+    so worker processes started afterwards use the same cache.
 
     Raises:
-        RecipeError: ``limit`` is not a byte size or ``policy`` unknown.
+        RecipeError: ``limit`` is not a byte size, ``policy`` unknown or ``prefetch`` < 0.
     """
     if limit is None:
         os.environ.pop(LIMIT_ENV, None)
@@ -703,6 +705,24 @@ def set_cache_limit(limit: str | int | None, policy: str | None = None) -> None:
         if policy not in ("belady", "lru"):
             raise RecipeError(f"cache policy should be 'belady' or 'lru', got {policy!r}")
         os.environ[POLICY_ENV] = policy
+    if prefetch is not None:
+        if prefetch < 0:
+            raise RecipeError(f"cache prefetch depth should be >= 0, got {prefetch}")
+        os.environ[PREFETCH_ENV] = str(prefetch)
+
+
+def prefetch_depth() -> int:
+    """Return the prefetch depth: upcoming shards kept fetched ahead of use.
+
+    From ``ZEPHON_CACHE_PREFETCH`` (default 4; 0 disables the prefetcher).
+
+    Raises:
+        RecipeError: The variable is not an integer >= 0.
+    """
+    text = os.environ.get(PREFETCH_ENV, "").strip() or "4"
+    if not text.isdigit():
+        raise RecipeError(f"{PREFETCH_ENV} should be an integer >= 0, got {text!r}")
+    return int(text)
 
 
 def _parse_limit(text: str) -> int:

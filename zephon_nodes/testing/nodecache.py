@@ -14,8 +14,10 @@ import copy
 import hashlib
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +45,7 @@ class CachedCopyShard:
         cache_key: Content identity of the copy (SHA-256 of the file, truncated).
         cache_size: Bytes of the copy.
         fetch_log: File each fetch appends the key to (empty: no log).
+        latency_s: Seconds each fetch waits first (a remote store's round trip).
     """
 
     path: str
@@ -52,6 +55,7 @@ class CachedCopyShard:
     cache_key: str
     cache_size: int
     fetch_log: str = ""
+    latency_s: float = 0.0
 
     def cache_fetch(self, dest: Path) -> None:
         """Copy the shard to ``dest`` (and log the fetch)."""
@@ -61,6 +65,8 @@ class CachedCopyShard:
                 os.write(fd, f"{self.cache_key}\n".encode())
             finally:
                 os.close(fd)
+        if self.latency_s > 0:
+            time.sleep(self.latency_s)
         shutil.copyfile(self.source, dest)
 
     def read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
@@ -90,7 +96,7 @@ class CachedCopyShard:
         return f"{self.path} record {record}"
 
 
-def _wrap(shard: Shard, fetch_log: str) -> Shard | CachedCopyShard:
+def _wrap(shard: Shard, fetch_log: str, latency_s: float) -> Shard | CachedCopyShard:
     if not isinstance(shard, FileShard) or not os.path.isfile(shard.data_path):
         return shard
     data = Path(shard.data_path).read_bytes()
@@ -102,21 +108,26 @@ def _wrap(shard: Shard, fetch_log: str) -> Shard | CachedCopyShard:
         cache_key="sha256-" + hashlib.sha256(data).hexdigest()[:32],
         cache_size=len(data),
         fetch_log=fetch_log,
+        latency_s=latency_s,
     )
 
 
-def through_node_cache(pipeline: Pipeline, fetch_log: str | os.PathLike[str] = "") -> Pipeline:
+def through_node_cache(
+    pipeline: Pipeline, fetch_log: str | os.PathLike[str] = "", latency_s: float = 0.0
+) -> Pipeline:
     """Return a copy of ``pipeline`` whose local file shards are read through the node cache.
+
+    ``fetch_log`` names a file each fetch appends its key to; ``latency_s`` delays each fetch.
 
     Set a limit first (:func:`~zephon_nodes.io.nodecache.set_cache_limit`); the fingerprint
     and every output byte are the pipeline's own.
     """
     out = copy.copy(pipeline)
     log = os.fspath(fetch_log)
-    out.datasets = [
-        Dataset(d.name, d.text_field, tuple(_wrap(s, log) for s in d.shards), d.chunk_size)  # type: ignore[misc]
-        for d in pipeline.datasets
-    ]
+    out.datasets = []
+    for d in pipeline.datasets:
+        shards: tuple[Any, ...] = tuple(_wrap(s, log, latency_s) for s in d.shards)
+        out.datasets.append(Dataset(d.name, d.text_field, shards, d.chunk_size))
     out.work_source, _ = work_source(pipeline.recipe, out.datasets, pipeline.stateless)
     out._cache_feed = None
     return out
