@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -536,4 +537,34 @@ class TestAccessPlan:
         while cache.stats()["prefetches"] < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert cache.contains("y") and cache.contains("b") and not cache.contains("a")
+        cache.close()
+
+
+class TestSharedPlans:
+    """Processes on a node see each other's plans (here: two instances, two lock owners)."""
+
+    def test_other_plan_protects_its_entries(self, tmp_path: Path) -> None:
+        """B must evict: z goes (no one plans it); x stays because A plans it next."""
+        a, b = NodeCache(tmp_path, 30), NodeCache(tmp_path, 30)
+        run(b, ["x", "y", "z"])
+        a.set_future(["x"])
+        b.set_future(["w", "y"])
+        run(b, ["w"])
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["w", "x", "y"]
+        a.close()  # A's plan is withdrawn: x is now the only unplanned entry
+        b.set_future(["v", "w", "y"])
+        run(b, ["v"])
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["v", "w", "y"]
+        b.close()
+
+    def test_dead_plan_is_ignored_and_removed(self, tmp_path: Path) -> None:
+        """A plan file nobody holds (its process died) protects nothing and is deleted."""
+        cache = NodeCache(tmp_path, 20)
+        run(cache, ["x", "y"])
+        stale = tmp_path / "plan" / "12345-dead.json"
+        stale.write_text(json.dumps(["x", "y"]))
+        cache.set_future(["z", "y"])
+        run(cache, ["z"])
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["y", "z"]
+        assert not stale.exists()
         cache.close()
