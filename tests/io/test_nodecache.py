@@ -315,6 +315,41 @@ class TestFetching:
         assert (s["misses"], s["hits"], s["fetches"]) == (1, 7, 1)
         cache.close()
 
+    def test_dead_fetcher_leaves_no_reservation(self, tmp_path: Path) -> None:
+        """A reservation and partial file whose fetcher died (no lock held) are cleared."""
+        cache = NodeCache(tmp_path, 100)
+        (tmp_path / "resv" / "x").write_text("1000000")
+        (tmp_path / "part" / "x.999-dead.tmp").write_bytes(b"half")
+        run(cache, ["y"])
+        assert list((tmp_path / "resv").iterdir()) == []
+        assert list((tmp_path / "part").iterdir()) == []
+        cache.close()
+
+    def test_stuck_fetch_times_out(self, tmp_path: Path) -> None:
+        """Waiting for another fetcher of the same key ends after wait_s with a DataError."""
+        cache = NodeCache(tmp_path, 100, wait_s=0.3)
+        started, release = threading.Event(), threading.Event()
+
+        def stuck(dest: Path) -> None:
+            started.set()
+            release.wait(10)
+            dest.write_bytes(b"late")
+
+        def first() -> None:
+            with cache.open("k", 10, stuck):
+                pass
+
+        t = threading.Thread(target=first)
+        t.start()
+        started.wait(10)
+        try:
+            with pytest.raises(DataError, match=r"'k' has been fetched by another process"):
+                run(cache, ["k"])
+        finally:
+            release.set()
+            t.join()
+        cache.close()
+
     def test_smaller_limit_trims(self, tmp_path: Path) -> None:
         """Reopening with a smaller limit evicts down to it at once."""
         run(NodeCache(tmp_path, 100), ["a", "b", "c", "d"])

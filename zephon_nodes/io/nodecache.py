@@ -378,6 +378,7 @@ class NodeCache:
         delay = 0.001
         waited = False
         while True:
+            fetching = False
             with self._global():
                 if data.exists():
                     if prefetch:
@@ -393,7 +394,7 @@ class NodeCache:
                 elif resv.exists() and self._live(name):
                     if prefetch:
                         return None
-                    # Another process (or thread) is fetching it: wait below.
+                    fetching = True  # another process (or thread) fetches it: wait below
                 else:
                     if resv.exists():
                         self._clean_stale(name)
@@ -414,6 +415,11 @@ class NodeCache:
                         os.close(fd)  # a waiter's momentary shared lock: retry
             # Wait (outside the global lock) for a fetch in flight or for pins to go.
             if time.monotonic() > deadline:
+                if fetching:
+                    raise DataError(
+                        f"node cache {self.root}: {key!r} has been fetched by another process "
+                        f"for more than wait_s={self.wait_s:g} s without finishing"
+                    )
                 raise CacheFullError(self._full_message(key, size))
             if not waited:
                 waited = True
@@ -504,6 +510,9 @@ class NodeCache:
             with contextlib.suppress(FileNotFoundError):
                 total += entry.stat().st_size
         for entry in os.scandir(self.root / "resv"):
+            if not self._live(entry.name):  # its fetcher died: free its room
+                self._clean_stale(entry.name)
+                continue
             with contextlib.suppress(FileNotFoundError, ValueError):
                 total += int(Path(entry.path).read_text() or 0)
         return total
@@ -616,10 +625,11 @@ class NodeCache:
                 with contextlib.suppress(FileNotFoundError):
                     plan.unlink()
                 return []
-            with contextlib.suppress(ValueError):
-                keys = json.loads(os.read(fd, 1 << 24) or b"[]")
-                if isinstance(keys, list):
-                    return [str(k) for k in keys]
+            for _ in range(2):  # once more if caught in the middle of a rewrite
+                with contextlib.suppress(ValueError):
+                    keys = json.loads(os.pread(fd, 1 << 24, 0) or b"[]")
+                    if isinstance(keys, list):
+                        return [str(k) for k in keys]
             return []
         finally:
             os.close(fd)
