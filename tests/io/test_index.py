@@ -87,6 +87,19 @@ class TestIndexedStartup:
         assert pipeline.fingerprint == Pipeline(r).fingerprint
         assert [x.digest for x in _steps(pipeline, 4)] == reference
 
+    def test_index_above_sub_folders(self, tmp_path, monkeypatch):
+        """An index in a parent folder covers shards in its sub-folders."""
+        write_corpus(tmp_path / "a")
+        write_corpus(tmp_path / "b", (5, 9))
+        r = recipe([str(tmp_path / "*" / "*.jsonl*")])
+        reference = run(r, 2, 4)
+        assert zephon("index", str(tmp_path / "*" / "*.jsonl*"), "--quiet") == 0
+        assert (tmp_path / index.INDEX_NAME).exists()
+        with monkeypatch.context() as m:
+            no_shard_reads(m)
+            pipeline = Pipeline(r)
+        assert [x.digest for x in _steps(pipeline, 4)] == reference
+
     def test_s3(self, tmp_path, s3_env: S3Server, monkeypatch):
         """An index written next to S3 shards is found there; no shard read at build."""
         write_corpus(tmp_path)

@@ -160,6 +160,7 @@ def test_s3_outage_mid_run_costs_time_not_bytes(corpus, s3_server, monkeypatch):
         for k, v in s3_server.env.items():
             monkeypatch.setenv(k, v)
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("ZEPHON_STORAGE_BACKOFF_MAX_S", "0.5")
         storage._forget_filesystems()
         pipeline = Pipeline(corpus["s3"])  # indexed before the outage (fetched once)
         got = []

@@ -29,7 +29,7 @@ import xxhash
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.cache import atomic_write, cache_dir
 
-__all__ = ["PREFIX", "Hasher", "file_checksum", "immutable_data", "one_pass"]
+__all__ = ["PREFIX", "Hasher", "build_memo", "file_checksum", "immutable_data", "one_pass"]
 
 PREFIX = "xxh3_128:"
 _BLOCK = 8 << 20
@@ -70,6 +70,12 @@ def one_pass() -> Iterator[None]:
             _SCOPE.memo = None
 
 
+def build_memo() -> dict[Any, Any] | None:
+    """The memo of the current :func:`one_pass` block (``None`` outside one)."""
+    memo: dict[Any, Any] | None = getattr(_SCOPE, "memo", None)
+    return memo
+
+
 def immutable_data() -> bool:
     """Whether ``ZEPHON_IMMUTABLE_DATA`` says local files are never edited in place."""
     return os.environ.get("ZEPHON_IMMUTABLE_DATA", "").lower() in ("1", "true", "yes")
@@ -93,7 +99,7 @@ def file_checksum(path: str | os.PathLike[str], sink: Callable[[bytes], Any] | N
     p = Path(path)
     try:
         st = p.stat()
-        scope: dict[tuple[str, int, int, int], str] | None = getattr(_SCOPE, "memo", None)
+        scope = build_memo()
         skey = (str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
         if scope is not None and sink is None and skey in scope:
             return scope[skey]

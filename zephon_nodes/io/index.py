@@ -13,7 +13,8 @@ the manifest's directory:
   size, uncompressed size]`` of each zstd frame); ``parquet``: ``row_group_ends`` and
   ``columns``; ``tar``: ``samples`` (each sample's key and members' extension, offset, size).
 
-A pipeline finds the manifest in each shard's directory (or the dataset's ``index``). A shard
+A pipeline finds the manifest in each shard's directory or up to three folders above it (or
+at the dataset's ``index``). A shard
 whose size differs from its entry, or a remote shard whose version tag differs, is refused
 naming the shard and the command that rebuilds the index; a local shard whose modification
 time differs (a copy) is re-hashed once and accepted only if its checksum still matches.
@@ -53,6 +54,8 @@ INDEX_NAME = "zephon-index.json"
 FORMAT = "zephon-index"
 VERSION = 1
 EVERY = 64
+# How many parent folders of a shard are searched for an index (after its own folder).
+SEARCH_UP = 3
 
 _LOCK = threading.Lock()
 # Manifest location -> (its directory, {relative name: entry}); None: no manifest there.
@@ -153,6 +156,7 @@ def forget() -> None:
     """Forget loaded manifests (they are re-read on next use)."""
     with _LOCK:
         _MANIFESTS.clear()
+        _DIRS.clear()
 
 
 def _normal(uri: str) -> str:
@@ -170,18 +174,66 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     if os.environ.get("ZEPHON_NO_INDEX"):
         return None
     text = _normal(str(uri))
-    location = _NAMED.get(str(uri)) or _join(_dirname(text), INDEX_NAME)
-    location = _normal(location)
-    found = _manifest(location)
-    if found is None:
+    from zephon_nodes.io.checksum import build_memo
+
+    memo = build_memo()
+    if memo is not None and ("index", text) in memo:
+        hit: tuple[dict[str, Any], str] | None = memo[("index", text)]
+        return hit
+    found = _lookup(str(uri), text)
+    if found is not None:
+        entry, location, directory = found
+        _check(text, entry, directory)
+        result: tuple[dict[str, Any], str] | None = (entry, location)
+    else:
+        result = None
+    if memo is not None:
+        memo[("index", text)] = result
+    return result
+
+
+_DIRS: dict[str, tuple[str, str, dict[str, Any]] | None] = {}
+
+
+def _candidates(text: str, named: str | None) -> list[str]:
+    """Where the index of ``text`` may be: the dataset's, or its folder and SEARCH_UP above."""
+    if named is not None:
+        return [_normal(named)]
+    out = []
+    directory = _dirname(text)
+    for _ in range(SEARCH_UP + 1):
+        out.append(_join(directory, INDEX_NAME))
+        parent = _dirname(directory)
+        remote_root = storage.is_remote(text) and "://" not in parent
+        if parent == directory or remote_root or not parent:
+            break
+        directory = parent
+    return out
+
+
+def _lookup(uri: str, text: str) -> tuple[dict[str, Any], str, str] | None:
+    named = _NAMED.get(uri)
+    key = "@" + _normal(named) if named is not None else _dirname(text)
+    with _LOCK:
+        known = key in _DIRS
+        cached = _DIRS.get(key)
+    if not known:
+        cached = None
+        for location in _candidates(text, named):
+            found = _manifest(location)
+            if found is None:
+                continue
+            directory, shards = found
+            if text.startswith(directory + "/") and text[len(directory) + 1 :] in shards:
+                cached = (location, directory, shards)
+                break
+        with _LOCK:
+            _DIRS[key] = cached
+    if cached is None:
         return None
-    directory, shards = found
-    rel = text[len(directory) :].lstrip("/") if text.startswith(directory) else None
-    entry = shards.get(rel) if rel is not None else None
-    if not isinstance(entry, dict):
-        return None
-    _check(text, entry, directory)
-    return entry, location
+    location, directory, shards = cached
+    entry = shards.get(text[len(directory) + 1 :]) if text.startswith(directory + "/") else None
+    return (entry, location, directory) if isinstance(entry, dict) else None
 
 
 def _check(uri: str, entry: dict[str, Any], directory: str) -> None:
@@ -385,3 +437,4 @@ def write_index(manifest: dict[str, Any], location: str, directory: str | None =
             raise DataError(f"{target}: cannot write the dataset index: {e}") from None
     with _LOCK:
         _MANIFESTS.pop(_normal(location), None)
+        _DIRS.clear()

@@ -91,7 +91,7 @@ class RetryPolicy:
         budget_s: Seconds of retrying before giving up (``ZEPHON_STORAGE_RETRY_S``, default
             120).
         base_s: First backoff delay; it doubles on each retry.
-        max_s: Longest single delay.
+        max_s: Longest single delay (``ZEPHON_STORAGE_BACKOFF_MAX_S``, default 5).
     """
 
     budget_s: float = 120.0
@@ -101,18 +101,23 @@ class RetryPolicy:
     @classmethod
     def from_env(cls) -> RetryPolicy:
         """The policy set by ``ZEPHON_STORAGE_RETRY_S`` (seconds of retry budget)."""
-        raw = os.environ.get("ZEPHON_STORAGE_RETRY_S")
-        if raw is None:
-            return cls()
-        try:
-            budget = float(raw)
-        except ValueError:
-            budget = -1.0
-        if not 0 <= budget < 1e7:
-            raise DataError(
-                f"ZEPHON_STORAGE_RETRY_S={raw!r}: expected seconds of retry budget in [0, 1e7)"
-            )
-        return cls(budget_s=budget)
+        values = {}
+        for name, field, default in (
+            ("ZEPHON_STORAGE_RETRY_S", "budget_s", cls.budget_s),
+            ("ZEPHON_STORAGE_BACKOFF_MAX_S", "max_s", cls.max_s),
+        ):
+            raw = os.environ.get(name)
+            if raw is None:
+                values[field] = default
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                value = -1.0
+            if not 0 <= value < 1e7:
+                raise DataError(f"{name}={raw!r}: expected seconds in [0, 1e7)")
+            values[field] = value
+        return cls(budget_s=values["budget_s"], max_s=values["max_s"])
 
 
 _TRANSIENT_TEXT = re.compile(

@@ -174,7 +174,11 @@ class DatasetSpec:
             RecipeError: If a pattern matches no file.
         """
         from zephon_nodes.io import storage
+        from zephon_nodes.io.checksum import build_memo
 
+        memo = build_memo()  # one listing per pipeline build
+        if memo is not None and ("files", id(self)) in memo:
+            return list(memo[("files", id(self))])
         out: list[Any] = []
         for pattern in self.paths:
             matches = storage.expand(pattern, self.base_dir)
@@ -201,6 +205,8 @@ class DatasetSpec:
             if not storage.is_remote(location) and not os.path.isabs(location):
                 location = str(Path(self.base_dir) / location)
             use_index([str(p) for p in unique], location)
+        if memo is not None:
+            memo[("files", id(self))] = list(unique)
         return unique
 
     def canonical(self) -> dict[str, Any]:
