@@ -206,3 +206,28 @@ def test_random_corpora_remote_equals_local(
             assert zephon("index", base + "/*.jsonl*", "--every", str(every), "--quiet") == 0
         assert run(recipe([base + "/*.jsonl*"]), 2, 4) == reference
     storage._forget_filesystems()
+
+
+def test_multi_frame_zst_is_read_frame_by_frame(tmp_path, monkeypatch):
+    """With an index, a work item in the second frame reads only that frame's bytes."""
+    import zstandard
+
+    lines = [json.dumps({"text": f"record {i} " * 4}) for i in range(60)]
+    frames = [("\n".join(lines[k : k + 20]) + "\n").encode() for k in (0, 20, 40)]
+    blobs = [zstandard.ZstdCompressor().compress(f) for f in frames]
+    (tmp_path / "m.jsonl.zst").write_bytes(b"".join(blobs))
+    assert zephon("index", str(tmp_path / "m.jsonl.zst"), "--every", "8", "--quiet") == 0
+    entry, _ = index.find_entry(str(tmp_path / "m.jsonl.zst"))
+    shard = shards.indexed_shard(str(tmp_path / "m.jsonl.zst"), entry)
+    seen: list[tuple[int, int]] = []
+    real = storage.read_range
+
+    def spy(uri: str, start: int, stop: int) -> bytes:
+        seen.append((start, stop))
+        return real(uri, start, stop)
+
+    monkeypatch.setattr(storage, "read_range", spy)
+    got = shard.read(25, 30)
+    assert [r.decode() for _, r in got] == lines[25:30]
+    assert seen == [(len(blobs[0]), len(blobs[0]) + len(blobs[1]))]
+    assert [r.decode() for _, r in shard.read(0, 60)] == lines

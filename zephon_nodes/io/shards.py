@@ -63,6 +63,31 @@ class FileShard:
     every: int = 0
     offsets: tuple[int, ...] = field(default=(), repr=False)
     end: int = 0
+    frames: tuple[tuple[int, int, int], ...] = field(default=(), repr=False)
+
+    def _read_plain(self, lo: int, hi: int) -> bytes:
+        """Uncompressed bytes ``[lo, hi)``: a range read, or the zstd frames covering it."""
+        if not self.frames:
+            return storage.read_range(self.data_path, lo, hi)
+        starts = np.cumsum([0] + [f[2] for f in self.frames])
+        i = int(np.searchsorted(starts, lo, side="right")) - 1
+        j = int(np.searchsorted(starts, hi, side="left")) - 1
+        first, last = self.frames[i], self.frames[j]
+        blob = storage.read_range(self.data_path, first[0], last[0] + last[1])
+        dctx = zstandard.ZstdDecompressor()
+        parts = []
+        for offset, csize, usize in self.frames[i : j + 1]:
+            rel = offset - first[0]
+            try:
+                plain = dctx.decompress(blob[rel : rel + csize], max_output_size=usize)
+            except zstandard.ZstdError as e:
+                raise DataError(f"{self.path}: corrupt zstd frame at byte {offset}: {e}") from None
+            if len(plain) != usize:
+                raise DataError(f"{self.path}: file changed since it was indexed (zstd frame)")
+            parts.append(plain)
+        data = b"".join(parts)
+        base = int(starts[i])
+        return data[lo - base : hi - base]
 
     def _local_copy(self) -> tuple[str, str]:
         """Decompressed copy and record index of an indexed ``.zst`` (made on first read)."""
@@ -87,7 +112,7 @@ class FileShard:
         lo = self.offsets[first]
         hi = self.offsets[last] if last < len(self.offsets) else self.end
         try:
-            blob = storage.read_range(self.data_path, lo, hi)
+            blob = self._read_plain(lo, hi)
         except DataError as e:
             raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
         rows = _split_records(blob)
@@ -133,7 +158,7 @@ class FileShard:
             k = record // self.every
             base = self.offsets[k]
             hi = self.offsets[k + 1] if k + 1 < len(self.offsets) else self.end
-            rows = _split_records(storage.read_range(self.data_path, base, hi))
+            rows = _split_records(self._read_plain(base, hi))
             offset = base + int(rows[record % self.every, 0])
         else:
             offset = int(_load_index(self.index_path)[record, 0])
@@ -141,7 +166,7 @@ class FileShard:
         pos = 0
         while pos < offset:
             end = min(offset, pos + _BLOCK)
-            count += storage.read_range(self.data_path, pos, end).count(b"\n")
+            count += self._read_plain(pos, end).count(b"\n")
             pos = end
         return count + 1
 
@@ -245,7 +270,9 @@ def _split_records(blob: bytes) -> np.ndarray:
 
 def indexed_shard(uri: str, entry: Mapping[str, Any]) -> FileShard:
     """A shard from its dataset-index entry, without reading the file."""
-    compressed = entry["kind"] == "jsonl.zst"
+    frames = tuple(tuple(int(x) for x in f) for f in entry.get("frames", ()))
+    # A multi-frame .zst is read frame by frame; a single frame is decompressed whole.
+    compressed = entry["kind"] == "jsonl.zst" and len(frames) < 2
     return FileShard(
         path=storage.redact(uri),
         data_path="" if compressed else uri,
@@ -257,6 +284,7 @@ def indexed_shard(uri: str, entry: Mapping[str, Any]) -> FileShard:
         every=0 if compressed else int(entry["every"]),
         offsets=() if compressed else tuple(int(x) for x in entry["offsets"]),
         end=int(entry.get("end", 0)),
+        frames=() if compressed else frames,  # type: ignore[arg-type]
     )
 
 
