@@ -120,6 +120,10 @@ class Pipeline:
             for spec, image_column in zip(recipe.datasets, images, strict=True)
         ]
         self.datasets: list[Dataset] = [o.dataset for o in opened]
+        # With a node-cache limit, shards read whole (single-frame .zst) live in that cache.
+        from zephon_nodes.io.wholeshard import route_whole_shards
+
+        self.datasets = route_whole_shards(self.datasets)
         if recipe.image is None:
             _refuse_tar(self.datasets)
         self.skipped_files = {o.dataset.name: dict(o.skipped_files) for o in opened}
