@@ -22,7 +22,7 @@ def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     shards = result["startup"]["shards"]
     assert set(shards) == {"50", "200"}
     for row in shards.values():
-        assert all(v > 0 for v in row.values()), row
+        assert all(v is not None and v > 0 for v in row.values()), row
     assert result["startup"]["ratio_200_over_50"] > 0
     rates = result["throughput"]["tokens_per_s"]
     assert rates["local"] > 0 and rates["s3"] > 0

@@ -173,13 +173,13 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     """
     if os.environ.get("ZEPHON_NO_INDEX"):
         return None
-    text = _normal(str(uri))
     from zephon_nodes.io.checksum import build_memo
 
     memo = build_memo()
-    if memo is not None and ("index", text) in memo:
-        hit: tuple[dict[str, Any], str] | None = memo[("index", text)]
+    if memo is not None and ("index", str(uri)) in memo:
+        hit: tuple[dict[str, Any], str] | None = memo[("index", str(uri))]
         return hit
+    text = _normal(str(uri))
     found = _lookup(str(uri), text)
     if found is not None:
         entry, location, directory = found
@@ -188,7 +188,7 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     else:
         result = None
     if memo is not None:
-        memo[("index", text)] = result
+        memo[("index", str(uri))] = result
     return result
 
 
