@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
-from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.io.nodecache import LIMIT_ENV, node_cache, set_cache_limit
+from zephon_nodes.io.nodecache import node_cache, set_cache_limit
 from zephon_nodes.testing.nodecache import through_node_cache
 from zephon_nodes.verification.simulate import simulate
 
@@ -132,86 +128,3 @@ def test_resume_at_another_dp_size(tmp_path: Path, cache_env: Path) -> None:
     assert first + rest == reference
     cache = node_cache()
     assert cache is not None and cache.stats()["hits"] > 0
-
-
-_RANKS = """
-import hashlib, json, sys, time
-from pathlib import Path
-from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
-from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.testing.nodecache import through_node_cache
-
-data, log, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-ranks = [int(r) for r in sys.argv[4].split(",")]
-recipe = Recipe(
-    datasets=(DatasetSpec("web", paths=(str(data / "*.jsonl"),)),),
-    tokenizer=TokenizerSpec(kind="bytes"), seed=7, num_lanes=4, global_batch_size=8,
-    seq_len=32, flush_every=2, work=WorkSpec(chunk_size=4, epochs=2),
-)
-pipeline = through_node_cache(Pipeline(recipe), log)
-with WorkerPool(2, "thread") as pool:
-    nodes = {r: pipeline.rank_node(4, r, pool=pool) for r in ranks}
-    for node in nodes.values():
-        node.reset(None)
-    while not go.exists():
-        time.sleep(0.005)
-    hashes = {r: hashlib.sha256() for r in ranks}
-    live = dict(nodes)
-    while live:  # the ranks step together, as in training
-        for r, node in list(live.items()):
-            try:
-                batch = next(node)
-            except StopIteration:
-                del live[r]
-                continue
-            for key in sorted(batch):
-                hashes[r].update(key.encode())
-                hashes[r].update(batch[key].numpy().tobytes())
-print(json.dumps({"digests": {r: h.hexdigest() for r, h in hashes.items()},
-                  "cache": pipeline.cache_stats()}))
-"""
-
-
-def rank_digest(pipeline: Pipeline, rank: int) -> str:
-    """SHA-256 of every micro-batch one rank of four yields, run to the end."""
-    h = hashlib.sha256()
-    with WorkerPool(2, "thread") as pool:
-        node = pipeline.rank_node(4, rank, pool=pool)
-        node.reset(None)
-        for batch in node:
-            for key in sorted(batch):
-                h.update(key.encode())
-                h.update(batch[key].numpy().tobytes())
-    return h.hexdigest()
-
-
-def test_four_ranks_on_a_node_fetch_each_shard_once(tmp_path: Path, cache_env: Path) -> None:
-    """Four ranks in two processes share one node cache: one fetch per shard, same batches."""
-    corpus = write_corpus(tmp_path / "data")
-    script = tmp_path / "ranks.py"
-    script.write_text(_RANKS)
-    root = Path(__file__).resolve().parents[2]
-    log, go = tmp_path / "fetches.log", tmp_path / "go"
-    env = {**os.environ, "PYTHONPATH": str(root), LIMIT_ENV: str(2 * corpus)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path / "data"), str(log), str(go), ranks],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for ranks in ("0,2", "1,3")
-    ]
-    reference = {str(r): rank_digest(Pipeline(recipe(tmp_path / "data")), r) for r in range(4)}
-    go.touch()
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-2000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    assert {**outs[0]["digests"], **outs[1]["digests"]} == reference
-    fetches = log.read_text().split()
-    assert len(fetches) == SHARDS == len(set(fetches))
-    assert sum(o["cache"]["fetches"] for o in outs) == SHARDS
-    assert all(o["cache"]["hits"] > 0 for o in outs)
