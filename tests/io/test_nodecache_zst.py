@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
 from zephon_nodes.cli import main
@@ -79,3 +81,42 @@ def test_indexed_zst_through_node_cache(
     on_disk = sum(f.stat().st_size for f in (tmp_path / "zc" / "node" / "data").iterdir())
     assert on_disk <= limit
     assert not os.environ.get(LIMIT_ENV)
+
+
+@settings(max_examples=5)
+@given(
+    sizes=st.lists(st.integers(16, 40), min_size=1, max_size=6),
+    room=st.floats(0.0, 1.0),
+    policy=st.sampled_from(["belady", "lru"]),
+)
+def test_random_corpora_and_limits(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], room: float, policy: str
+) -> None:
+    """Random shard counts and sizes, limits from one shard to the corpus: same digests."""
+    root = tmp_path_factory.mktemp("zst")
+    blobs = []
+    for s, n in enumerate(sizes):
+        rows = [
+            json.dumps({"text": f"s{s} r{r} " + "x" * (30 + (s * 13 + r) % 40)}) for r in range(n)
+        ]
+        blob = ("\n".join(rows) + "\n").encode()
+        blobs.append(blob)
+        (root / f"s{s:02d}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(blob))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(LIMIT_ENV, raising=False)
+        mp.setenv("ZEPHON_CACHE_DIR", str(root / "plain"))
+        assert main(["index", str(root / "*.jsonl.zst")]) == 0
+        reference = digests(Pipeline(recipe(root)))
+        assert reference  # at least one global batch
+        mp.setenv("ZEPHON_CACHE_DIR", str(root / "zc"))
+        one, total = max(len(b) for b in blobs), sum(len(b) for b in blobs)
+        limit = one + int(room * (total - one))
+        set_cache_limit(limit, policy)
+        try:
+            pipeline = Pipeline(recipe(root))
+            assert digests(pipeline) == reference
+            stats = pipeline.cache_stats()
+        finally:
+            set_cache_limit(None)
+        assert stats is not None and 0 < stats["peak_bytes"] <= limit
+        assert stats["fetches"] >= len(sizes)  # every shard went through the cache
