@@ -108,6 +108,30 @@ class TestHttp:
             assert time.monotonic() - t < 5
 
 
+@pytest.mark.parametrize(
+    ("rel", "why"), [("forbidden/x.jsonl", "access denied"), ("no.jsonl", "matches no file")]
+)
+def test_cli_names_the_url_in_one_line(http_server: HttpServer, tmp_path, capsys, rel, why):
+    """`zephon digest` over a 403 or 404 URL: exit 2, one line naming the URL."""
+    from tests.commands.run import zephon
+
+    url = http_server.url(rel)
+    (tmp_path / "r.toml").write_text(
+        f'[tokenizer]\nkind = "bytes"\n[[datasets]]\nname = "w"\npaths = ["{url}"]\n'
+    )
+    assert zephon("digest", str(tmp_path / "r.toml"), "--steps", "1") == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and url in out[0] and why in out[0], out
+
+
+def test_http_server_down_is_transient_not_missing(monkeypatch):
+    """A refused HTTP connection is retried (not taken for a 404), then named."""
+    monkeypatch.setenv("ZEPHON_STORAGE_RETRY_S", "0.5")
+    url = f"http://127.0.0.1:{free_port()}/x.jsonl"
+    with pytest.raises(DataError, match=url.replace(".", r"\.") + ": cannot stat: transient"):
+        storage.expand(url)
+
+
 class _Status(Exception):
     def __init__(self, status: int) -> None:
         super().__init__(f"HTTP {status}")

@@ -22,6 +22,7 @@ import glob as globlib
 import os
 import random
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -127,14 +128,50 @@ _TRANSIENT_TEXT = re.compile(
     r"\b(429|500|502|503|504)\b|RequestTimeout|EndpointConnectionError)",
     re.IGNORECASE,
 )
+_CONNECTION_ERRNOS = (
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EPIPE,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+)
 _PERMANENT_TEXT = re.compile(
     r"(\b(403|404)\b|access ?denied|forbidden|no ?such ?(bucket|key)|not ?found)",
     re.IGNORECASE,
 )
 
 
+def _cause(exc: BaseException) -> BaseException:
+    """The error behind a backend's ``FileNotFoundError`` when it is not a 404.
+
+    fsspec's HTTP ``info`` turns every failure (a 403, a refused connection) into
+    ``FileNotFoundError(url)``; the error it wraps tells them apart.
+    """
+    inner = exc
+    for _ in range(8):
+        if not isinstance(inner, FileNotFoundError) or inner.__cause__ is None:
+            break
+        inner = inner.__cause__
+    if inner is exc:
+        return exc
+    status = getattr(inner, "status", None)
+    if isinstance(status, int):
+        return inner if status != 404 else exc
+    if isinstance(inner, (TimeoutError, ConnectionError)) or (
+        isinstance(inner, OSError) and inner.errno in _CONNECTION_ERRNOS
+    ):
+        return inner
+    text = f"{type(inner).__name__}: {inner}"
+    if _TRANSIENT_TEXT.search(text) and not _PERMANENT_TEXT.search(text):
+        return inner
+    return exc
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is worth retrying (network trouble, 5xx, 429, throttling)."""
+    exc = _cause(exc)
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
         return False
     status = getattr(exc, "status", None) or getattr(exc, "code", None)
@@ -142,15 +179,7 @@ def is_transient(exc: BaseException) -> bool:
         return status == 429 or 500 <= status < 600
     if isinstance(exc, (TimeoutError, ConnectionError)):
         return True
-    if isinstance(exc, OSError) and exc.errno in (
-        errno.ECONNRESET,
-        errno.ECONNREFUSED,
-        errno.ECONNABORTED,
-        errno.ETIMEDOUT,
-        errno.EPIPE,
-        errno.EHOSTUNREACH,
-        errno.ENETUNREACH,
-    ):
+    if isinstance(exc, OSError) and exc.errno in _CONNECTION_ERRNOS:
         return True
     text = f"{type(exc).__name__}: {exc}"
     if _PERMANENT_TEXT.search(text) and not re.search(r"\b(429|5\d\d)\b", text):
@@ -159,12 +188,29 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def _describe(exc: BaseException) -> str:
+    exc = _cause(exc)
+    status = getattr(exc, "status", None)
+    if status == 404:
+        return "not found (404)"
+    if status == 403:
+        return "access denied (403; check the backend's credentials)"
     if isinstance(exc, FileNotFoundError):
         return "not found (404 or a missing bucket)"
     if isinstance(exc, PermissionError):
         return "access denied (403; check the backend's credentials)"
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+_LAST_WARNING = [-1e9]
+
+
+def _warn(text: str) -> None:
+    """Say on stderr that a transient error is being retried (at most every 10 s)."""
+    now = time.monotonic()
+    if now - _LAST_WARNING[0] >= 10:
+        _LAST_WARNING[0] = now
+        print(f"zephon: {text}", file=sys.stderr)
 
 
 def with_retries(
@@ -194,6 +240,7 @@ def with_retries(
                     f"({attempt + 1} attempts, retry budget {policy.budget_s:g} s, "
                     f"ZEPHON_STORAGE_RETRY_S); last error: {_describe(e)}"
                 ) from None
+            _warn(f"{redact(uri)}: {_describe(e)}; retrying (budget {policy.budget_s:g} s)")
             delay = min(policy.max_s, policy.base_s * 2**attempt)
             delay = random.uniform(0, delay)
             time.sleep(min(delay, max(0.0, policy.budget_s - elapsed)))
