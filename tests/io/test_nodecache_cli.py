@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from zephon_nodes.cli import main
 from zephon_nodes.io.nodecache import LIMIT_ENV
@@ -20,7 +21,7 @@ flush_every = 2
 kind = "bytes"
 [[datasets]]
 name = "web"
-paths = ["data/*.jsonl"]
+paths = ["data/*.jsonl.zst"]
 [work]
 chunk_size = 3
 epochs = 1
@@ -33,8 +34,11 @@ def recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv(LIMIT_ENV, raising=False)
     monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zc"))
     (tmp_path / "data").mkdir()
-    rows = [json.dumps({"text": f"document number {i} " * (i % 4 + 1)}) for i in range(40)]
-    (tmp_path / "data" / "a.jsonl").write_text("\n".join(rows) + "\n")
+    for name in ("a", "b"):
+        rows = [json.dumps({"text": f"{name} document {i} " * (i % 4 + 1)}) for i in range(40)]
+        blob = zstandard.ZstdCompressor().compress(("\n".join(rows) + "\n").encode())
+        (tmp_path / "data" / f"{name}.jsonl.zst").write_bytes(blob)
+    assert main(["index", str(tmp_path / "data" / "*.jsonl.zst")]) == 0
     (tmp_path / "r.toml").write_text(RECIPE)
     return tmp_path / "r.toml"
 
@@ -43,16 +47,20 @@ def test_digest_unchanged_and_stats_report(
     recipe: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The limit never changes a digest; stats --json reports the cache's counters."""
+    capsys.readouterr()
     assert main(["digest", str(recipe), "--steps", "4"]) == 0
     plain = capsys.readouterr().out
     assert main(["digest", str(recipe), "--steps", "4", "--cache-limit", "64K"]) == 0
     out = capsys.readouterr()
     assert out.out == plain
-    assert '"limit_bytes": 65536' in out.err
+    line = next(x for x in out.err.splitlines() if x.startswith("zephon digest: node cache "))
+    counters = json.loads(line.removeprefix("zephon digest: node cache "))
+    assert counters["limit_bytes"] == 65536 and counters["misses"] > 0
     assert main(["stats", str(recipe), "--steps", "2", "--json", "--cache-limit", "1M"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["cache"]["limit_bytes"] == 1 << 20
     assert {"hits", "misses", "bytes_fetched", "evictions", "peak_bytes"} <= set(stats["cache"])
+    assert stats["cache"]["hits"] > 0  # warm from the digest run: same node-cache directory
 
 
 def test_bad_limit_is_one_line(recipe: Path, capsys: pytest.CaptureFixture[str]) -> None:
