@@ -55,7 +55,7 @@ def test_digest_unchanged_and_stats_report(
     assert out.out == plain
     line = next(x for x in out.err.splitlines() if x.startswith("zephon digest: node cache "))
     counters = json.loads(line.removeprefix("zephon digest: node cache "))
-    assert counters["limit_bytes"] == 65536 and counters["misses"] > 0
+    assert counters["limit_bytes"] == 65536 and counters["fetches"] > 0
     assert main(["stats", str(recipe), "--steps", "2", "--json", "--cache-limit", "1M"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["cache"]["limit_bytes"] == 1 << 20
