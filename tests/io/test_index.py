@@ -107,9 +107,21 @@ class TestIndexedStartup:
         base = s3_put_tree(s3_env, "indexed", tmp_path, "c")
         assert zephon("index", base + "/*.jsonl*", "--quiet") == 0
         assert storage.stat(base + "/" + index.INDEX_NAME).size > 0
+        import s3fs
+
+        heads: list[str] = []
+        real_info = s3fs.S3FileSystem._info
+
+        async def counting_info(self: Any, path: str, **kw: Any) -> Any:
+            heads.append(path)
+            return await real_info(self, path, **kw)
+
         with monkeypatch.context() as m:
             no_shard_reads(m)
+            m.setattr(s3fs.S3FileSystem, "_info", counting_info)
             pipeline = Pipeline(recipe([base + "/*.jsonl*"]))
+        # No request per shard: their sizes and ETags come with the listing.
+        assert heads and [h for h in heads if h.endswith((".jsonl", ".zst"))] == []
         assert [x.digest for x in _steps(pipeline, 4)] == reference
 
     def test_parquet_and_named_index(self, tmp_path, monkeypatch):

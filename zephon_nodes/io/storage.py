@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from zephon_nodes.errors import DataError
+from zephon_nodes.io.checksum import build_memo
 
 __all__ = [
     "FileStat",
@@ -320,6 +321,10 @@ def stat(uri: str | os.PathLike[str]) -> FileStat:
         DataError: If the file does not exist or cannot be reached.
     """
     text = str(uri)
+    memo = build_memo()
+    if memo is not None and ("stat", text) in memo:
+        listed: FileStat = memo[("stat", text)]  # from this build's listing
+        return listed
     if not is_remote(text):
         try:
             st = os.stat(local_path(text))
@@ -365,17 +370,23 @@ def expand(pattern: str, base_dir: str | os.PathLike[str] | None = None) -> list
         return [pattern]
     fs = filesystem(pattern)
 
-    def listing() -> list[str]:
-        found: list[str] = fs.glob(pattern, detail=False)
+    def listing() -> dict[str, Any]:
+        found: dict[str, Any] = fs.glob(pattern, detail=True)
         return found
 
     found = with_retries(listing, pattern, what="list")
     prefix = pattern.partition("://")[0] + "://"
-    out = [f if "://" in f else prefix + f for f in found]
+    memo = build_memo()
     files = []
-    for f in sorted(out):
-        if not f.endswith("/"):
-            files.append(f)
+    for name in sorted(found):
+        info = found[name]
+        uri = name if "://" in name else prefix + name
+        if uri.endswith("/") or info.get("type") == "directory":
+            continue
+        files.append(uri)
+        if memo is not None and info.get("size") is not None:
+            # Sizes and version tags come with the listing: no request per shard in a build.
+            memo[("stat", uri)] = FileStat(int(info["size"]), _version(info))
     return files
 
 
