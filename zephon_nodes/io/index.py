@@ -160,7 +160,11 @@ def forget() -> None:
 
 
 def _normal(uri: str) -> str:
-    return uri if storage.is_remote(uri) else os.path.abspath(storage.local_path(uri))
+    if storage.is_remote(uri):
+        return uri
+    path = storage.local_path(uri)
+    plain = path.startswith("/") and "/." not in path and "//" not in path
+    return path if plain else os.path.abspath(path)
 
 
 def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
@@ -171,14 +175,14 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     Raises:
         DataError: If the index does not match the shard (naming it and the rebuild command).
     """
-    if os.environ.get("ZEPHON_NO_INDEX"):
-        return None
     from zephon_nodes.io.checksum import build_memo
 
     memo = build_memo()
     if memo is not None and ("index", str(uri)) in memo:
         hit: tuple[dict[str, Any], str] | None = memo[("index", str(uri))]
         return hit
+    if os.environ.get("ZEPHON_NO_INDEX"):
+        return None
     text = _normal(str(uri))
     found = _lookup(str(uri), text)
     if found is not None:
