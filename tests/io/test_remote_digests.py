@@ -176,3 +176,20 @@ def test_s3_outage_mid_run_costs_time_not_bytes(corpus, s3_server, monkeypatch):
     finally:
         proxy.stop()
         storage._forget_filesystems()
+
+
+def test_corrupt_remote_shard_is_skipped_like_a_local_one(s3_env: S3Server, tmp_path):
+    """Under on_error = "skip", a truncated .zst in S3 is left out exactly as locally."""
+    root = tmp_path / "c"
+    write_corpus(root)
+    blob = (root / "c0.jsonl.zst").read_bytes()
+    (root / "c0.jsonl.zst").write_bytes(blob[: len(blob) - 7])
+    base = s3_put_tree(s3_env, "corrupt", root)
+    spec = DatasetSpec("web", paths=(str(root / "*.jsonl*"),), on_error="skip")
+    local = recipe([str(root / "*.jsonl*")]).replace(datasets=(spec,))
+    remote = local.replace(datasets=(DatasetSpec("web", paths=(base + "/*",), on_error="skip"),))
+    p_local, p_remote = Pipeline(local), Pipeline(remote)
+    assert p_local.skipped_files == p_remote.skipped_files
+    assert sum(p_local.skipped_files["web"].values()) >= 2  # the empty file and the corrupt one
+    assert p_local.fingerprint == p_remote.fingerprint
+    assert run(remote, 2, 3) == run(local, 2, 3)

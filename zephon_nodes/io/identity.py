@@ -54,13 +54,24 @@ def _open_remote(uri: str) -> str:
 
         with fetched(uri, storage.stat(uri)) as (_, checksum):
             return checksum
-    if uri.endswith(".tar"):
-        from zephon_nodes.io.tar import open_tar_shard
 
-        return open_tar_shard(uri).checksum
-    from zephon_nodes.io.shards import open_shard
+    from zephon_nodes.errors import DataError
+    from zephon_nodes.io.remote import fetched
 
-    return open_shard(uri).checksum
+    try:
+        if uri.endswith(".tar"):
+            from zephon_nodes.io.tar import open_tar_shard
+
+            return open_tar_shard(uri).checksum
+        from zephon_nodes.io.shards import open_shard
+
+        return open_shard(uri).checksum
+    except DataError as e:
+        if "not found" in str(e) or "cannot" in str(e):
+            raise
+        # A corrupt shard still has an identity (``on_error = "skip"`` leaves it out later).
+        with fetched(uri, storage.stat(uri)) as (_, checksum):
+            return checksum
 
 
 def file_names(files: Sequence[str | os.PathLike[str]]) -> list[str]:
