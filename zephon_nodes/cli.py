@@ -20,6 +20,7 @@ COMMANDS = {
     "lanes": "lanes",
     "stats": "stats",
     "index": "index",
+    "recompress": "recompress",
 }
 
 
