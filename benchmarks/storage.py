@@ -2,7 +2,7 @@
 
 1. Time to the first global batch (imports excluded) over N tiny local shards, with a dataset
    index (`zephon index`, built beforehand and not timed) and without one (every shard read
-   and hashed), for N = 1,000, 10,000 and 100,000 (``--quick``: 50 and 200). Target: the
+   and hashed), for N = 1,000, 10,000 and 100,000 (``--quick``: 20 and 60). Target: the
    indexed time at 100,000 shards at most 1.5x the time at 1,000.
 2. Text throughput (tokens/s) of the same recipe over the same shards from a local S3 server
    (moto, on 127.0.0.1) and from local disk, in the same run, alternating, best of
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = Path(args.root or tempfile.mkdtemp(prefix="zephon-bench-storage-"))
     root.mkdir(parents=True, exist_ok=True)
-    sizes = [50, 200] if args.quick else [1000, 10000, 100000]
+    sizes = [20, 60] if args.quick else [1000, 10000, 100000]
     if args.sizes:
         sizes = [int(x) for x in args.sizes.split(",")]
     result: dict[str, Any] = {

@@ -20,10 +20,10 @@ def test_quick_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "| S3 / local throughput |" in capsys.readouterr().out
     result = json.loads(out.read_text())
     shards = result["startup"]["shards"]
-    assert set(shards) == {"50", "200"}
+    assert set(shards) == {"20", "60"}
     for row in shards.values():
         assert all(v is not None and v > 0 for v in row.values()), row
-    assert result["startup"]["ratio_200_over_50"] > 0
+    assert result["startup"]["ratio_60_over_20"] > 0
     rates = result["throughput"]["tokens_per_s"]
     assert rates["local"] > 0 and rates["s3"] > 0
     assert result["throughput"]["s3_over_local"] == pytest.approx(

@@ -194,7 +194,7 @@ def _steps(pipeline: Pipeline, n: int) -> list[Any]:
     return [x for x, _ in simulate(pipeline, 2, n)]
 
 
-@settings(max_examples=5)
+@settings(max_examples=3)
 @given(
     sizes=st.lists(st.integers(0, 25), min_size=1, max_size=6).filter(lambda s: sum(s) >= 8),
     indexed=st.booleans(),

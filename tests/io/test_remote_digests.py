@@ -105,7 +105,7 @@ def test_reference_is_not_trivial(corpus):
         for source in ("s3", "http")
         for case in ((1, 1, "thread"), (2, 2, "thread"), (4, 2, "thread"))
     ]
-    + [("s3", 2, 2, "process")],
+    + [("s3", 2, 1, "process")],
 )
 def test_remote_copies_give_the_local_digests(corpus, source, world, workers, runner):
     """s3:// and http:// copies: identical digests at dp 1, 2, 4, 1-2 workers, both runners."""
