@@ -88,9 +88,13 @@ class Pipeline:
 
     def __init__(self, recipe: Recipe, *, provenance: bool = False) -> None:
         from zephon_nodes.io.checksum import one_pass
+        from zephon_nodes.io.remote import finish_progress
 
-        with one_pass():
-            self._build(recipe, provenance)
+        try:
+            with one_pass():
+                self._build(recipe, provenance)
+        finally:
+            finish_progress()
 
     def _build(self, recipe: Recipe, provenance: bool) -> None:
         from zephon_nodes.engine.assembly import stateless_chain, work_source

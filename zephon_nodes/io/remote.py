@@ -25,7 +25,7 @@ from zephon_nodes.io import storage
 from zephon_nodes.io.cache import atomic_write, cache_dir
 from zephon_nodes.io.checksum import Hasher
 
-__all__ = ["fetched", "known_checksum"]
+__all__ = ["fetched", "finish_progress", "known_checksum"]
 
 
 def _memo(uri: str, st: storage.FileStat) -> Path:
@@ -44,21 +44,31 @@ def known_checksum(uri: str, st: storage.FileStat) -> str | None:
     return value if isinstance(value, str) else None
 
 
-_FETCHED = [0]
+_PROGRESS: dict[str, Any] = {}
 
 
 def _announce(uri: str, st: storage.FileStat) -> None:
-    """Say what is fetched: the first shards by name, then a count every 100 shards."""
-    _FETCHED[0] += 1
-    n = _FETCHED[0]
-    if n <= 3:
+    """Say what is fetched: the first shard by name, then a progress bar on stderr."""
+    bar = _PROGRESS.get("bar")
+    if bar is None:
+        from tqdm import tqdm
+
         print(
-            f"zephon: fetching and indexing {storage.redact(uri)} ({st.size:,} bytes; no "
-            f"dataset index: `zephon index` builds one)",
+            f"zephon: fetching and indexing remote shards without a dataset index (first: "
+            f"{storage.redact(uri)}, {st.size:,} bytes); `zephon index` builds one",
             file=sys.stderr,
         )
-    elif n % 100 == 0:
-        print(f"zephon: {n} remote shards fetched and indexed so far", file=sys.stderr)
+        bar = _PROGRESS["bar"] = tqdm(
+            desc="fetching and indexing", unit="shard", file=sys.stderr, mininterval=1.0
+        )
+    bar.update(1)
+
+
+def finish_progress() -> None:
+    """Close the progress bar of remote shards fetched so far (if any)."""
+    bar = _PROGRESS.pop("bar", None)
+    if bar is not None:
+        bar.close()
 
 
 @contextmanager
