@@ -214,7 +214,8 @@ class OutageProxy:
         self._conns: list[socket.socket] = []
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
-        self.refused = 0
+        self.accepted = 0
+        self.restarts = 0
         self.start()
 
     def start(self) -> None:
@@ -245,6 +246,7 @@ class OutageProxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
+                self.accepted += 1
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -263,6 +265,9 @@ class OutageProxy:
     def stop(self) -> None:
         """Stop listening and reset every open connection."""
         if self._listener is not None:
+            # shutdown wakes the thread blocked in accept(), so the port is free at once.
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
             self._listener = None
         with self._lock:
@@ -281,3 +286,4 @@ class OutageProxy:
         self.stop()
         time.sleep(seconds)
         self.start()
+        self.restarts += 1

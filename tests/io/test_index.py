@@ -234,9 +234,9 @@ def test_multi_frame_zst_is_read_frame_by_frame(tmp_path, monkeypatch):
     seen: list[tuple[int, int]] = []
     real = storage.read_range
 
-    def spy(uri: str, start: int, stop: int) -> bytes:
+    def spy(uri: str, start: int, stop: int, **kw: Any) -> bytes:
         seen.append((start, stop))
-        return real(uri, start, stop)
+        return real(uri, start, stop, **kw)
 
     monkeypatch.setattr(storage, "read_range", spy)
     got = shard.read(25, 30)

@@ -161,6 +161,7 @@ def test_s3_outage_mid_run_costs_time_not_bytes(corpus, s3_server, monkeypatch):
             monkeypatch.setenv(k, v)
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
         monkeypatch.setenv("ZEPHON_STORAGE_BACKOFF_MAX_S", "0.5")
+        monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")  # every read goes to the endpoint
         storage._forget_filesystems()
         pipeline = Pipeline(corpus["s3"])  # indexed before the outage (fetched once)
         got = []
@@ -168,11 +169,14 @@ def test_s3_outage_mid_run_costs_time_not_bytes(corpus, s3_server, monkeypatch):
         for k, (x, _) in enumerate(simulate(pipeline, 2, STEPS, num_workers=2)):
             got.append(x.digest)
             if k == 1:
+                before = proxy.accepted
                 outage = threading.Thread(target=proxy.outage, args=(3.0,))
                 outage.start()
         assert outage is not None
         outage.join()
         assert got == corpus["reference"]
+        # The endpoint really went away and came back, and reads went through it after.
+        assert proxy.restarts == 1 and proxy.accepted > before
     finally:
         proxy.stop()
         storage._forget_filesystems()

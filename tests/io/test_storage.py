@@ -85,6 +85,28 @@ class TestHttp:
         assert storage.expand(url) == [url]
         assert storage.expand(http_server.url("absent.bin")) == []
 
+    def test_block_cache_saves_requests_not_bytes(self, http_server: HttpServer, monkeypatch):
+        """Neighbouring reads of one 1 MiB block cost one request; the bytes are exact."""
+        data = bytes(range(256)) * 6000  # 1.5 MB: two blocks
+        (http_server.root / "blocks.bin").write_bytes(data)
+        url = http_server.url("blocks.bin")
+        fs = storage.filesystem(url)
+        calls: list[tuple[int, int]] = []
+        real = fs.cat_file
+
+        def counting(path: str, start: int, end: int) -> bytes:
+            calls.append((start, end))
+            return real(path, start=start, end=end)
+
+        monkeypatch.setattr(fs, "cat_file", counting)
+        got = [storage.read_range(url, a, b, tag="t1") for a, b in ((5, 90), (100, 4000))]
+        assert got == [data[5:90], data[100:4000]] and len(calls) == 1
+        assert storage.read_range(url, 1_000_000, 1_100_000, tag="t1") == data[1_000_000:1_100_000]
+        assert len(calls) == 2  # the second block; its end is the end of the file
+        assert storage.read_range(url, 5, 90, tag="t2") == data[5:90] and len(calls) == 3
+        monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")
+        assert storage.read_range(url, 5, 90, tag="t1") == data[5:90] and calls[-1] == (5, 90)
+
     def test_403_and_404_fail_fast(self, http_server: HttpServer):
         """403 and 404 fail at once naming the URL."""
         for rel, why in (("forbidden/x.jsonl", "access denied|403"), ("no.jsonl", "not found")):

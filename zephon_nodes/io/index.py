@@ -92,7 +92,7 @@ def _read_text(uri: str) -> str | None:
         if "not found" in str(e):
             return None
         raise
-    return storage.read_range(uri, 0, st.size).decode("utf-8")
+    return storage.read_range(uri, 0, st.size, cache=False).decode("utf-8")
 
 
 def load_index(location: str) -> dict[str, Any] | None:

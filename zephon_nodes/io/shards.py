@@ -68,12 +68,12 @@ class FileShard:
     def _read_plain(self, lo: int, hi: int) -> bytes:
         """Uncompressed bytes ``[lo, hi)``: a range read, or the zstd frames covering it."""
         if not self.frames:
-            return storage.read_range(self.data_path, lo, hi)
+            return storage.read_range(self.data_path, lo, hi, tag=self.checksum)
         starts = np.cumsum([0] + [f[2] for f in self.frames])
         i = int(np.searchsorted(starts, lo, side="right")) - 1
         j = int(np.searchsorted(starts, hi, side="left")) - 1
         first, last = self.frames[i], self.frames[j]
-        blob = storage.read_range(self.data_path, first[0], last[0] + last[1])
+        blob = storage.read_range(self.data_path, first[0], last[0] + last[1], tag=self.checksum)
         dctx = zstandard.ZstdDecompressor()
         parts = []
         for offset, csize, usize in self.frames[i : j + 1]:
@@ -142,7 +142,7 @@ class FileShard:
         lo = int(index[start, 0])
         hi = int(index[stop - 1, 1])
         try:
-            blob = storage.read_range(self.data_path, lo, hi)
+            blob = storage.read_range(self.data_path, lo, hi, tag=self.checksum)
         except DataError as e:
             raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
         rows = index[start:stop] - lo

@@ -93,7 +93,7 @@ class TarShard:
         lo = min(o for _, members in entries for _, o, _ in members)
         hi = max(o + n for _, members in entries for _, o, n in members)
         try:
-            blob = storage.read_range(self.uri or self.path, lo, hi)
+            blob = storage.read_range(self.uri or self.path, lo, hi, tag=self.checksum)
         except DataError as e:
             raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
         out = []
