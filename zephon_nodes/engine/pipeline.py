@@ -87,9 +87,11 @@ class Pipeline:
     """
 
     def __init__(self, recipe: Recipe, *, provenance: bool = False) -> None:
+        from zephon_nodes.io import index
         from zephon_nodes.io.checksum import one_pass
         from zephon_nodes.io.remote import finish_progress
 
+        index.forget()  # dataset indexes are read afresh for every build
         try:
             with one_pass():
                 self._build(recipe, provenance)
