@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: demo test lint install install-test bench
+.PHONY: demo test lint install install-test bench smoke-py312
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ install: $(BIN)/python
 
 install-test: $(BIN)/python
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,torchtitan,trainer,report,testing,bench,parquet,multimodal,s3,http]'
+	$(PIP) install -q -e '.[test,torchtitan,trainer,report,testing,bench,parquet,multimodal,chat,s3,http]'
 
 demo: install
 	$(BIN)/zephon demo
@@ -27,6 +27,18 @@ lint: install-test
 
 test: lint
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
+
+# The second supported Python: a small smoke subset in its own venv (CI runs it after `test`).
+# torch for 3.12 comes from PyPI as a CUDA build of several GB; pip's cache keeps the download.
+PY312 ?= $(shell command -v python3.12 2>/dev/null || echo $(HOME)/.pyenv/versions/3.12.1/bin/python)
+VENV312 ?= .venv312
+SMOKE ?= tests/core/test_recipe.py tests/core/test_elastic_properties.py tests/core/test_state_size.py \
+	tests/core/test_optional_imports.py tests/testing/test_save_load.py tests/commands/test_digest_dump.py
+smoke-py312:
+	test -x $(VENV312)/bin/python || $(PY312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip install -q torch==2.13.0
+	$(VENV312)/bin/python -m pip install -q -e '.[test,parquet]'
+	HYPOTHESIS_PROFILE=ci $(VENV312)/bin/python -m pytest -p no:cacheprovider $(SMOKE)
 
 # Benchmarks side by side with Grain / TorchTitan / torchdata.nodes (see docs/performance.md).
 # The Python docs (English text for the corpus) are optional: without them only stdlib code.

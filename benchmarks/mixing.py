@@ -124,6 +124,56 @@ def recipe(root: Path, names: list[str], weights: list[float], **kw: object) -> 
     return Recipe(**args)  # type: ignore[arg-type]
 
 
+def dynamic_recipe(root: Path) -> Recipe:
+    """web + code 0.5/0.5, seq_len 1024, 64 rows per step over 8 lanes, 4 records per item."""
+    r = recipe(
+        root,
+        ["web", "code"],
+        [0.5, 0.5],
+        seq_len=1024,
+        global_batch_size=64,
+        flush_every=4,
+        work=WorkSpec(chunk_size=4, epochs=1),
+    )
+    return replace(r, datasets=tuple(replace(d, chunk_size=4) for d in r.datasets))
+
+
+def dynamic(root: Path, steps: int, window: int = 2, decide_at: int = 6) -> dict[str, object]:
+    """Shares per window after a decision web/code 0.5/0.5 -> 0.2/0.8 (dynamic mixture)."""
+    stats = compute_stats(
+        dynamic_recipe(root),
+        steps,
+        2,
+        mixture_updates=[(decide_at, {"web": 0.2, "code": 0.8})],
+        window_steps=window,
+    )
+    windows = stats["token_shares_per_window"]
+    print(f"\n### Dynamic mixture: web 0.5 -> 0.2 after step {decide_at} ({window}-step windows)\n")
+    print("| steps | weights in force (web) | measured web share |")
+    print("|---|---|---|")
+    for w in windows[: decide_at // window + 4]:
+        a, b = w["steps"]
+        print(f"| {a}-{b} | {w['weights']['web']:.2f} | {w['token_shares']['web']:.4f} |")
+    out: dict[str, object] = {"steps": steps, "window_steps": window, "decide_at": decide_at}
+    for skip in range(4):
+        first = decide_at // window + skip
+        follow = [w["token_shares"]["web"] for w in windows[first : first + 50]]
+        if not follow:
+            break
+        mean = statistics.fmean(follow)
+        dev = max(abs(x - 0.2) for x in follow)
+        print(
+            f"- {len(follow)} windows from step {windows[first]['steps'][0]}: mean web share "
+            f"{mean:.4f} (target 0.2), largest single-window deviation {dev:.3f}"
+        )
+        out[f"from_step_{windows[first]['steps'][0]}"] = {
+            "windows": len(follow),
+            "mean": round(mean, 4),
+            "max_window_deviation": round(dev, 3),
+        }
+    return out
+
+
 def token_shares(root: Path, steps: int) -> None:
     weights = [0.5, 0.3, 0.2]
     names = list(DATASETS)
@@ -222,7 +272,9 @@ def main() -> None:
     """Run every section."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tiny", action="store_true", help="small smoke run")
-    parser.add_argument("--only", choices=["shares", "padding", "throughput"], default=None)
+    parser.add_argument(
+        "--only", choices=["shares", "dynamic", "padding", "throughput"], default=None
+    )
     args = parser.parse_args()
     scale, steps, rounds = (0.05, 6, 1) if args.tiny else (1.0, 400, 5)
     with tempfile.TemporaryDirectory() as d:
@@ -231,6 +283,9 @@ def main() -> None:
         if args.only in (None, "shares"):
             token_shares(root, steps)
             scheduled(root, steps // 2)
+        if args.only in (None, "dynamic"):
+            result = dynamic(root, 20 if args.tiny else 110)
+            print(json.dumps({"dynamic": result}))
         if args.only in (None, "padding"):
             padding(root, max(4, steps // 8))
         if args.only in (None, "throughput"):

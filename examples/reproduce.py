@@ -13,10 +13,10 @@
    over gloo, ``examples/repro/scratch_job.py``); the held-out loss is tracked and the
    spread (max - min) of the final held-out loss across dp sizes reported per loader.
 
-Everything runs on CPU with torchrun (gloo). The Trainer needs TorchTitan's CPU patches,
-which are test/demo-only and live in ``tests/integrations/cpu_patches.py`` (applied by the
-torchrun script ``tests/integrations/scripts/tt_trainer.py``, reused here as is); they are
-never part of the library. The corpus is cut from Python's own stdlib sources (no network).
+Everything runs on CPU with torchrun (gloo). The Trainer needs TorchTitan's CPU patches
+(``zephon_nodes.integrations.torchtitan_cpu``, opt-in, applied by the torchrun script
+``tests/integrations/scripts/tt_trainer.py``, reused here as is). The corpus is cut from
+Python's own stdlib sources (no network).
 
 Usage (from the repository root; needs the ``torchtitan``, ``trainer`` and ``report``
 extras)::
@@ -333,7 +333,8 @@ def reference_digests(recipe: Path, s: Settings) -> dict[str, list[str]]:
     from zephon_nodes.verification.baselines import naive_digests
     from zephon_nodes.verification.simulate import simulate
 
-    p = Pipeline(Recipe.from_toml(recipe))
+    # The Trainer's batches carry no dataset_ids (TorchTitan passes input keys to the model).
+    p = Pipeline(Recipe.from_toml(recipe), provenance=False)
     return {
         "zephon": [r.digest for r, _ in simulate(p, 2, s.steps, num_workers=1)],
         "naive": naive_digests(p, 2, s.steps),

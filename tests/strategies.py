@@ -57,3 +57,23 @@ def lane_assignments(draw: st.DrawFn, num_lanes: int, world: int) -> list[list[i
     order = draw(st.permutations(list(range(num_lanes))))
     per = num_lanes // world
     return [sorted(order[r * per : (r + 1) * per]) for r in range(world)]
+
+
+# Chat messages: content may be empty, unicode, or very long (longer than a sample).
+message_contents = st.one_of(
+    st.just(""),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12),
+    st.text(alphabet="hello there, how are you? ", min_size=1, max_size=30),
+    st.text(alphabet="abc ", min_size=120, max_size=300),
+)
+
+
+@st.composite
+def conversations(draw: st.DrawFn, roles: tuple[str, ...] = ("user", "assistant")) -> list:
+    """A conversation: an optional system message, then turns of random roles."""
+    out = []
+    if draw(st.booleans()):
+        out.append({"role": "system", "content": draw(message_contents)})
+    for _ in range(draw(st.integers(1, 5))):
+        out.append({"role": draw(st.sampled_from(roles)), "content": draw(message_contents)})
+    return out

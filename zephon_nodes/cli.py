@@ -6,8 +6,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from zephon_nodes.errors import ZephonError
+from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["main"]
 
@@ -19,14 +21,34 @@ COMMANDS = {
     "inspect": "inspect",
     "lanes": "lanes",
     "stats": "stats",
+    "digest-dump": "digest_dump",
+    "explain": "explain",
     "index": "index",
     "recompress": "recompress",
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (exit 2), never a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Check every numeric flag against its row in the settings table (by its ``dest``).
+
+    Raises:
+        RecipeError: Naming the flag, its value and the allowed range.
+    """
+    for dest, value in sorted(vars(args).items()):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            check_setting("--" + dest.replace("_", "-"), value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="zephon",
         description="Elastically deterministic training data: digest, verify and inspect recipes.",
     )
@@ -41,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_flags(args)
         return int(args.func(args) or 0)
     except ZephonError as e:
         print(f"zephon {args.command}: error: {e}", file=sys.stderr)

@@ -70,7 +70,7 @@ def test_issue_recipe_loads_with_paths_relative_to_the_file(tmp_path, monkeypatc
         ("[tokenizer]\nkind='bytes'\n", "at least one"),
         (
             "[tokenizer]\nkind='bytes'\n[[datasets]]\nname='a'\npaths=['x']\n[work]\nepochs=0",
-            "epochs=0 must be >= 1",
+            "work.epochs=0 must be an integer in",
         ),
         ("this is = not toml [", "not a valid TOML file"),
     ],

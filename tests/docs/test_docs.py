@@ -111,7 +111,10 @@ def test_console_commands_parse(page: Path) -> None:
     ]
     assert commands, f"{page.name}: console blocks without a `$ zephon` line"
     for command in commands:
-        argv = shlex.split(command)[1:]
+        tokens = shlex.split(command)
+        # The zephon command ends where the shell takes over (a redirection, pipe or &&).
+        ends = [i for i, t in enumerate(tokens) if t in {">", ">>", "<", "|", "&&", "2>"}]
+        argv = tokens[1 : ends[0] if ends else len(tokens)]
         try:
             command_parser(argv[0]).parse_args(argv)
         except SystemExit as e:

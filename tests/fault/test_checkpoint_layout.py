@@ -115,7 +115,8 @@ def test_rank_file_deleted_after_commit(tmp_path: Path) -> None:
         ("{not json", "invalid JSON"),
         ('{"format": "zephon-nodes-checkpoint/1", "step": 2}', "misses its 'files'"),
         (
-            '{"format": "zephon-nodes-checkpoint/1", "step": 2, "files": {"../x": "0"}}',
+            '{"format": "zephon-nodes-checkpoint/1", "step": 2, "world_size": 1, '
+            '"files": {"../x": "0"}}',
             "missing",
         ),
     ],
@@ -132,9 +133,9 @@ def test_ranks_that_overlap(tmp_path: Path) -> None:
     st = _rank_states(2, 4)[0]
     save_rank_state(tmp_path, 4, 0, st)
     save_rank_state(tmp_path, 4, 1, st)
-    commit_checkpoint(tmp_path, 4, 2)
     with pytest.raises(CheckpointError, match=r"lanes \['0', '1'\] appear in more than one"):
-        load_checkpoint(tmp_path)
+        commit_checkpoint(tmp_path, 4, 2)
+    assert not (checkpoint_path(tmp_path, 4) / COMMIT_FILE).exists()
 
 
 def test_ranks_that_disagree_on_the_step(tmp_path: Path) -> None:
@@ -143,9 +144,9 @@ def test_ranks_that_disagree_on_the_step(tmp_path: Path) -> None:
     save_rank_state(tmp_path, 3, 1, b)
     d2, d3 = checkpoint_path(tmp_path, 2), checkpoint_path(tmp_path, 3)
     (d3 / "rank_00001.json").rename(d2 / "rank_00001.json")  # a file moved by hand
-    commit_checkpoint(tmp_path, 2, 2)
     with pytest.raises(CheckpointError, match="ranks disagree on step: 2 vs 3"):
-        load_checkpoint(tmp_path)
+        commit_checkpoint(tmp_path, 2, 2)
+    assert not (d2 / COMMIT_FILE).exists()
 
 
 def test_stale_rank_files_of_a_larger_world_are_ignored(tmp_path: Path) -> None:

@@ -25,6 +25,8 @@ from zephon_nodes import Pipeline, Recipe, ZephonError, simulate
 from zephon_nodes.engine.checkpoint import (
     COMMIT_FILE,
     commit_checkpoint,
+    decode_checked,
+    encode_checked,
     load_checkpoint,
     load_state,
     save_rank_state,
@@ -123,15 +125,41 @@ def test_fuzz_recipe_toml_bytes(data_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_fuzz_state_file_bytes(tmp_path: Path) -> None:
-    blob = json.dumps(STATE).encode()
+    """Mutated bytes of checksummed and of plain (allow_unchecked) state files."""
+    checked = encode_checked(STATE)
+    plain = json.dumps(STATE).encode()
     target = tmp_path / "zephon_state.json"
+    accepted = 0
 
     def one(rng: random.Random) -> None:
-        target.write_bytes(mutate_bytes(rng, blob))
-        state = load_state(tmp_path)
+        nonlocal accepted
+        unchecked = rng.random() < 0.5
+        blob = mutate_bytes(rng, plain if unchecked else checked)
+        target.write_bytes(blob)
+        state = load_state(tmp_path, allow_unchecked=unchecked)
+        if not unchecked:  # a mutated checksummed file must never load
+            assert blob == checked, "a mutated checksummed state file was accepted"
+            accepted += 1
         PIPE.rank_node(1, 0, pool=INLINE).reset(state)
 
     _fuzz("load_state+reset", 3, one)
+
+
+@pytest.mark.slow
+def test_fuzz_resealed_state_files(tmp_path: Path) -> None:
+    """Mutated states with a correct checksum (an editor who recomputes it): still refused
+    or resumed, never a crash; values are checked against the recipe."""
+
+    def one(rng: random.Random) -> None:
+        state = mutate(rng, STATE, rounds=3)
+        (tmp_path / "zephon_state.json").write_bytes(
+            encode_checked(state) if isinstance(state, dict) else json.dumps(state).encode()
+        )
+        node = PIPE.rank_node(2, rng.randrange(2), pool=INLINE)
+        node.reset(load_state(tmp_path))
+        next(node)
+
+    _fuzz("encode_checked(mutated)+load_state+reset", 6, one)
 
 
 @pytest.mark.slow
@@ -159,22 +187,34 @@ def test_fuzz_multi_rank_checkpoints() -> None:
     for r, n in enumerate(nodes):
         save_rank_state(root, 1, r, n.state_dict())
     step_dir = commit_checkpoint(root, 1, 2)
-    marker = json.loads((step_dir / COMMIT_FILE).read_text())
+    marker_bytes = (step_dir / COMMIT_FILE).read_bytes()
+    marker = decode_checked(marker_bytes, COMMIT_FILE, allow_unchecked=False)
     rank_files = {f.name: f.read_bytes() for f in step_dir.glob("rank_*.json")}
+
+    def reseal(obj: Any) -> bytes:
+        """A correct checksum for any dict, else plain JSON (refused or read as legacy)."""
+        try:
+            return encode_checked(obj)
+        except ZephonError:
+            return json.dumps(obj).encode()
 
     def one(rng: random.Random) -> None:
         files = dict(rank_files)
         m = marker
         if rng.random() < 0.5:
             name = rng.choice(sorted(files))
-            files[name] = json.dumps(mutate(rng, json.loads(files[name]))).encode()
+            state = decode_checked(files[name], name, allow_unchecked=False)
+            files[name] = reseal(mutate(rng, state))
             m = dict(marker, files=dict(marker["files"]))
             m["files"][name] = hashlib.sha256(files[name]).hexdigest()  # a "valid" commit
         if rng.random() < 0.5:
             m = mutate(rng, m)
-        for name, blob in files.items():
-            (step_dir / name).write_bytes(blob)
-        (step_dir / COMMIT_FILE).write_text(json.dumps(m))
+        blob = reseal(m) if rng.random() < 0.8 else json.dumps(m).encode()
+        if rng.random() < 0.2:
+            blob = mutate_bytes(rng, marker_bytes)
+        for name, data in files.items():
+            (step_dir / name).write_bytes(data)
+        (step_dir / COMMIT_FILE).write_bytes(blob)
         state = load_checkpoint(root)
         node = PIPE.rank_node(1, 0, pool=INLINE)
         node.reset(state)

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.integrations.hf_assets import write_hf_assets
+
+__all__ = ["Assets", "build_assets", "write_hf_assets", "write_recipe"]
+
 VOCAB_SIZE = 512
 
 
@@ -71,36 +75,6 @@ def train_sentencepiece(docs: list[str], prefix: Path, vocab_size: int = VOCAB_S
         max_sentence_length=1 << 16,
     )
     return prefix.with_suffix(".model")
-
-
-def write_hf_assets(sp_model: Path, folder: Path, *, vocab_size: int | None = None) -> Path:
-    """Write ``tokenizer.json`` + ``tokenizer_config.json`` with the sentencepiece vocabulary.
-
-    Args:
-        sp_model: The sentencepiece model.
-        folder: Output folder (TorchTitan's ``--hf_assets_path``).
-        vocab_size: Keep only this many pieces (to build a deliberately mismatched one).
-    """
-    import sentencepiece as spm
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    sp = spm.SentencePieceProcessor(model_file=str(sp_model))
-    n = sp.get_piece_size() if vocab_size is None else vocab_size
-    vocab = [(sp.id_to_piece(i), float(sp.get_score(i))) for i in range(n)]
-    tok = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    config: dict[str, Any] = {
-        "bos_token": sp.id_to_piece(sp.bos_id()),
-        "eos_token": sp.id_to_piece(sp.eos_id()),
-        "unk_token": sp.id_to_piece(sp.unk_id()),
-        "add_bos_token": True,
-        "add_eos_token": False,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    return folder
 
 
 def build_assets(root: Path, num_docs: int = 400) -> Assets:

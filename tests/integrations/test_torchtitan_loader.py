@@ -41,7 +41,7 @@ def build(recipe: Path | str, world: int, rank: int, lbs: int = 2, tok: Any = No
 
 
 def expected_digests(recipe: Path, steps: int) -> list[str]:
-    pipeline = Pipeline(Recipe.from_toml(recipe))
+    pipeline = Pipeline(Recipe.from_toml(recipe), provenance=False)  # TorchTitan rows: no ids
     return [r.digest for r, _ in simulate(pipeline, 2, steps, num_workers=1)]
 
 
@@ -242,9 +242,14 @@ class TestState:
         sd = build(recipe_path, 2, 1).state_dict()
         lanes = sorted(k for k in sd if k.startswith("lane_"))
         assert lanes == [lane_key(2), lane_key(3)] == ["lane_00002", "lane_00003"]
+        assert sorted(k for k in sd if k.startswith("mixture_lane_")) == [
+            "mixture_lane_00002",
+            "mixture_lane_00003",
+        ]
         for k, v in sd.items():
             assert isinstance(v, torch.Tensor), k
-            assert v.dtype == (torch.uint8 if k == "fingerprint" else torch.int64), k
+            want = {"fingerprint": torch.uint8, "mixture_log": torch.float64}.get(k, torch.int64)
+            assert v.dtype == want, k
         assert sd["fingerprint"].shape == (32,)
         assert {"zephon_format", "num_lanes", "step", "micro", "recipe_seq_len"} <= set(sd)
 
@@ -274,8 +279,13 @@ class TestState:
         assert all(
             torch.equal(resaved[k], stored[k])
             for k in stored
-            if k not in ("dp_world_size", "local_batch_size")
+            if k not in ("dp_world_size", "local_batch_size") and not k.startswith("lane_")
         )
+        # Lane tensors: the same [window, consumed, step]; the check value covers the layout.
+        lanes = [k for k in stored if k.startswith("lane_")]
+        assert len(lanes) == 4
+        assert all(torch.equal(resaved[k][:3], stored[k][:3]) for k in lanes)
+        assert all(not torch.equal(resaved[k][3:], stored[k][3:]) for k in lanes)
 
     @pytest.mark.parametrize(
         ("override", "match"),
@@ -331,7 +341,7 @@ class TestState:
 
     def test_inconsistent_lane_step_refused(self, recipe_path: Path) -> None:
         stored = union([build(recipe_path, 1, 0, lbs=8).state_dict()])
-        stored["lane_00002"] = torch.tensor([0, 0, 5])
+        stored["lane_00002"] = torch.tensor([0, 0, 5, 0])
         with pytest.raises(
             CheckpointError, match=r"lane 2 was saved at step 5, the checkpoint is at step 0"
         ):
@@ -386,3 +396,22 @@ class TestRealDcp:
         dcp.load({"dataloader": resumed}, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
         got = run_ranks([resumed], [iter(resumed)], 3)
         assert got == expected_digests(recipe_path, 6)[3:]
+
+
+class TestMetrics:
+    """loader.metrics(): the steps the trainer took, after the prefetcher."""
+
+    def test_metrics_follow_the_trainer_steps(self, recipe_path: Path) -> None:
+        loader = build(recipe_path, 2, 0, lbs=2, prefetch=2)
+        it = iter(loader)
+        taken = [next(it) for _ in range(4)]  # 2 steps of 2 micro-batches (G/2 = 4 rows)
+        m = loader.metrics()
+        assert m["step"] == 2
+        assert m["samples"] == 4 and m["samples_total"] == 8
+        labels = torch.cat([lab for _, lab in taken[2:]])
+        assert m["tokens"] == int((labels != -100).sum())
+        assert m["data_wait_s"] > 0
+        assert m["operators"]["tokenize"]["busy_s"] > 0
+        from zephon_nodes.integrations.torchtitan import loader_metrics
+
+        assert loader_metrics()["zephon/step"] >= 0  # the first live loader's, flattened

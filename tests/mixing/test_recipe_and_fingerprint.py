@@ -127,7 +127,11 @@ class TestToml:
 
 
 def test_single_dataset_recipes_keep_their_fingerprint_and_batches():
-    """The issue-2 format: fingerprint and digests pinned from the version before mixing."""
+    """The issue-2 format: fingerprint and digests pinned from the version before mixing.
+
+    Batches now carry ``dataset_ids`` by default (a new digested field); without it the
+    batches are byte for byte those of the pinned version.
+    """
     recs = tuple({"text": "word " * (i % 7 + 1)} for i in range(300))
     r = Recipe(
         datasets=(DatasetSpec("m", records=recs),),
@@ -140,8 +144,18 @@ def test_single_dataset_recipes_keep_their_fingerprint_and_batches():
         work=WorkSpec(chunk_size=7, epochs=1),
         shuffle=ShuffleSpec(4),
     )
-    p = Pipeline(r)
+    p = Pipeline(r, provenance=False)
     assert p.fingerprint == "9b6ad73cae351c576aa3a94708d87fd8b54b3c4f3390b0c6c220ed9a2dd93d91"
+    for (_, mbs), (_, with_ids) in zip(
+        simulate(p, 2, 3, keep_batches=True),
+        simulate(Pipeline(r), 2, 3, keep_batches=True),
+        strict=True,
+    ):
+        for mb, mb_ids in zip(mbs, with_ids, strict=True):
+            assert set(mb_ids) - set(mb) == {"dataset_ids"}
+            assert all(mb[k].equal(mb_ids[k]) for k in mb)
+            real = mb_ids["labels"] != -100
+            assert (mb_ids["dataset_ids"][real] == 0).all()
     assert [x.digest for x, _ in simulate(p, 2, 3)] == [
         "08718a9d3df2053bc11554f0a0b8f8fa72320f99df134e166c902dfd90958268",
         "b8e7f187785781fac95a45f4fdc94412e372e75cc23aeef59651403ab3e6d451",

@@ -7,12 +7,15 @@ import json
 import sys
 from typing import Any
 
-from zephon_nodes.engine.checkpoint import load_state, save_state
+from zephon_nodes.commands.progress import progress_bar
+from zephon_nodes.engine.checkpoint import check_writable, load_state, save_state
+from zephon_nodes.engine.decisions import read_updates, updates_after
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.nodecache import set_cache_limit
 from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.verification.dump import write_step
 from zephon_nodes.verification.simulate import simulate
 
 __all__ = ["add_parser", "run"]
@@ -42,27 +45,63 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT); never changes a digest",
     )
+    p.add_argument(
+        "--dump-batches",
+        default=None,
+        metavar="DIR",
+        help="also write each global batch as DIR/step-SSSSSSSS.npz (see zephon digest-dump)",
+    )
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="show a live progress bar on stderr (stdout keeps only the JSON lines)",
+    )
+    p.add_argument(
+        "--mixture-updates",
+        default=None,
+        metavar="FILE",
+        help='JSON list of decisions [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...], '
+        "each made after its step (dynamic mixture)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon digest``."""
-    if args.steps < 0:
-        raise RecipeError(f"--steps={args.steps} must be >= 0")
     if (args.save_at is None) != (args.checkpoint_dir is None):
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
     if args.cache_limit is not None:
         set_cache_limit(args.cache_limit)
+    if args.checkpoint_dir is not None:
+        check_writable(args.checkpoint_dir)  # now, not when the save step is reached
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
+    pipeline.check_produces()
     resume = load_state(args.resume_from) if args.resume_from else None
+    first = resume["step"] if resume else 0
+    if args.save_at is not None and not first < args.save_at <= first + args.steps:
+        raise RecipeError(
+            f"--save-at={args.save_at} must be a step this run produces, in "
+            f"[{first + 1}, {first + args.steps}] (--steps={args.steps}"
+            + (f" after the resumed step {first})" if resume else ")")
+        )
+    saved: list[int] = []
+    updates: list[tuple[int, dict[str, float]]] = []
+    if args.mixture_updates:
+        names = [d.name for d in pipeline.recipe.datasets]
+        updates = updates_after(
+            read_updates(args.mixture_updates, names), resume, names, "--mixture-updates"
+        )
 
     def on_save(state: dict[str, Any]) -> None:
         path = save_state(args.checkpoint_dir, state)
+        saved.append(state["step"])
         print(f"saved state after step {state['step']} to {path}", file=sys.stderr)
 
     produced = 0
-    last = resume["step"] if resume else 0
-    for result, _ in simulate(
+    last = first
+    bar = progress_bar(args.steps, pipeline.recipe.seq_len) if args.progress else None
+    ended: dict[str, Any] = {}
+    for result, mbs in simulate(
         pipeline,
         args.dp_world_size,
         args.steps,
@@ -72,10 +111,31 @@ def run(args: argparse.Namespace) -> int:
         resume_state=resume,
         save_at=args.save_at,
         on_save=on_save,
+        on_end=ended.update,
+        keep_batches=args.dump_batches is not None,
+        mixture_updates=updates,
     ):
+        if mbs is not None:
+            write_step(args.dump_batches, result.step, mbs)
         print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
         produced += 1
         last = result.step
+        if bar is not None:
+            bar.update(result)
+    if bar is not None:
+        bar.close()
+    if produced == 0 and args.steps > 0 and not resume:
+        raise RecipeError(
+            f"{args.recipe}: the recipe produced no global batch (its data ends before step 1)"
+        )
+    if args.save_at is not None and not saved:
+        raise RecipeError(
+            f"the data ended after step {last}, before --save-at={args.save_at}: no state "
+            f"was saved to {args.checkpoint_dir}"
+        )
+    skipped = {name: files for name, files in pipeline.skipped_files.items() if files}
+    if skipped:
+        print(f"zephon digest: files left out, by dataset and reason: {skipped}", file=sys.stderr)
     cache = pipeline.cache_stats()
     if cache is not None:
         print(f"zephon digest: node cache {json.dumps(cache, sort_keys=True)}", file=sys.stderr)
@@ -85,4 +145,10 @@ def run(args: argparse.Namespace) -> int:
             f"steps produced; a finite recipe stops after its last full global batch)",
             file=sys.stderr,
         )
+    if ended:
+        from zephon_nodes.engine.end_of_data import format_unused, unused_samples
+
+        unused = unused_samples(pipeline, ended)
+        delivered = int(ended["step"]) * pipeline.recipe.global_batch_size
+        print(f"zephon digest: end of data: {format_unused(unused, delivered)}", file=sys.stderr)
     return 0

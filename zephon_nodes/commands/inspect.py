@@ -101,6 +101,7 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
             summary=summary,
             num_lanes=recipe.num_lanes,
             lanes=owned,
+            samples_per_lane=recipe.samples_per_lane,
         )
     except CheckpointError as e:
         return False, str(e), diffs
@@ -127,9 +128,13 @@ def run(args: argparse.Namespace) -> int:
         "fingerprint": state.get("fingerprint"),
         "step": state.get("step"),
         "micro": state.get("micro"),
+        "pass": state.get("pass", 0),
         "num_lanes": state.get("num_lanes"),
         "lanes": positions,
     }
+    mixture = state.get("mixture")
+    if isinstance(mixture, dict) and isinstance(mixture.get("log"), list):
+        out["mixture_log"] = mixture["log"]  # decisions of a dynamic mixture
     status = 0
     if args.recipe is not None:
         ok, message, diffs = resume_check(state, Recipe.from_toml(args.recipe))
@@ -143,10 +148,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"fingerprint:  {out['fingerprint']}")
     micro = f" (+{out['micro']} micro-batches of step {out['step'] + 1})" if out["micro"] else ""
     print(f"step:         {out['step']}{micro}")
+    if out["pass"]:
+        print(f"pass:         {out['pass']} (a later pass of the recipe's stream)")
     print(f"num_lanes:    {out['num_lanes']} ({len(positions)} in this state)")
     print("lane positions [window, consumed]:")
     for k, v in positions.items():
         print(f"  lane {k:>4}: {v}")
+    for entry in out.get("mixture_log", []):
+        print(f"mixture decision after step {entry.get('step')}: {entry.get('weights')}")
     if "resume" in out:
         r = out["resume"]
         verdict = r["message"] if r["ok"] else f"no: {r['message']}"

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from zephon_nodes.errors import RecipeError
+from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 
 __all__ = ["LaneOption", "add_parser", "run", "suggest_lanes"]
 
@@ -104,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
         dp_sizes = sorted({int(x) for x in args.dp.split(",") if x.strip()})
     except ValueError:
         raise RecipeError(f"--dp={args.dp!r} must be integers separated by commas") from None
+    if not dp_sizes:
+        raise RecipeError(f"--dp={args.dp!r} must name at least one dp size")
+    for dp in dp_sizes:
+        check_setting("--dp", dp, bound=SETTINGS["dp_world_size"])
     options = suggest_lanes(
         dp_sizes, args.global_batch, flush_every=args.flush_every, chunk_size=args.chunk_size
     )

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from zephon_nodes.engine.checkpoint import merge_states
+from zephon_nodes.engine.decisions import read_updates
+from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
@@ -45,6 +48,20 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT); reports its hits",
     )
+    p.add_argument(
+        "--mixture-updates",
+        default=None,
+        metavar="FILE",
+        help='JSON list of decisions [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...], '
+        "each made after its step (dynamic mixture)",
+    )
+    p.add_argument(
+        "--window-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also report token shares per window of N steps (token_shares_per_window)",
+    )
     p.set_defaults(func=run)
 
 
@@ -54,7 +71,13 @@ def _shares(counts: Mapping[str, float]) -> dict[str, float]:
 
 
 def compute_stats(
-    recipe: Recipe, steps: int, dp_world_size: int = 1, num_workers: int = 2
+    recipe: Recipe,
+    steps: int,
+    dp_world_size: int = 1,
+    num_workers: int = 2,
+    *,
+    mixture_updates: Sequence[tuple[int, Mapping[str, float]]] = (),
+    window_steps: int | None = None,
 ) -> dict[str, Any]:
     """Measure a recipe's first ``steps`` global batches (see the command's description).
 
@@ -65,6 +88,11 @@ def compute_stats(
     (:attr:`~zephon_nodes.operators.documents.DocBatch.skipped`) and are summed in lane and
     item order, so they are the same at every dp size and worker count.
 
+    ``mixture_updates`` are decisions ``(step, weights)`` made on every rank after their
+    step; with ``window_steps``, ``token_shares_per_window`` lists per window of that many
+    steps its first and last step, token shares and the weights in force (the last decision
+    made before the window, or the recipe's static weights).
+
     Returns:
         A JSON-safe dict; ``token_shares`` maps dataset names to fractions of non-padding
         tokens and ``padding_fraction`` is the padded share of all positions. With a node
@@ -73,7 +101,10 @@ def compute_stats(
     """
     if steps < 1:
         raise RecipeError(f"--steps={steps} must be >= 1")
+    if window_steps is not None and window_steps < 1:
+        raise RecipeError(f"--window-steps={window_steps} must be >= 1")
     pipeline = Pipeline(recipe, provenance=True)
+    pipeline.check_produces()
     names = [d.name for d in recipe.datasets]
     tokens = np.zeros(len(names), dtype=np.int64)
     padding = positions = produced = 0
@@ -83,25 +114,65 @@ def compute_stats(
         ]
         for node in ranks:
             node.reset(None)
+        ended: dict[str, Any] | None = None
+        in_force: dict[str, float] | None = None
+        if len(names) > 1 and recipe.mixture.schedule is None:
+            in_force = _shares({d.name: d.weight for d in recipe.datasets})
+        windows: list[dict[str, Any]] = []
+        window = np.zeros(len(names), dtype=np.int64)
+        window_weights = in_force
         try:
-            for _ in range(steps):
+            for t in range(steps):
+                for at, weights in mixture_updates:
+                    if at == t:
+                        for node in ranks:
+                            node.set_mixture(weights)
+                        in_force = dict(ranks[0].mixture_log[-1][1])
+                if window_steps and t % window_steps == 0:
+                    window[:] = 0
+                    window_weights = in_force
+                before = [node.state_dict() for node in ranks]
                 batches = [next(node) for node in ranks for _ in range(node.micro_per_step)]
                 for mb in batches:
                     labels = mb["labels"].numpy()
                     ds = mb["dataset_ids"].numpy()
                     real = labels != IGNORE_INDEX
-                    tokens += np.bincount(ds[real], minlength=len(names))[: len(names)]
-                    padding += int((~real).sum())
+                    counts = np.bincount(ds[real], minlength=len(names))[: len(names)]
+                    tokens += counts
+                    window += counts
+                    padding += int((ds < 0).sum())  # -1 on padding (chat masks are not)
                     positions += labels.size
                 produced += 1
+                if window_steps and (produced % window_steps == 0 or produced == steps):
+                    start = (produced - 1) // window_steps * window_steps + 1
+                    shares = _shares(dict(zip(names, window.tolist(), strict=True)))
+                    windows.append(
+                        {
+                            "steps": [start, produced],
+                            "token_shares": shares,
+                            "weights": window_weights,
+                        }
+                    )
         except StopIteration:
-            pass
+            ended = merge_states(before)
         cache = pipeline.cache_stats()  # before the documents are counted (they read again)
         lanes: dict[int, Any] = {}
         for node in ranks:
             for lane, (w, c) in node.get_state()["lanes"].items():
                 lanes[int(lane)] = (w, c)
         documents, skipped = _count_items(pipeline, lanes, pool)
+        end_of_data: dict[str, Any] | None = None
+        if ended is not None:
+            unused = unused_samples(pipeline, ended, pool)
+            delivered = produced * recipe.global_batch_size
+            total = delivered + sum(unused.values())
+            end_of_data = {
+                "delivered_samples": delivered,
+                "unused_samples": sum(unused.values()),
+                "unused_fraction": sum(unused.values()) / total if total else 0.0,
+                "unused_per_lane": {str(lane): n for lane, n in sorted(unused.items())},
+                "policy": recipe.work.end_of_data,
+            }
     per_dataset = {n: int(t) for n, t in zip(names, tokens.tolist(), strict=True)}
     skipped_records: dict[str, dict[str, int]] = {n: {} for n in names} | {
         n: {r: c for r, c in v.items() if not r.startswith(FILTER_PREFIX)}
@@ -126,11 +197,16 @@ def compute_stats(
         "skipped_records": skipped_records,
         "skipped_files": pipeline.skipped_files,
         "filtered": filtered,
+        "end_of_data": end_of_data,
     }
     if cache is not None:
         out["cache"] = cache
     if len(names) > 1 and recipe.mixture.schedule is None:
         out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
+    if mixture_updates:
+        out["mixture_log"] = [{"step": s, "weights": dict(w)} for s, w in ranks[0].mixture_log]
+    if window_steps:
+        out["token_shares_per_window"] = windows
     if "estimate" in pipeline.canonical.get("mixture", {}):
         out["estimated_tokens_per_record"] = pipeline.canonical["mixture"]["estimate"]
     return out
@@ -165,8 +241,17 @@ def run(args: argparse.Namespace) -> int:
     """Run ``zephon stats``."""
     if args.cache_limit is not None:
         set_cache_limit(args.cache_limit)
+    recipe = Recipe.from_toml(args.recipe)
+    updates: list[tuple[int, dict[str, float]]] = []
+    if args.mixture_updates:
+        updates = read_updates(args.mixture_updates, [d.name for d in recipe.datasets])
     stats = compute_stats(
-        Recipe.from_toml(args.recipe), args.steps, args.dp_world_size, args.num_workers
+        recipe,
+        args.steps,
+        args.dp_world_size,
+        args.num_workers,
+        mixture_updates=updates,
+        window_steps=args.window_steps,
     )
     if args.json:
         print(json.dumps(stats, sort_keys=True))
@@ -188,8 +273,23 @@ def run(args: argparse.Namespace) -> int:
             f"node cache: {c['hits']} hits, {c['misses']} misses, {c['bytes_fetched']} bytes "
             f"fetched, peak {c['peak_bytes']} of {c['limit_bytes']} bytes"
         )
+    end = stats["end_of_data"]
+    if end is not None:
+        per_lane = ", ".join(f"{k}: {v}" for k, v in end["unused_per_lane"].items())
+        print(
+            f"end of data after {stats['steps']} steps: {end['unused_samples']} of "
+            f"{end['delivered_samples'] + end['unused_samples']} samples unused "
+            f"({end['unused_fraction']:.2%}); per lane: {{{per_lane}}}"
+        )
     for key in ("skipped_records", "skipped_files", "filtered"):
         for name, reasons in stats[key].items():
             for reason, count in sorted(reasons.items()):
                 print(f"{key}: {name}: {reason}: {count}")
+    for entry in stats.get("mixture_log", []):
+        w = " ".join(f"{n}={v:.4f}" for n, v in entry["weights"].items())
+        print(f"decision after step {entry['step']}: {w}")
+    for win in stats.get("token_shares_per_window", []):
+        a, b = win["steps"]
+        shares = " ".join(f"{n}={v:.4f}" for n, v in win["token_shares"].items())
+        print(f"steps {a}-{b}: {shares}")
     return 0

@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
             raise RecipeError(f"--report {path}: expected a .html or .png file name")
     recipe = Recipe.from_toml(args.recipe)
     pipeline = Pipeline(recipe)
+    pipeline.check_produces()
     dp_sizes = args.dp if args.dp is not None else default_dp_sizes(recipe.num_lanes)
     settings = default_matrix(
         recipe.num_lanes,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from zephon_nodes.engine.balance import BalancedWorkSource
 from zephon_nodes.engine.mixing import MixingWorkSource, estimate_tokens_per_record
 from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
 from zephon_nodes.io.dataset import Dataset
@@ -53,7 +54,17 @@ def work_source(
     if len(datasets) == 1:
         if recipe.datasets[0].on_exhausted == "repeat":
             epochs = None
-        return DatasetWorkSource(datasets[0], recipe.seed, recipe.num_lanes, epochs), None
+        single = DatasetWorkSource(datasets[0], recipe.seed, recipe.num_lanes, epochs)
+        if recipe.balanced_dealing and single.total_items is not None:
+            return BalancedWorkSource(single, single.total_items), None
+        return single, None
+    if recipe.balanced_dealing:
+        from zephon_nodes.errors import RecipeError
+
+        raise RecipeError(
+            "work.deal='balanced' applies to single-dataset recipes; a mixture deals its items "
+            "by its per-lane plans: use work.deal='round_robin'"
+        )
     stored = recipe.mixture.tokens_per_record
     estimate: dict[str, float] | None = None
     if stored is not None:

@@ -8,16 +8,64 @@ from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.flush import Flush, is_flush
 from zephon_nodes.engine.work import WorkItem, WorkSource
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.errors import CheckpointError, RecipeError
 
-__all__ = ["Lane", "WorkItemNode"]
+__all__ = ["Lane", "WorkItemNode", "check_window_restore"]
+
+
+def _children(node: BaseNode[Any]) -> list[BaseNode[Any]]:
+    """The nodes ``node`` reads from: its public attributes that are nodes."""
+    return [v for k, v in vars(node).items() if not k.startswith("_") and isinstance(v, BaseNode)]
+
+
+def _work_item_nodes(node: BaseNode[Any]) -> list[WorkItemNode]:
+    """The WorkItemNodes a chain starts from."""
+    out, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, WorkItemNode):
+            out.append(n)
+        else:
+            todo.extend(_children(n))
+    return out
+
+
+def check_window_restore(node: BaseNode[Any], where: str = "a lane") -> None:
+    """Refuse a chain that cannot restore at a flush window.
+
+    A lane restores by asking its chain for the state at the start of a window
+    (``state_at_window``); every node between the lane's work items and the lane must
+    provide it. Nodes that do not (torchdata's own ``Mapper``, ``Batcher``, a node written
+    like torchdata's examples) go into a lane wrapped in
+    :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+
+    Raises:
+        RecipeError: Naming the first node without window restore and what to do.
+    """
+    path: list[str] = []
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        path.append(type(n).__name__)
+        if not callable(getattr(n, "state_at_window", None)):
+            chain = " <- ".join(path)
+            raise RecipeError(
+                f"{type(n).__name__} cannot be restored inside {where} (chain: {chain}): it has "
+                f"no state_at_window(window), so a checkpoint could not replay its flush window; "
+                f"wrap it in zephon_nodes.operators.TorchdataStage(source, lambda feed: "
+                f"{type(n).__name__}(feed, ...))"
+            )
+        if isinstance(n, WorkItemNode):
+            continue
+        todo.extend(_children(n))
 
 
 class WorkItemNode(BaseNode[WorkItem | Flush]):
     """Source of a lane: work items ``work(lane, 0), work(lane, 1), ...`` with flush markers.
 
     After every ``flush_every`` items (and after the last item of a finite stream) it yields
-    ``Flush(window)``. State: the next item index (a single integer).
+    ``Flush(window)``. State: the next item index (a single integer), and the pass (see
+    :meth:`~zephon_nodes.engine.work.WorkSource.for_pass`; a reset without a state is pass 0).
 
     Args:
         work_source: The recipe's work source.
@@ -27,6 +75,7 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
 
     INDEX_KEY = "index"
     FLUSHED_KEY = "flushed"
+    PASS_KEY = "pass"
 
     def __init__(self, work_source: WorkSource, lane: int, flush_every: int) -> None:
         super().__init__()
@@ -37,6 +86,15 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
         self.flush_every = flush_every
         self._index = 0
         self._flushed = True
+        self._pass = 0
+        self._source: WorkSource | None = work_source
+
+    def set_pass(self, p: int) -> None:
+        """Read pass ``p`` of the work source from now on (states then carry it)."""
+        if p < 0:
+            raise CheckpointError(f"lane {self.lane}: pass={p} must be >= 0")
+        self._pass = p
+        self._source = self.work_source.for_pass(p)
 
     @property
     def next_index(self) -> int:
@@ -44,13 +102,15 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
         return self._index
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-        """Start at item 0, or at the item index in ``initial_state``."""
+        """Start at item 0 of pass 0, or at the item index and pass in ``initial_state``."""
         super().reset(initial_state)
         if initial_state is None:
             self._index, self._flushed = 0, True
+            self.set_pass(0)
         else:
             self._index = int(initial_state[self.INDEX_KEY])
             self._flushed = bool(initial_state[self.FLUSHED_KEY])
+            self.set_pass(int(initial_state.get(self.PASS_KEY, 0)))
 
     def next(self) -> WorkItem | Flush:
         """Return the next work item, or the flush marker that closes a window."""
@@ -58,7 +118,7 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
         if self._index % k == 0 and not self._flushed:
             self._flushed = True
             return Flush(self._index // k - 1)
-        item = self.work_source.work(self.lane, self._index)
+        item = self._source.work(self.lane, self._index) if self._source is not None else None
         if item is None:
             if not self._flushed:
                 self._flushed = True
@@ -69,18 +129,23 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        """Return the next item index and whether its window boundary was flushed."""
-        return {self.INDEX_KEY: self._index, self.FLUSHED_KEY: self._flushed}
+        """Return the next item index, whether its window boundary was flushed, the pass."""
+        return {self.INDEX_KEY: self._index, self.FLUSHED_KEY: self._flushed, "pass": self._pass}
 
     def state_at_window(self, window: int) -> dict[str, Any]:
-        """Return the state at the first item of flush window ``window``."""
-        return {self.INDEX_KEY: window * self.flush_every, self.FLUSHED_KEY: True}
+        """Return the state at the first item of flush window ``window`` (current pass)."""
+        return {
+            self.INDEX_KEY: window * self.flush_every,
+            self.FLUSHED_KEY: True,
+            "pass": self._pass,
+        }
 
 
 class Lane(BaseNode[dict[str, Any]]):
     """A lane's samples in order, with a checkpoint of two integers.
 
-    Wraps the end of a lane's operator chain (whose nodes all provide ``state_at_window``),
+    Wraps the end of a lane's operator chain (whose nodes all provide ``state_at_window``;
+    a chain without it is refused here, see :func:`check_window_restore`),
     drops the flush markers and counts them. State: ``{"window": w, "consumed": c}``, the
     flush window holding the next sample and how many of its samples were already taken.
     Restore replays window ``w`` from its first work item and drops ``c`` samples.
@@ -92,11 +157,15 @@ class Lane(BaseNode[dict[str, Any]]):
 
     WINDOW_KEY = "window"
     CONSUMED_KEY = "consumed"
+    PASS_KEY = "pass"
 
     def __init__(self, source: BaseNode[Any], lane: int) -> None:
         super().__init__()
+        check_window_restore(source, f"lane {lane}")
         self.source = source
         self.lane = lane
+        self._items = _work_item_nodes(source)
+        self._pass = 0
         self._window = 0
         self._consumed = 0
 
@@ -105,12 +174,22 @@ class Lane(BaseNode[dict[str, Any]]):
         super().reset(initial_state)
         if initial_state is None:
             self.source.reset(None)
-            self._window, self._consumed = 0, 0
+            self._window, self._consumed, self._pass = 0, 0, 0
             return
         window = int(initial_state[self.WINDOW_KEY])
         consumed = int(initial_state[self.CONSUMED_KEY])
-        if window < 0 or consumed < 0:
-            raise CheckpointError(f"lane {self.lane}: {window=} and {consumed=} must be >= 0")
+        p = int(initial_state.get(self.PASS_KEY, 0))
+        if window < 0 or consumed < 0 or p < 0:
+            raise CheckpointError(
+                f"lane {self.lane}: {window=}, {consumed=} and pass={p} must be >= 0"
+            )
+        if p and not self._items:
+            raise CheckpointError(
+                f"lane {self.lane}: pass {p} asked, but the lane's chain has no WorkItemNode"
+            )
+        for items in self._items:
+            items.set_pass(p)
+        self._pass = p
         self.source.reset(self.source.state_at_window(window))  # type: ignore[attr-defined]
         self._window, self._consumed = window, 0
         for _ in range(consumed):
@@ -140,5 +219,8 @@ class Lane(BaseNode[dict[str, Any]]):
             return item
 
     def get_state(self) -> dict[str, Any]:
-        """Return ``{"window": w, "consumed": c}``."""
-        return {self.WINDOW_KEY: self._window, self.CONSUMED_KEY: self._consumed}
+        """Return ``{"window": w, "consumed": c}`` (and ``"pass"`` after the first pass)."""
+        state = {self.WINDOW_KEY: self._window, self.CONSUMED_KEY: self._consumed}
+        if self._pass:
+            state[self.PASS_KEY] = self._pass
+        return state

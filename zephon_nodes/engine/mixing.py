@@ -1,29 +1,41 @@
 """Mixing WorkSource: several datasets, mixed so that *token* shares follow the weights.
 
-The plan is a pure function of the recipe. Each dataset ``d`` gets an estimate ``c_d`` of
-tokens per work item (from a seeded sample, see :func:`estimate_tokens_per_record`), so a
-token share ``w_d`` means an item share ``p_d`` proportional to ``w_d / c_d``.
+The plan is a pure function of the recipe and of the decision log (dynamic mixtures, see
+:mod:`zephon_nodes.engine.decisions`). Each dataset ``d`` gets an estimate ``c_d`` of tokens
+per work item (from a seeded sample, see :func:`estimate_tokens_per_record`), so a token
+share ``w_d`` means an item share ``p_d`` proportional to ``w_d / c_d``.
 
-Global work item ``g`` (dealt to lane ``g % L``, as for one dataset) is placed by a chain of
-two-way splits: node ``j`` sends its items either to dataset ``j`` or on to node ``j + 1``.
-At each node the number of items sent to the left among the first ``n`` is
+Every lane runs the same plan over its own item index ``i`` (lane-local). Item ``i`` is placed
+by a chain of two-way splits: node ``j`` sends its items either to dataset ``j`` or on to node
+``j + 1``. At each node the number of items sent to the left among the first ``n`` is
 ``floor(X / 2**32)`` where ``X`` accumulates ``n * a`` with ``a`` the node's ratio as a 32-bit
 fraction: pure integer arithmetic, so every dataset's item count stays within one item of
-its ideal at every node, and position ``g`` is found in O(number of datasets) without
+its ideal at every node, and position ``i`` is found in O(number of datasets) without
 looking at earlier items. Items are planned in blocks of ``block`` items: the weights (from
-the schedule) are read at each block's estimated middle, and the positions inside a block
-are shuffled by a seeded permutation so that no lane sees a periodic pattern (each
-dataset's items keep their order inside the block). Before the schedule's last point the
-integer accumulators at block starts are precomputed (a few integers per block); after it
-they are closed-form.
+the schedule) are read at each block's estimated middle (progress is the lane's estimated
+tokens times the lane count, an estimate of the global tokens), and the positions inside a
+block are shuffled by a permutation seeded by the lane and the block, so that lanes do not
+see the same sequence (each dataset's items keep their order inside the block). Before the
+schedule's last point the integer accumulators at block starts are precomputed (a few
+integers per block); after it they are closed-form.
 
-The ``k``-th item of dataset ``d`` is item ``perm_e[k mod n_d]`` of epoch ``e = k // n_d``,
-as in :class:`~zephon_nodes.engine.work.DatasetWorkSource`. When a dataset with
-``on_exhausted = "end"`` would start epoch ``work.epochs``, the whole stream ends there.
+The ``t``-th item of dataset ``d`` taken by lane ``l`` is the dataset's global item
+``k = t * L + l`` (the dataset's items are dealt round-robin to the lanes, so lanes never
+share an item), which is item ``perm_e[k mod n_d]`` of epoch ``e = k // n_d``, as in
+:class:`~zephon_nodes.engine.work.DatasetWorkSource`. When a dataset with
+``on_exhausted = "end"`` would start epoch ``work.epochs`` in a lane, that lane's stream ends
+there (the multiplexer stops at the first global batch a lane cannot fill).
+
+Decisions: decision ``j`` (weights ``W_j``) starts in lane ``l`` at lane item ``b_j(l)`` (a
+flush-window start, chosen by the rank that made the decision). From there the lane follows
+a static plan with weights ``W_j`` (its own accumulators, started at zero, its own block
+shuffle), continuing each dataset's count ``t`` where the previous segment left it: no item
+of any dataset is skipped or taken twice.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.engine.seeding import permutation
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, pass_epoch_offset
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.recipe.schedule import WeightSchedule
@@ -40,6 +52,7 @@ __all__ = ["MixingWorkSource", "estimate_tokens_per_record"]
 
 _ONE = 1 << 32
 _BLOCK_TAG = 0x4D495842  # "MIXB"
+_DECISION_TAG = 0x44454349  # "DECI"
 _ESTIMATE_TAG = 0x45535449  # "ESTI"
 _MAX_PLANNED_BLOCKS = 2_000_000
 
@@ -80,6 +93,103 @@ def estimate_tokens_per_record(
     return out
 
 
+def _ratios(weights: Sequence[float], tokens_per_item: Sequence[float]) -> list[int]:
+    """Per node, the 32-bit share of its items that go to its own dataset."""
+    p = [w / c if w > 0 else 0.0 for w, c in zip(weights, tokens_per_item, strict=True)]
+    out = []
+    for j in range(len(p) - 1):
+        rest = sum(p[j:])
+        out.append(_ONE if rest <= 0 else min(_ONE, max(0, round(p[j] / rest * _ONE))))
+    return out
+
+
+def _counts(x: Sequence[int], n: int) -> list[int]:
+    """Items per dataset among the first ``n`` items, given the accumulators ``x`` there."""
+    per = []
+    for xj in x:
+        left = xj // _ONE
+        per.append(left)
+        n -= left
+    per.append(n)
+    return per
+
+
+def _split(x: Sequence[int], a: Sequence[int], size: int) -> np.ndarray:
+    """Dataset of each position of a block (canonical order) starting at accumulators ``x``."""
+    D = len(a) + 1
+    labels = np.full(size, D - 1, dtype=np.int64)
+    where = np.arange(size, dtype=np.int64)
+    local = np.arange(size, dtype=np.int64)
+    for j in range(D - 1):
+        carry, aj = x[j] % _ONE, a[j]
+        lb = (carry + local * aj) // _ONE
+        left = (carry + (local + 1) * aj) // _ONE > lb
+        labels[where[left]] = j
+        where, local = where[~left], (local - lb)[~left]
+    return labels
+
+
+class _StaticPlan:
+    """A plan with static ratios (a decision, or a recipe without schedule), closed-form.
+
+    Lane ``l`` starts every node's accumulator at ``l / L`` (as a 32-bit fraction): summed
+    over the lanes, a dataset's count at equal lane positions is then exactly the count of
+    one plan over all lanes' items (Hermite's identity), so lanes do not take a rare
+    dataset's items all at once.
+    """
+
+    def __init__(self, a: list[int], weights: tuple[float, ...], block: int, carry: int):
+        self.weights = weights
+        self.block = block
+        self.a = a
+        self.carry = carry
+
+    def state(self, seg: int) -> tuple[tuple[int, ...], list[int]]:
+        n, x = seg * self.block, []
+        for aj in self.a:
+            xj = self.carry + aj * n
+            x.append(xj)
+            n -= xj // _ONE
+        return tuple(x), self.a
+
+    def items_before(self, seg: int) -> list[int]:
+        return _counts(self.state(seg)[0], seg * self.block)
+
+    def uses(self, d: int) -> bool:
+        return self.weights[d] > 0
+
+
+class _ScheduledLanePlan:
+    """A lane's view of the schedule plan (shared, precomputed for every lane).
+
+    With two datasets the lane's phase goes into the single node's accumulator, as in
+    :class:`_StaticPlan` (consistent, since every item reaches that node). With more
+    datasets the later nodes' accumulators depend on the earlier ones', so the lanes share
+    the phase (their rounding errors line up; each lane still stays within one item of its
+    ideal count per dataset).
+    """
+
+    def __init__(self, base: MixingWorkSource, carry: int) -> None:
+        self.base = base
+        self.carry = carry if len(base.datasets) == 2 else 0
+
+    def state(self, seg: int) -> tuple[tuple[int, ...], list[int]]:
+        x, a = self.base.state(seg)
+        if self.carry:
+            x = (x[0] + self.carry, *x[1:])
+        return x, a
+
+    def items_before(self, seg: int) -> list[int]:
+        return _counts(self.state(seg)[0], seg * self.block)
+
+    @property
+    def block(self) -> int:
+        return self.base.block
+
+    def uses(self, d: int) -> bool:
+        return self.base.uses(d)
+
+
 class MixingWorkSource(WorkSource):
     """Work items of several datasets, mixed by token share (see the module docstring).
 
@@ -92,7 +202,8 @@ class MixingWorkSource(WorkSource):
         on_exhausted: ``"end"`` or ``"repeat"`` per dataset.
         schedule: Token-share weights over estimated tokens.
         tokens_per_item: Estimated tokens per work item, per dataset.
-        block: Work items per plan block (a power of two).
+        block: Work items per plan block (a power of two), over all lanes: each lane plans
+            in blocks of ``max(1, block // num_lanes)`` of its own items.
     """
 
     def __init__(
@@ -109,52 +220,121 @@ class MixingWorkSource(WorkSource):
         super().__init__(num_lanes)
         self.datasets = list(datasets)
         self.seed = seed
-        self.block = block
+        self.epochs = epochs
+        self.block = max(1, block // num_lanes)
         self.schedule = schedule
+        self.epochs = epochs
+        self.on_exhausted = list(on_exhausted)
         self.tokens_per_item = [float(c) for c in tokens_per_item]
         self.sources = [
             DatasetWorkSource(ds, seed, num_lanes, None, dataset_index=d)
             for d, ds in enumerate(self.datasets)
         ]
-        self._blocks: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        for d, (ds, c) in enumerate(zip(self.datasets, self.tokens_per_item, strict=True)):
-            used = any(w[d] > 0 for _, w in schedule.points)
-            if used and ds.num_work_items == 0:
+        used = [any(w[d] > 0 for _, w in schedule.points) for d in range(len(self.datasets))]
+        self.check_weights(used)
+        self._plan()
+        self._decisions: list[tuple[tuple[float, ...], list[int]]] = []
+        self._starts: dict[int, list[int]] = {}
+        self._reset_caches()
+
+    def _reset_caches(self) -> None:
+        self._blocks: OrderedDict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = (
+            OrderedDict()
+        )
+        self._bases: dict[int, list[list[int]]] = {}
+        self._plans: dict[tuple[int, int], _ScheduledLanePlan | _StaticPlan] = {}
+        self._ends: dict[int, int | None] = {}
+
+    def check_weights(self, used: Sequence[bool | float]) -> None:
+        """Refuse a dataset with a weight > 0 that has no record or no estimated token.
+
+        Raises:
+            RecipeError: Naming the dataset.
+        """
+        for ds, c, u in zip(self.datasets, self.tokens_per_item, used, strict=True):
+            if u and ds.num_work_items == 0:
                 raise RecipeError(f"dataset {ds.name!r} has weight > 0 but no record")
-            if used and not c > 0:
+            if u and not c > 0:
                 raise RecipeError(
                     f"dataset {ds.name!r} has weight > 0 but its estimate is {c} tokens per "
                     f"work item (are all its documents filtered out?)"
                 )
-        self._plan()
-        self.end = self._find_end(epochs, on_exhausted)
 
-    # -- the plan -------------------------------------------------------------------------
+    def fork(self) -> MixingWorkSource:
+        """Return a copy sharing the recipe's plan, with no decision (one per rank node)."""
+        other = object.__new__(MixingWorkSource)
+        other.__dict__.update(self.__dict__)
+        other._decisions, other._starts = [], {}
+        other._reset_caches()
+        return other
 
-    def _ratios(self, weights: Sequence[float]) -> list[int]:
-        """Per node, the 32-bit share of its items that go to its own dataset."""
-        p = [w / c if w > 0 else 0.0 for w, c in zip(weights, self.tokens_per_item, strict=True)]
-        out = []
-        for j in range(len(p) - 1):
-            rest = sum(p[j:])
-            out.append(_ONE if rest <= 0 else min(_ONE, max(0, round(p[j] / rest * _ONE))))
-        return out
+    # -- decisions --------------------------------------------------------------------------
+
+    @property
+    def decisions(self) -> list[tuple[float, ...]]:
+        """The weights of the decisions in force (recipe order), oldest first."""
+        return [w for w, _ in self._decisions]
+
+    def set_decisions(
+        self, weights: Sequence[Sequence[float]], starts: dict[int, Sequence[int]]
+    ) -> None:
+        """Install the decision log: weights per decision and, per lane, its start items.
+
+        Args:
+            weights: Normalized weights of each decision, in recipe order.
+            starts: For each lane this process reads, the lane item where each decision
+                starts (non-decreasing, one per decision).
+
+        Raises:
+            RecipeError: If a dataset with weight > 0 cannot be read, or starts are invalid.
+        """
+        plans = []
+        for w in weights:
+            w = tuple(float(v) for v in w)
+            if len(w) != len(self.datasets):
+                raise RecipeError(f"a decision needs {len(self.datasets)} weights, got {len(w)}")
+            self.check_weights([v > 0 for v in w])
+            plans.append((w, _ratios(w, self.tokens_per_item)))
+        for lane, s in starts.items():
+            s = list(s)
+            if len(s) != len(plans) or any(b < 0 for b in s) or s != sorted(s):
+                raise RecipeError(
+                    f"lane {lane}: decision starts {s} must be {len(plans)} non-decreasing "
+                    f"item indices >= 0"
+                )
+        self._decisions = plans
+        self._starts = {int(lane): [int(b) for b in s] for lane, s in starts.items()}
+        self._reset_caches()
+
+    def _segment_starts(self, lane: int) -> list[int]:
+        if not self._decisions:
+            return [0]
+        starts = self._starts.get(lane)
+        if starts is None:
+            raise RecipeError(
+                f"lane {lane} has no start point for the {len(self._decisions)} mixture "
+                f"decision(s) in force (decisions are applied per rank node)"
+            )
+        return [0, *starts]
+
+    # -- the base plan (recipe schedule) ----------------------------------------------------
 
     def _plan(self) -> None:
         """Precompute the accumulators at block starts up to the schedule's last point."""
-        D, S = len(self.datasets), self.block
+        D, S, L = len(self.datasets), self.block, self.num_lanes
         x = [0] * (D - 1)
         tokens = 0.0
         self._x: list[tuple[int, ...]] = []
         self._a: list[list[int]] = []
+        tpi = self.tokens_per_item
         while True:
             if tokens >= self.schedule.last:
-                a = self._ratios(self.schedule.weights_at(tokens))
+                a = _ratios(self.schedule.weights_at(tokens), tpi)
             else:
                 # Weights at the block's estimated middle (its size taken at its start).
-                a = self._ratios(self.schedule.weights_at(tokens))
-                middle = tokens + self._block_tokens(x, a) / 2
-                a = self._ratios(self.schedule.weights_at(middle))
+                a = _ratios(self.schedule.weights_at(tokens), tpi)
+                middle = tokens + L * self._block_tokens(x, a) / 2
+                a = _ratios(self.schedule.weights_at(middle), tpi)
             self._x.append(tuple(x))
             self._a.append(a)
             if tokens >= self.schedule.last:
@@ -162,18 +342,16 @@ class MixingWorkSource(WorkSource):
             if len(self._x) > _MAX_PLANNED_BLOCKS:
                 raise RecipeError(
                     f"the mixture schedule spans more than {_MAX_PLANNED_BLOCKS} plan blocks "
-                    f"of {S} work items; raise mixture.block"
+                    f"of {S} work items per lane; raise mixture.block"
                 )
+            tokens += L * self._block_tokens(x, a)
             n = S
             for j in range(D - 1):
                 before = x[j] // _ONE
                 x[j] += n * a[j]
-                left = x[j] // _ONE - before
-                tokens += left * self.tokens_per_item[j]
-                n -= left
-            tokens += n * self.tokens_per_item[D - 1]
+                n -= x[j] // _ONE - before
         self._tail = len(self._x) - 1
-        self._tail_n = self._counts_from(self._tail, self._x[self._tail])[1]
+        self._tail_n = self._reach(self._tail, self._x[self._tail])
 
     def _block_tokens(self, x: Sequence[int], a: Sequence[int]) -> float:
         """Estimated tokens of a block starting at accumulators ``x`` with ratios ``a``."""
@@ -184,22 +362,16 @@ class MixingWorkSource(WorkSource):
             n -= left
         return tokens + n * self.tokens_per_item[-1]
 
-    def _counts_from(self, seg: int, x: Sequence[int]) -> tuple[list[int], list[int]]:
-        """Return (items per dataset, items reaching each node) before block ``seg``."""
-        D = len(self.datasets)
-        n = seg * self.block
-        reach, per = [], []
-        for j in range(D - 1):
+    def _reach(self, seg: int, x: Sequence[int]) -> list[int]:
+        """Items reaching each node before block ``seg``."""
+        n, reach = seg * self.block, []
+        for xj in x:
             reach.append(n)
-            left = x[j] // _ONE
-            per.append(left)
-            n -= left
-        per.append(n)
-        reach.append(n)
-        return per, reach
+            n -= xj // _ONE
+        return reach
 
-    def _state(self, seg: int) -> tuple[tuple[int, ...], list[int]]:
-        """Return the accumulators at the start of block ``seg`` and the ratios used in it."""
+    def state(self, seg: int) -> tuple[tuple[int, ...], list[int]]:
+        """Return the base plan's accumulators at the start of block ``seg`` and its ratios."""
         if seg <= self._tail:
             return self._x[seg], self._a[seg]
         a = self._a[self._tail]
@@ -213,85 +385,184 @@ class MixingWorkSource(WorkSource):
         return tuple(x), a
 
     def items_before(self, seg: int) -> list[int]:
-        """Return how many items of each dataset the blocks before ``seg`` hold."""
-        return self._counts_from(seg, self._state(seg)[0])[0]
+        """Return how many items of each dataset a lane takes in base-plan blocks before ``seg``."""
+        return _counts(self.state(seg)[0], seg * self.block)
 
-    def _block(self, seg: int) -> tuple[np.ndarray, np.ndarray]:
-        """Return (dataset, k) of every position of block ``seg`` (cached)."""
-        got = self._blocks.get(seg)
+    def uses(self, d: int) -> bool:
+        """Whether the base plan gives dataset ``d`` items after the schedule's last point."""
+        return self.schedule.points[-1][1][d] > 0
+
+    # -- segments and blocks ----------------------------------------------------------------
+
+    def _plan_of(self, lane: int, j: int) -> _ScheduledLanePlan | _StaticPlan:
+        got = self._plans.get((lane, j))
         if got is not None:
             return got
+        carry = (lane * _ONE) // self.num_lanes
+        if j == 0 and self.schedule.last > 0:
+            plan: _ScheduledLanePlan | _StaticPlan = _ScheduledLanePlan(self, carry)
+        else:
+            if j == 0:
+                w = self.schedule.points[0][1]
+                a = self._a[0]
+            else:
+                w, a = self._decisions[j - 1]
+            plan = _StaticPlan(a, w, self.block, carry)
+        self._plans[lane, j] = plan
+        return plan
+
+    def _block(self, lane: int, j: int, seg: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return (dataset, count within segment) of every position of a block (cached)."""
+        key = (lane, j, seg)
+        got = self._blocks.get(key)
+        if got is not None:
+            self._blocks.move_to_end(key)
+            return got
         S, D = self.block, len(self.datasets)
-        x, a = self._state(seg)
-        # The split tree over the block's canonical order 0..S-1.
-        labels = np.full(S, D - 1, dtype=np.int64)
-        where = np.arange(S, dtype=np.int64)
-        local = np.arange(S, dtype=np.int64)
-        for j in range(D - 1):
-            carry, aj = x[j] % _ONE, a[j]
-            lb = (carry + local * aj) // _ONE
-            left = (carry + (local + 1) * aj) // _ONE > lb
-            labels[where[left]] = j
-            where, local = where[~left], (local - lb)[~left]
+        plan = self._plan_of(lane, j)
+        x, a = plan.state(seg)
+        labels = _split(x, a, S)
         # Shuffle the labels over the block's positions; each dataset's items keep their
-        # order, so item k of a dataset always comes before item k + 1.
-        labels = labels[permutation(S, self.seed, seg, _BLOCK_TAG)]
-        before = self.items_before(seg)
+        # order, so item t of a dataset always comes before item t + 1.
+        if j == 0:
+            perm = permutation(S, self.seed, seg, lane, _BLOCK_TAG)
+        else:
+            perm = permutation(S, self.seed, seg, lane, j, _DECISION_TAG)
+        labels = labels[perm]
+        before = plan.items_before(seg)
         ks = np.empty(S, dtype=np.int64)
         for d in range(D):
             mask = labels == d
             ks[mask] = before[d] + np.arange(int(mask.sum()), dtype=np.int64)
         got = (labels, ks)
-        self._blocks[seg] = got
-        while len(self._blocks) > 16:
+        self._blocks[key] = got
+        while len(self._blocks) > 2 * self.num_lanes + 16:
             self._blocks.popitem(last=False)
         return got
 
-    def locate(self, g: int) -> tuple[int, int]:
-        """Return ``(dataset, k)``: global item ``g`` is the ``k``-th item of ``dataset``."""
-        seg, r = divmod(g, self.block)
-        labels, ks = self._block(seg)
-        return int(labels[r]), int(ks[r])
+    def _plan_counts(self, lane: int, j: int, n: int) -> list[int]:
+        """Items per dataset among the first ``n`` positions of plan ``j`` (lane's shuffle)."""
+        plan = self._plan_of(lane, j)
+        seg, r = divmod(n, self.block)
+        out = plan.items_before(seg)
+        if r:
+            labels = self._block(lane, j, seg)[0][:r]
+            for d, c in enumerate(np.bincount(labels, minlength=len(out)).tolist()):
+                out[d] += c
+        return out
 
-    def _find_end(self, epochs: int | None, on_exhausted: Sequence[str]) -> int | None:
-        """Return the first global item past the end of the stream (None: endless)."""
-        if epochs is None:
-            return None
-        end: int | None = None
-        for d, mode in enumerate(on_exhausted):
-            if mode != "end":
+    def _segment_counts(self, lane: int, j: int, u: int) -> list[int]:
+        """Items per dataset among the first ``u`` items of segment ``j`` of ``lane``."""
+        return self._plan_counts(lane, j, u)
+
+    def _segment_bases(self, lane: int) -> list[list[int]]:
+        """Per segment of ``lane``: items per dataset the lane took before it starts."""
+        got = self._bases.get(lane)
+        if got is None:
+            starts = self._segment_starts(lane)
+            got = [[0] * len(self.datasets)]
+            for j in range(1, len(starts)):
+                c = self._segment_counts(lane, j - 1, starts[j] - starts[j - 1])
+                got.append([b + x for b, x in zip(got[-1], c, strict=True)])
+            self._bases[lane] = got
+        return got
+
+    def counts(self, lane: int, i: int) -> list[int]:
+        """Items of each dataset among the first ``i`` items of ``lane``."""
+        starts = self._segment_starts(lane)
+        j = _find_segment(starts, i)
+        base = self._segment_bases(lane)[j]
+        c = self._segment_counts(lane, j, i - starts[j])
+        return [b + x for b, x in zip(base, c, strict=True)]
+
+    def locate(self, i: int, lane: int = 0) -> tuple[int, int]:
+        """Return ``(dataset, t)``: item ``i`` of ``lane`` is the lane's ``t``-th of ``dataset``."""
+        starts = self._segment_starts(lane)
+        j = _find_segment(starts, i)
+        seg, r = divmod(i - starts[j], self.block)
+        labels, ks = self._block(lane, j, seg)
+        d = int(labels[r])
+        return d, int(ks[r]) + self._segment_bases(lane)[j][d]
+
+    # -- end of the stream ------------------------------------------------------------------
+
+    def _first_reaching(self, lane: int, d: int, target: int) -> int | None:
+        """Smallest ``n`` with ``counts(lane, n)[d] >= target``, or None if never."""
+        starts = self._segment_starts(lane)
+        bases = self._segment_bases(lane)
+        for j in range(len(starts)):
+            if bases[j][d] >= target:
+                return starts[j]
+            last = j == len(starts) - 1
+            if not last and bases[j + 1][d] < target:
                 continue
-            limit = epochs * self.datasets[d].num_work_items
-            hi = 1
-            while self.items_before(hi)[d] <= limit:
-                hi *= 2
-                if hi > 1 << 62:
-                    break
+            plan = self._plan_of(lane, j)
+            need = target - bases[j][d]
+            if not last:
+                hi_seg = -(-(starts[j + 1] - starts[j]) // self.block)
+            elif plan.uses(d):
+                hi_seg = 1
+                while plan.items_before(hi_seg)[d] < need:
+                    hi_seg *= 2
+                    if hi_seg > 1 << 62:
+                        return None
+            elif j == 0 and plan.items_before(self._tail + 1)[d] >= need:
+                hi_seg = self._tail + 1  # the schedule takes d before its tail, never after
             else:
-                lo = 0  # items_before(lo) <= limit < items_before(hi)
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if self.items_before(mid)[d] <= limit:
-                        lo = mid
-                    else:
-                        hi = mid
-                for g in range(lo * self.block, (lo + 1) * self.block):
-                    dd, k = self.locate(g)
-                    if dd == d and k >= limit and (end is None or g < end):
-                        end = g
+                return None
+            # Blocks: items_before(lo)[d] < need <= items_before(hi)[d].
+            lo = 0
+            while hi_seg - lo > 1:
+                mid = (lo + hi_seg) // 2
+                if plan.items_before(mid)[d] < need:
+                    lo = mid
+                else:
+                    hi_seg = mid
+            labels, ks = self._block(lane, j, lo)
+            hits = np.nonzero((labels == d) & (ks == need - 1))[0]
+            if len(hits):
+                n = starts[j] + lo * self.block + int(hits[0]) + 1
+                if last or n <= starts[j + 1]:
+                    return n
+        return None
+
+    def lane_end(self, lane: int) -> int | None:
+        """Return the first item index past the end of ``lane``'s stream (None: endless)."""
+        if lane in self._ends:
+            return self._ends[lane]
+        end: int | None = None
+        if self.epochs is not None:
+            L = self.num_lanes
+            for d, mode in enumerate(self.on_exhausted):
+                if mode != "end":
+                    continue
+                limit = self.epochs * self.datasets[d].num_work_items
+                allowed = max(0, -(-(limit - lane) // L))  # t with t * L + lane < limit
+                n = self._first_reaching(lane, d, allowed + 1)
+                if n is not None and (end is None or n - 1 < end):
+                    end = n - 1
+        self._ends[lane] = end
         return end
 
     # -- the WorkSource ---------------------------------------------------------------------
 
+    def make_pass(self, p: int) -> MixingWorkSource:
+        """Pass ``p``: the same plan, every dataset read from data epoch ``p * epochs`` on."""
+        other = copy.copy(self)
+        other.__dict__.pop("_pass_cache", None)
+        offset = pass_epoch_offset(self.epochs, p)
+        other.sources = [s.with_epoch_offset(offset) for s in self.sources]
+        return other
+
     def work(self, lane: int, i: int) -> WorkItem | None:
-        """Return work item ``i`` of ``lane``, or None past the end of the stream."""
-        g = i * self.num_lanes + lane
-        if self.end is not None and g >= self.end:
+        """Return work item ``i`` of ``lane``, or None past the end of the lane's stream."""
+        end = self.lane_end(lane)
+        if end is not None and i >= end:
             return None
-        d, k = self.locate(g)
+        d, t = self.locate(i, lane)
         src = self.sources[d]
         ds = src.dataset
-        epoch, pos = divmod(k, ds.num_work_items)
+        epoch, pos = divmod(t * self.num_lanes + lane, ds.num_work_items)
         item = int(src.permutation(epoch)[pos])
         shard, start, stop = ds.locate(item)
         return WorkItem(
@@ -299,10 +570,18 @@ class MixingWorkSource(WorkSource):
             dataset_name=ds.name,
             text_field=ds.text_field,
             item=item,
-            epoch=epoch,
+            epoch=epoch + src.epoch_offset,
             shard=ds.shards[shard],
             start=start,
             stop=stop,
             lane=lane,
             position=i,
         )
+
+
+def _find_segment(starts: Sequence[int], i: int) -> int:
+    """Index of the last segment starting at or before item ``i``."""
+    j = len(starts) - 1
+    while starts[j] > i:
+        j -= 1
+    return j

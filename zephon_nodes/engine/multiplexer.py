@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -10,10 +12,19 @@ import torch
 from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.decisions import (
+    MIXTURE_KEY,
+    MixtureLog,
+    normalize_weights,
+    parse_mixture_state,
+    with_decision,
+)
 from zephon_nodes.engine.lane import Lane
+from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
-from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
+from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
@@ -39,9 +50,12 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     For every optimizer step it takes the next ``G/L`` samples of each owned lane, in lane
     order, and cuts them into micro-batches of ``local_batch_size`` rows (dicts of
-    ``LongTensor``: ``input``, ``labels``, ``positions``, plus ``lane``, the lane of each
-    row). Reassembled in lane order, the ranks' rows are exactly the global batch, whatever
-    the number of ranks.
+    ``LongTensor``: ``input``, ``labels``, ``positions``, ``dataset_ids``, plus ``lane``, the
+    lane of each row). Reassembled in lane order, the ranks' rows are exactly the global
+    batch, whatever the number of ranks.
+
+    :meth:`set_mixture` changes the mixture between steps (a dynamic mixture, see
+    :mod:`zephon_nodes.engine.decisions`); the decision log is part of the state.
 
     State (plain JSON-safe data): format, recipe fingerprint and summary, lane count, step,
     micro-batches already yielded in the current step, and per owned lane
@@ -49,10 +63,17 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     the step's last micro-batch is handed out, so a prefetcher above cannot skew them. A
     state taken in the middle of a step resumes only on the same lanes and micro-batch size.
 
+    Passes: a reset without a state (torchdata's "new epoch", a second ``iter(loader)``) after
+    the node was used starts the recipe's next pass, with its own seeded order (see
+    :meth:`~zephon_nodes.engine.work.WorkSource.for_pass`); the state then carries
+    ``"pass": p`` and the step count restarts at 0. Pass 0 states have no ``pass`` key.
+
     Args:
         lanes: The rank's lanes by lane index.
         pipeline: The compiled recipe (fingerprint, lane count, batch geometry).
         local_batch_size: Rows per micro-batch; default ``G/R`` (one micro-batch per step).
+        work_source: The work source the lanes read (default the pipeline's); decisions are
+            installed into it, so each rank node should have its own (``fork()``).
     """
 
     def __init__(
@@ -60,16 +81,21 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         lanes: Mapping[int, Lane],
         pipeline: CompiledRecipe,
         local_batch_size: int | None = None,
+        work_source: WorkSource | None = None,
     ) -> None:
         super().__init__()
         self.lanes = dict(sorted(lanes.items()))
         self.pipeline = pipeline
+        self.work_source = work_source if work_source is not None else pipeline.work_source
+        self._mixture = MixtureLog()
         recipe = pipeline.recipe
         self.samples_per_lane = recipe.samples_per_lane
         per_step = self.samples_per_lane * len(self.lanes)
         if not self.lanes:
             raise RecipeError("a rank needs at least one lane")
-        self.local_batch_size = local_batch_size or per_step
+        if local_batch_size is not None:
+            check_setting("local_batch_size", local_batch_size)
+        self.local_batch_size = local_batch_size if local_batch_size is not None else per_step
         if per_step % self.local_batch_size:
             raise RecipeError(
                 f"this rank's share of a step ({per_step} samples: {len(self.lanes)} lanes x "
@@ -83,9 +109,19 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._pending: list[dict[str, torch.Tensor]] = []
         self._pending_end: dict[int, tuple[int, int]] = {}
         self._exhausted = False
+        self._pass = 0
+        self._used = False
+        self._partial: dict[int, int] = {}
+        self._unused: dict[int, int] | None = None
+        self._metrics = StepMetrics()
         #: Called with ``{lane: next work item index}`` (start of the lane's current flush
         #: window) after a reset and after each step, e.g. to plan a node cache's future.
         self.position_hooks: list[Callable[[dict[int, int]], None]] = []
+
+    @property
+    def pass_index(self) -> int:
+        """The pass being read (0 until a reset without a state follows a used pass)."""
+        return self._pass
 
     def _notify_positions(self) -> None:
         k = self.pipeline.recipe.flush_every
@@ -103,14 +139,35 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start from step 0, or restore a state (validated first; raises CheckpointError)."""
+        t0 = time.perf_counter()
+        self._restore(initial_state)
+        self._metrics.restore_s = time.perf_counter() - t0 if initial_state is not None else 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """Return this rank's run metrics as a plain dict (see ``docs/cli.md``, Metrics)."""
+        out = rank_metrics(self._metrics, self.lanes.values())
+        out["step"] = self._step
+        return out
+
+    def _restore(self, initial_state: dict[str, Any] | None) -> None:
         super().reset(initial_state)
         self._pending, self._pending_end, self._exhausted = [], {}, False
+        self._partial, self._unused = {}, None
         if initial_state is None:
+            if self._used:
+                self._pass += 1
+            self._used = False
+            self._install(MixtureLog())
+            for lane in self.lanes.values():
+                if self._pass:
+                    lane.reset(
+                        {Lane.WINDOW_KEY: 0, Lane.CONSUMED_KEY: 0, Lane.PASS_KEY: self._pass}
+                    )
+                else:
+                    lane.reset(None)
+            self._step, self._micro = 0, 0
             self._positions = {i: (0, 0) for i in self.lanes}
             self._notify_positions()
-            for lane in self.lanes.values():
-                lane.reset(None)
-            self._step, self._micro = 0, 0
             return
         p = self.pipeline
         positions = validate_state(
@@ -119,11 +176,22 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             summary=p.summary,
             num_lanes=p.num_lanes,
             lanes=self.lanes,
+            samples_per_lane=self.samples_per_lane,
+        )
+        self._install(
+            parse_mixture_state(
+                initial_state.get(MIXTURE_KEY),
+                [d.name for d in p.recipe.datasets],
+                list(self.lanes),
+                initial_state["step"],
+            )
         )
         flush_every = p.recipe.flush_every
+        pass_index = initial_state.get("pass", 0)
+        source = self.work_source.for_pass(pass_index)
         for i in self.lanes:
             w = positions[i][0]
-            if w > 0 and p.work_source.work(i, (w - 1) * flush_every) is None:
+            if w > 0 and (source is None or source.work(i, (w - 1) * flush_every) is None):
                 raise CheckpointError(
                     f"checkpoint lane {i}: window {w} is beyond the end of the lane's stream "
                     f"(its work item {(w - 1) * flush_every} does not exist)"
@@ -142,12 +210,48 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._notify_positions()
         for i, lane in self.lanes.items():
             w, c = positions[i]
-            lane.reset({Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c})
+            lane.reset({Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c, Lane.PASS_KEY: pass_index})
+        self._pass, self._used = pass_index, True
+        self._positions = {i: positions[i] for i in self.lanes}
         self._step = initial_state["step"]
         self._micro = 0
         if micro:
             self._build_step()
             self._micro = micro
+
+    def _install(self, mixture: MixtureLog) -> None:
+        """Install a decision log into this rank's work source."""
+        names = [d.name for d in self.pipeline.recipe.datasets]
+        setter = getattr(self.work_source, "set_decisions", None)
+        if setter is not None:
+            k = self.pipeline.recipe.flush_every
+            setter(
+                [tuple(w[n] for n in names) for _, w in mixture.entries],
+                {i: [e * k for e in mixture.effects.get(i, [])] for i in self.lanes},
+            )
+        self._mixture = mixture
+
+    @property
+    def mixture_log(self) -> list[tuple[int, dict[str, float]]]:
+        """The decisions in force: ``[(step, {dataset: weight}), ...]`` (normalized)."""
+        return [(s, dict(w)) for s, w in self._mixture.entries]
+
+    def set_mixture(self, weights: Mapping[str, float]) -> None:
+        """Change the mixture after the current step: a weight per recipe dataset.
+
+        Weights are token shares (0 pauses a dataset) and are renormalized. The decision is
+        logged as ``(step, weights)`` and takes effect in each lane from the first flush
+        window that begins after the lane's position now (see
+        :mod:`zephon_nodes.engine.decisions`); work computed ahead is recomputed. Every rank
+        must make the same decision after the same step.
+
+        Raises:
+            RecipeError: If a dataset is unknown or missing, a weight is invalid, or the
+                call comes in the middle of a step.
+        """
+        names = [d.name for d in self.pipeline.recipe.datasets]
+        normalized = normalize_weights(names, weights, where="set_mixture")
+        self.reset(with_decision(self.get_state(), normalized))
 
     def _build_step(self) -> None:
         rows: list[dict[str, np.ndarray]] = []
@@ -155,7 +259,12 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         end: dict[int, tuple[int, int]] = {}
         for i, lane in self.lanes.items():
             for _ in range(self.samples_per_lane):
-                rows.append(next(lane))
+                try:
+                    rows.append(next(lane))
+                except StopIteration:
+                    # The rows of this unfinished step are never delivered: count them.
+                    self._partial = dict(Counter(lane_ids))
+                    raise
                 lane_ids.append(i)
             st = lane.get_state()
             end[i] = (st[Lane.WINDOW_KEY], st[Lane.CONSUMED_KEY])
@@ -170,14 +279,19 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def next(self) -> dict[str, torch.Tensor]:
         """Return the next micro-batch; StopIteration after the last full global batch."""
+        self._used = True
         if self._exhausted:
             raise StopIteration
         if self._micro == 0:
+            t0 = time.perf_counter()
             try:
                 self._build_step()
             except StopIteration:
                 self._exhausted = True
+                if self.pipeline.recipe.work.end_of_data == "error":
+                    self._refuse_unused()
                 raise
+            self._metrics.step(self._pending, time.perf_counter() - t0)
         batch = self._pending[self._micro]
         self._micro += 1
         if self._micro == self.micro_per_step:
@@ -187,6 +301,42 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             self._micro = 0
             self._notify_positions()
         return batch
+
+    def unused_samples(self) -> dict[int, int]:
+        """Count, per owned lane, the samples of this pass never delivered (end of data).
+
+        A finite stream stops after its last full global batch: the rows already taken for
+        the unfinished step and everything the lanes still hold are not delivered. Call
+        after ``next()`` raised StopIteration; the lanes are drained to count (the same
+        work as reading them). The counts do not depend on the dp size or workers.
+
+        Raises:
+            RuntimeError: If the stream has not ended.
+        """
+        if not self._exhausted:
+            raise RuntimeError("unused_samples() is known only after the stream has ended")
+        if self._unused is None:
+            unused = {}
+            for i, lane in self.lanes.items():
+                n = self._partial.get(i, 0)
+                while True:
+                    try:
+                        next(lane)
+                    except StopIteration:
+                        break
+                    n += 1
+                unused[i] = n
+            self._unused = unused
+        return dict(self._unused)
+
+    def _refuse_unused(self) -> None:
+        unused = {i: n for i, n in self.unused_samples().items() if n}
+        if unused:
+            raise DataError(
+                f"work.end_of_data='error': the data ended after step {self._step} with "
+                f"{sum(unused.values())} samples not delivered (per lane: {unused}); the "
+                f"lanes hold different amounts of data"
+            )
 
     def get_state(self) -> dict[str, Any]:
         """Return the checkpoint state (a fresh, JSON-safe dict)."""
@@ -202,4 +352,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         }
         if self._micro:
             state["layout"] = self._layout()
+        if self._mixture:
+            state[MIXTURE_KEY] = self._mixture.to_state(list(self.lanes))
+        if self._pass:
+            state["pass"] = self._pass
         return state

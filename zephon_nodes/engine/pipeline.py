@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -14,13 +15,16 @@ from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.work import WorkSource
+from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.operators.accumulate import AccumulatorNode
 from zephon_nodes.operators.bestfit import BestFitPacker
 from zephon_nodes.operators.pack import ConcatPacker
 from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.shuffle import ShuffleBuffer
+from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import load_tokenizer
+from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["Pipeline", "lanes_for_rank"]
@@ -30,18 +34,20 @@ def lanes_for_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> list[int
     """Return the lanes rank ``dp_rank`` of ``dp_world_size`` owns (a contiguous block).
 
     Raises:
-        ValueError: If the lanes do not divide evenly or the rank is out of range.
+        RecipeError: If a value has the wrong type or range, the lanes do not divide evenly
+            or the rank is out of range.
     """
-    if dp_world_size < 1 or num_lanes % dp_world_size:
-        raise ValueError(f"{num_lanes=} must be a multiple of {dp_world_size=}")
+    check_setting("dp_world_size", dp_world_size)
+    check_setting("dp_rank", dp_rank)
+    if num_lanes % dp_world_size:
+        raise RecipeError(f"{num_lanes=} must be a multiple of {dp_world_size=}")
     if not 0 <= dp_rank < dp_world_size:
-        raise ValueError(f"{dp_rank=} must be in [0, {dp_world_size=})")
+        raise RecipeError(f"{dp_rank=} must be an integer in [0, {dp_world_size=})")
     per = num_lanes // dp_world_size
     return list(range(dp_rank * per, (dp_rank + 1) * per))
 
 
 def _refuse_tar(datasets: Sequence[Dataset]) -> None:
-    from zephon_nodes.errors import RecipeError
     from zephon_nodes.io.tar import TarShard
 
     for d in datasets:
@@ -82,11 +88,21 @@ class Pipeline:
 
     Args:
         recipe: The recipe.
-        provenance: Add ``dataset_ids`` (each token's dataset index, -1 on padding) to the
-            samples, for statistics (``zephon stats``); changes the digests.
+        provenance: Add ``dataset_ids`` (each token's recipe dataset index, -1 on padding)
+            to every sample (the default; covered by digests). False drops the field.
+        stages: torchdata nodes appended to every lane, after packing and shuffling: each
+            ``make(feed) -> BaseNode`` builds a node over ``feed`` (the lane's samples of one
+            flush window) and runs in a :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+            They must yield samples (dicts of arrays) and are not part of the fingerprint.
     """
 
-    def __init__(self, recipe: Recipe, *, provenance: bool = False) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        provenance: bool = True,
+        stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]] = (),
+    ) -> None:
         from zephon_nodes.io import index
         from zephon_nodes.io.checksum import one_pass
         from zephon_nodes.io.remote import finish_progress
@@ -94,25 +110,45 @@ class Pipeline:
         index.forget()  # dataset indexes are read afresh for every build
         try:
             with one_pass():
-                self._build(recipe, provenance)
+                self._build(recipe, provenance, stages)
         finally:
             finish_progress()
 
-    def _build(self, recipe: Recipe, provenance: bool) -> None:
+    def _build(
+        self,
+        recipe: Recipe,
+        provenance: bool,
+        stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]],
+    ) -> None:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
         from zephon_nodes.io.identity import content_summary
         from zephon_nodes.io.sources import open_dataset
 
         self.recipe = recipe
         self.provenance = provenance
+        self.stages = tuple(stages)
         self.canonical = recipe.canonical()
         tok = load_tokenizer(recipe.tokenizer)
         if recipe.pack.pad_id is not None:
+            vocab = int(getattr(tok, "vocab_size", 0) or 0)
+            if vocab > 0 and not 0 <= recipe.pack.pad_id < vocab:
+                raise RecipeError(
+                    f"pack.pad_id={recipe.pack.pad_id} must be an integer in [0, {vocab - 1}] "
+                    f"(a token id of the tokenizer's vocabulary of {vocab})"
+                )
             self.pad_id = recipe.pack.pad_id
         else:
             self.pad_id = tok.pad_id if tok.pad_id >= 0 else tok.eos_id
         self.placeholder_id = -1
-        if recipe.image is not None:
+        specs = list(recipe.datasets)
+        if recipe.chat is not None:
+            from zephon_nodes.chat.assembly import chat_chain
+
+            self.stateless = chat_chain(recipe, tok)
+            # Every format reads the messages field as the record's field.
+            field = recipe.chat.messages_field
+            specs = [dataclasses.replace(d, text_field=field) for d in specs]
+        elif recipe.image is not None:
             from zephon_nodes.multimodal.assembly import multimodal_chain, placeholder_id
 
             self.placeholder_id = placeholder_id(recipe, tok)
@@ -123,7 +159,7 @@ class Pipeline:
         images = [(d.image_field or "image") if recipe.image else None for d in recipe.datasets]
         opened = [
             open_dataset(spec, recipe.work.chunk_size, image_column)
-            for spec, image_column in zip(recipe.datasets, images, strict=True)
+            for spec, image_column in zip(specs, images, strict=True)
         ]
         self.datasets: list[Dataset] = [o.dataset for o in opened]
         # With a node-cache limit, shards read whole (single-frame .zst) live in that cache.
@@ -138,6 +174,11 @@ class Pipeline:
         if estimate is not None:
             # The token estimate the mixture was planned with is part of the data identity.
             self.canonical["mixture"]["estimate"] = estimate
+        if all(d.num_records == 0 for d in self.datasets):
+            raise RecipeError(
+                f"the recipe's datasets hold no records, so it can produce no batch (files "
+                f"skipped: {self.skipped_files})"
+            )
         blob = json.dumps(self.canonical, sort_keys=True, separators=(",", ":"))
         self.fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
         self.summary = recipe_summary(self.canonical)
@@ -146,13 +187,32 @@ class Pipeline:
             self.summary["contents"] = contents
         self._cache_feed: Any = None
 
+    def check_produces(self) -> None:
+        """Refuse, cheaply and before any lane is built, a recipe that can produce no batch.
+
+        Every step takes samples from every lane, so a lane without a single work item means
+        the stream ends before step 1. Work is dealt to lanes in turn, so the last lane is
+        the first to go without. The commands and the TorchTitan loader call this first.
+
+        Raises:
+            RecipeError: Naming the lane count and the work items the data holds.
+        """
+        last = self.num_lanes - 1
+        if self.work_source.work(last, 0) is None:
+            items = sum(d.num_work_items for d in self.datasets)
+            raise RecipeError(
+                f"num_lanes={self.num_lanes} but the data holds only {items} work item(s) "
+                f"per epoch: lane {last} gets none, so the recipe can produce no global batch "
+                f"(use fewer lanes, a smaller work.chunk_size or more data)"
+            )
+
     @property
     def num_lanes(self) -> int:
         """The recipe's lane count."""
         return self.recipe.num_lanes
 
     def build_lane(self, lane: int, pool: WorkerPool, lookahead: int = 4) -> Lane:
-        """Build lane ``lane``: work items -> parse+tokenize (on the pool) -> pack -> shuffle."""
+        """Build lane ``lane``: work items -> parse+tokenize (pool) -> pack -> shuffle -> stages."""
         r = self.recipe
         node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
         node = OrderedParallelMap(node, self.stateless, pool, lookahead=lookahead)
@@ -166,10 +226,14 @@ class Pipeline:
             bins = r.pack.bins
             node = AccumulatorNode(node, lambda w: BestFitPacker(seq_len, pad_id, bins, prov))
         else:
-            node = AccumulatorNode(node, lambda w: ConcatPacker(seq_len, pad_id, prov))
+            docs = r.chat is not None  # chat samples carry document boundaries
+            node = AccumulatorNode(node, lambda w: ConcatPacker(seq_len, pad_id, prov, docs))
         if r.shuffle.buffer_size > 0:
             size, seed = r.shuffle.buffer_size, r.seed
             node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, seed, lane, w))
+        for k, make in enumerate(self.stages):
+            name = getattr(make, "__name__", type(make).__name__)
+            node = TorchdataStage(node, make, name=f"stage {k} ({name})")
         return Lane(node, lane)
 
     def rank_node(
@@ -192,19 +256,38 @@ class Pipeline:
             lanes: Explicit lanes for this rank (default: :func:`lanes_for_rank`).
             lookahead: Work items each lane submits ahead.
         """
-        from zephon_nodes.errors import RecipeError
-
         L = self.num_lanes
+        check_setting("dp_world_size", dp_world_size)
+        check_setting("lookahead", lookahead)
+        if local_batch_size is not None:
+            check_setting("local_batch_size", local_batch_size)
         if lanes is None:
-            if dp_world_size < 1 or L % dp_world_size:
+            if L % dp_world_size:
                 raise RecipeError(
                     f"num_lanes={L} must be a multiple of {dp_world_size=}; choose a lane "
                     f"count that is a common multiple of every dp size you plan to use"
                 )
             lanes = lanes_for_rank(L, dp_world_size, dp_rank)
+        else:
+            lanes = list(lanes)
+            bad = [x for x in lanes if isinstance(x, bool) or not isinstance(x, int)]
+            if bad or not all(0 <= x < L for x in lanes) or len(set(lanes)) != len(lanes):
+                raise RecipeError(
+                    f"lanes={lanes!r} must be distinct integers in [0, {L}) (num_lanes={L}); "
+                    f"a repeated lane would yield its samples twice"
+                )
         pool = pool if pool is not None else WorkerPool(2, "thread")
-        built = {lane: self.build_lane(lane, pool, lookahead) for lane in lanes}
-        node = Multiplexer(built, self, local_batch_size=local_batch_size)
+        # Each rank node gets its own copy of a mixing work source (its decisions are per
+        # node); build_lane (which subclasses override) reads it as ``self.work_source``.
+        shared = self.work_source
+        fork = getattr(shared, "fork", None)
+        ws = fork() if fork is not None else shared
+        self.work_source = ws
+        try:
+            built = {lane: self.build_lane(lane, pool, lookahead) for lane in lanes}
+        finally:
+            self.work_source = shared
+        node = Multiplexer(built, self, local_batch_size=local_batch_size, work_source=ws)
         feed = self.cache_feed()
         if feed is not None:
             node.position_hooks.append(lambda _: feed.update(*_read_frontiers(built)))

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zephon_nodes.errors import RecipeError
+from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["RUNNERS", "WorkerPool"]
 
@@ -146,9 +147,8 @@ class WorkerPool:
     def __init__(self, num_workers: int = 2, runner: str = "thread", timeout_s: float = 300.0):
         if runner not in RUNNERS:
             raise RecipeError(f"{runner=} must be one of {RUNNERS}")
-        if num_workers < 0:
-            raise RecipeError(f"{num_workers=} must be >= 0")
-        if not timeout_s > 0:
+        check_setting("num_workers", num_workers)
+        if not timeout_s > 0 or not timeout_s < float("inf"):
             raise RecipeError(f"{timeout_s=} must be > 0")
         self.num_workers = num_workers
         self.runner = runner

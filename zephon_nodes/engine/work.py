@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -15,6 +16,13 @@ from zephon_nodes.io.shards import Shard
 __all__ = ["DatasetWorkSource", "WorkItem", "WorkSource"]
 
 _PERMUTATION_TAG = 0x5045524D  # "PERM"
+# Data epochs between two passes of an endless stream: pass p reads epochs from p * 2**32.
+ENDLESS_PASS_STRIDE = 1 << 32
+
+
+def pass_epoch_offset(epochs: int | None, p: int) -> int:
+    """First data epoch of pass ``p``: ``p * epochs``, or ``p * 2**32`` for an endless stream."""
+    return p * (epochs if epochs is not None else ENDLESS_PASS_STRIDE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +79,32 @@ class WorkSource(ABC):
     def work(self, lane: int, i: int) -> WorkItem | None:
         """Return work item ``i`` of ``lane``, or None when the lane's stream has ended."""
 
+    def for_pass(self, p: int) -> WorkSource | None:
+        """Return the work source of pass ``p`` (a new ``iter()`` over the rank node).
+
+        Pass 0 is this source. Pass ``p`` reads the recipe's data again from data epoch
+        ``p * epochs`` on (``p * 2**32`` if endless), so each pass has its own seeded order
+        and never repeats an earlier one. Cached. A work source that does not override
+        :meth:`make_pass` has a single pass: None (the stream ends) for ``p > 0``.
+        """
+        if p == 0:
+            return self
+        cache: dict[int, WorkSource | None] = self.__dict__.setdefault("_pass_cache", {})
+        if p not in cache:
+            cache.clear()  # one pass at a time is in use
+            cache[p] = self.make_pass(p)
+        return cache[p]
+
+    def make_pass(self, p: int) -> WorkSource | None:
+        """Build the work source of pass ``p > 0`` (None: this source has a single pass)."""
+        return None
+
 
 class DatasetWorkSource(WorkSource):
     """Work items of one dataset: a seeded permutation per epoch, dealt round-robin to lanes.
+
+    (``work.deal = "balanced"`` re-deals a finite stream by size: see
+    :class:`~zephon_nodes.engine.balance.BalancedWorkSource`.)
 
     Global item ``g`` is item ``perm_e[g mod N]`` of epoch ``e = g // N``; lane ``l`` takes
     global items ``l, l + L, l + 2L, ...``. None of this depends on the number of ranks.
@@ -99,7 +130,20 @@ class DatasetWorkSource(WorkSource):
         self.seed = seed
         self.epochs = epochs
         self.dataset_index = dataset_index
+        self.epoch_offset = 0
         self._perms: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def with_epoch_offset(self, offset: int) -> DatasetWorkSource:
+        """Return a copy whose data epoch ``e`` is this source's epoch ``e + offset``."""
+        other = copy.copy(self)
+        other.__dict__.pop("_pass_cache", None)
+        other.epoch_offset = self.epoch_offset + offset
+        other._perms = OrderedDict()
+        return other
+
+    def make_pass(self, p: int) -> DatasetWorkSource:
+        """Pass ``p``: the same stream over data epochs ``p * epochs ...``."""
+        return self.with_epoch_offset(pass_epoch_offset(self.epochs, p))
 
     @property
     def total_items(self) -> int | None:
@@ -109,14 +153,14 @@ class DatasetWorkSource(WorkSource):
         return self.epochs * self.dataset.num_work_items
 
     def permutation(self, epoch: int) -> np.ndarray:
-        """Return the seeded order of the dataset's work items in ``epoch``."""
+        """Return the seeded order of the dataset's work items in ``epoch`` (+ the offset)."""
         perm = self._perms.get(epoch)
         if perm is None:
             perm = permutation(
                 self.dataset.num_work_items,
                 self.seed,
                 self.dataset_index,
-                epoch,
+                epoch + self.epoch_offset,
                 _PERMUTATION_TAG,
             )
             self._perms[epoch] = perm
@@ -141,7 +185,7 @@ class DatasetWorkSource(WorkSource):
             dataset_name=self.dataset.name,
             text_field=self.dataset.text_field,
             item=item,
-            epoch=epoch,
+            epoch=epoch + self.epoch_offset,
             shard=self.dataset.shards[shard],
             start=start,
             stop=stop,

@@ -8,12 +8,19 @@ TorchTitan's batch format ``({"input": ..., "positions": ...}, labels)``, one mi
 Checkpoint state goes through TorchTitan's own ``CheckpointManager`` (DCP) as small int64 /
 uint8 tensors, never pickled objects (keys below live under ``dataloader.``):
 
-* one key per lane, unique to that lane: ``lane_00003 -> int64[window, consumed, step]``
-  (DCP keeps one value per key, so lanes must never share a key);
+* one key per lane, unique to that lane: ``lane_00003 -> int64[window, consumed, step,
+  check]`` (DCP keeps one value per key, so lanes must never share a key); ``check`` is 62
+  bits of a SHA-256 over the lane, its position and the replicated fingerprint, lane count,
+  step, micro, dp size and micro-batch size, so a flipped bit in any of them is refused;
 * replicated keys, identical on every rank: ``zephon_format``, ``num_lanes``, ``step``,
   ``micro``, ``dp_world_size``, ``local_batch_size`` (int64[1]), ``fingerprint``
   (uint8[32]) and one ``recipe_<field>`` per top-level recipe field (int64[kind, value]),
   so a refused resume names the field that changed.
+
+* the decision log of a dynamic mixture (:meth:`ZephonDataLoader.set_mixture`), with room
+  for ``max_decisions`` entries: ``mixture_count`` (int64[1]) and ``mixture_log``
+  (float64[max_decisions, 1 + D]: the step, then the weights in recipe order; replicated) and
+  one ``mixture_lane_00003 -> int64[max_decisions]`` per lane (its effect windows, -1 unused).
 
 On load, DCP first calls :meth:`ZephonDataLoader.state_dict` on the *new* loader to learn
 which keys to read: it lists exactly the lanes this rank owns in the new layout, so a
@@ -23,8 +30,11 @@ checkpoint written at dp 2 loads at dp 1, 4, 8, ... (any divisor of ``num_lanes`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,29 +43,45 @@ import torch
 from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_nodes.engine.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.checkpoint import FORMAT, fingerprint_pair, validate_state
+from zephon_nodes.engine.decisions import (
+    MIXTURE_KEY,
+    normalize_weights,
+    parse_mixture_state,
+    with_decision,
+)
+from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.io.nodecache import parse_size, set_cache_limit
 from zephon_nodes.operators.tokenize import load_tokenizer
+from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.verification.dump import StepDumper
 
 __all__ = [
     "DCP_FORMAT",
     "ZephonDataLoader",
+    "check_agreement",
     "check_launch",
     "check_tokenizer",
     "from_dcp_state",
+    "lane_check",
     "lane_key",
+    "loader_metrics",
+    "mixture_lane_key",
     "to_dcp_state",
 ]
 
 logger = logging.getLogger(__name__)
 
-DCP_FORMAT = 1
-"""Version of the DCP key layout (``zephon_format``); the JSON state inside is ``FORMAT``."""
+DCP_FORMAT = 2
+"""Version of the DCP key layout (``zephon_format``); the JSON state inside is ``FORMAT``.
+
+2: lane tensors carry a check value (``[window, consumed, step, check]``).
+"""
 
 FORMAT_KEY = "zephon_format"
 NUM_LANES_KEY = "num_lanes"
@@ -66,8 +92,27 @@ LBS_KEY = "local_batch_size"
 FINGERPRINT_KEY = "fingerprint"
 RECIPE_PREFIX = "recipe_"
 LANE_PREFIX = "lane_"
+MIXTURE_COUNT_KEY = "mixture_count"
+MIXTURE_LOG_KEY = "mixture_log"
+MIXTURE_LANE_PREFIX = "mixture_lane_"
 
 _KIND_INT, _KIND_HASH, _KIND_OTHER = 0, 1, 2
+
+
+# Loaders alive in this process, whose metrics TorchTitan's metrics processor logs.
+_LIVE_LOADERS: weakref.WeakSet[ZephonDataLoader] = weakref.WeakSet()
+_SERIAL = itertools.count()
+
+
+def loader_metrics(prefix: str = "zephon") -> dict[str, float]:
+    """Metrics of the live :class:`ZephonDataLoader` (training, not validation), flattened.
+
+    Keys are ``zephon/data_wait_s``, ``zephon/operators/tokenize/busy_s``, ...; empty when
+    no loader is alive. With several loaders (a validator's too) the first one built (the
+    trainer's) is reported.
+    """
+    loaders = sorted(_LIVE_LOADERS, key=lambda x: x.serial)
+    return flatten_metrics(loaders[0].metrics(), prefix) if loaders else {}
 
 
 def lane_key(lane: int) -> str:
@@ -98,6 +143,21 @@ def _encode_field(value: Any) -> tuple[int, int]:
     return _KIND_OTHER, int.from_bytes(hashlib.sha256(blob).digest()[:8], "little", signed=True)
 
 
+def lane_check(
+    fingerprint: str, lane: int, position: tuple[int, int], replicated: tuple[int, ...]
+) -> int:
+    """The check value stored with a lane: 62 bits of a SHA-256 (a non-negative int64).
+
+    Args:
+        fingerprint: The recipe fingerprint (hex).
+        lane: The lane.
+        position: The lane's ``(window, consumed)``.
+        replicated: ``(num_lanes, step, micro, dp_world_size, local_batch_size)``.
+    """
+    text = f"{fingerprint}:{lane}:{position[0]}:{position[1]}:" + ":".join(map(str, replicated))
+    return int.from_bytes(hashlib.sha256(text.encode("ascii")).digest()[:8], "little") >> 2
+
+
 def _decode_field(kind: int, value: int) -> Any:
     if kind == _KIND_INT:
         return value
@@ -106,7 +166,12 @@ def _decode_field(kind: int, value: int) -> Any:
 
 
 def to_dcp_state(
-    state: Mapping[str, Any], *, dp_world_size: int, local_batch_size: int
+    state: Mapping[str, Any],
+    *,
+    dp_world_size: int,
+    local_batch_size: int,
+    dataset_names: list[str] | None = None,
+    max_decisions: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Convert a :class:`~zephon_nodes.engine.multiplexer.Multiplexer` state to DCP tensors.
 
@@ -114,10 +179,22 @@ def to_dcp_state(
         state: The rank's JSON-safe multiplexer state.
         dp_world_size: The job's data-parallel size (stored for mid-step states).
         local_batch_size: The rank's micro-batch size (stored for mid-step states).
+        dataset_names: The recipe's datasets (order of the stored weights).
+        max_decisions: Room for decisions (0: no mixture keys).
 
     Returns:
         ``{key: tensor}``: one ``lane_NNNNN`` per lane in ``state`` plus the replicated keys.
+
+    Raises:
+        CheckpointError: If the decision log holds more than ``max_decisions`` entries, or
+            for a state of a later pass (``ZephonDataLoader`` never starts one; the DCP
+            layout has no place for it, and dropping it would resume in pass 0).
     """
+    if state.get("pass", 0):
+        raise CheckpointError(
+            f"the state is in pass {state['pass']} of the recipe's stream; the TorchTitan "
+            f"checkpoint layout stores pass 0 only"
+        )
     step = int(state["step"])
     out: dict[str, torch.Tensor] = {
         FORMAT_KEY: _scalar(DCP_FORMAT),
@@ -132,9 +209,73 @@ def to_dcp_state(
     }
     for name, value in sorted(dict(state.get("recipe") or {}).items()):
         out[RECIPE_PREFIX + name] = torch.tensor(_encode_field(value), dtype=torch.int64)
+    fp = str(state["fingerprint"])
+    replicated = (
+        int(state["num_lanes"]),
+        step,
+        int(state["micro"]),
+        dp_world_size,
+        local_batch_size,
+    )
     for key, (window, consumed) in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
-        out[lane_key(int(key))] = torch.tensor([window, consumed, step], dtype=torch.int64)
+        check = lane_check(fp, int(key), (window, consumed), replicated)
+        out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
+    if max_decisions > 0:
+        names = list(dataset_names or [])
+        mixture = state.get(MIXTURE_KEY) or {"log": [], "effects": {}}
+        log = mixture["log"]
+        if len(log) > max_decisions:
+            raise CheckpointError(
+                f"the mixture log holds {len(log)} decisions, more than "
+                f"dataloader.max_decisions={max_decisions}"
+            )
+        table = torch.full((max_decisions, 1 + len(names)), -1.0, dtype=torch.float64)
+        for k, entry in enumerate(log):
+            table[k, 0] = float(entry["step"])
+            weights = [float(entry["weights"][n]) for n in names]
+            table[k, 1:] = torch.tensor(weights, dtype=torch.float64)
+        out[MIXTURE_COUNT_KEY] = _scalar(len(log))
+        out[MIXTURE_LOG_KEY] = table
+        for key in state["lanes"]:
+            windows = torch.full((max_decisions,), -1, dtype=torch.int64)
+            eff = mixture["effects"].get(str(key), [])
+            windows[: len(eff)] = torch.tensor(eff, dtype=torch.int64)
+            out[mixture_lane_key(int(key))] = windows
     return out
+
+
+def mixture_lane_key(lane: int) -> str:
+    """Return the DCP key of lane ``lane``'s decision effect windows."""
+    return f"{MIXTURE_LANE_PREFIX}{lane:05d}"
+
+
+def _mixture_from_dcp(
+    sd: Mapping[str, Any], names: list[str], lanes: list[int], max_decisions: int
+) -> dict[str, Any] | None:
+    """Read the decision log back from DCP tensors (None when there is none)."""
+    if MIXTURE_COUNT_KEY not in sd:
+        return None
+    (count,) = _as_ints(sd, MIXTURE_COUNT_KEY, 1)
+    table = sd.get(MIXTURE_LOG_KEY)
+    shape = (max_decisions, 1 + len(names))
+    if not isinstance(table, torch.Tensor) or tuple(table.shape) != shape:
+        raise CheckpointError(
+            f"dataloader.{MIXTURE_LOG_KEY}: expected a float64 tensor of shape {shape}, got "
+            f"{table!r:.80}"
+        )
+    if not 0 <= count <= max_decisions:
+        raise CheckpointError(f"dataloader.{MIXTURE_COUNT_KEY}={count} is out of range")
+    if count == 0:
+        return None
+    rows = table.to(torch.float64).tolist()
+    log = [
+        {"step": int(row[0]), "weights": dict(zip(names, row[1:], strict=True))}
+        for row in rows[:count]
+    ]
+    effects = {}
+    for lane in lanes:
+        effects[str(lane)] = _as_ints(sd, mixture_lane_key(lane), max_decisions)[:count]
+    return {"log": log, "effects": effects}
 
 
 def _as_ints(sd: Mapping[str, Any], key: str, n: int) -> list[int]:
@@ -174,6 +315,7 @@ def from_dcp_state(
     *,
     dp_world_size: int,
     local_batch_size: int,
+    max_decisions: int = 0,
 ) -> dict[str, Any]:
     """Convert loaded DCP tensors back to a JSON-safe multiplexer state for ``lanes``.
 
@@ -183,6 +325,7 @@ def from_dcp_state(
         lanes: Lanes this rank owns now.
         dp_world_size: This job's data-parallel size.
         local_batch_size: This job's micro-batch size.
+        max_decisions: Room for decisions in the mixture keys (0: none stored).
 
     Raises:
         CheckpointError: If the checkpoint is not a zephon-nodes one, was written with
@@ -203,10 +346,17 @@ def from_dcp_state(
     fingerprint = bytes(fp.tolist()).hex()
     if fingerprint != pipeline.fingerprint:
         diffs = _recipe_diff(sd, pipeline.summary)
-        detail = "; ".join(diffs) if diffs else "no per-field difference was recorded"
+        detail = (
+            "; ".join(diffs)
+            if diffs
+            else (
+                "every recipe field recorded in the checkpoint matches, so the fingerprint itself "
+                "was altered (a damaged or edited checkpoint)"
+            )
+        )
         raise CheckpointError(
             f"the checkpoint was written with a different recipe (fingerprint "
-            f"{fingerprint[:12]}..., this recipe {pipeline.fingerprint[:12]}...): {detail}"
+            f"{fingerprint_pair(fingerprint, pipeline.fingerprint)}): {detail}"
         )
     (num_lanes,) = _as_ints(sd, NUM_LANES_KEY, 1)
     (step,) = _as_ints(sd, STEP_KEY, 1)
@@ -218,10 +368,17 @@ def from_dcp_state(
         key = lane_key(lane)
         if key not in sd:
             raise CheckpointError(f"the checkpoint has no state for lane {lane} ({key})")
-        window, consumed, lane_step = _as_ints(sd, key, 3)
+        window, consumed, lane_step, check = _as_ints(sd, key, 4)
         if lane_step != step:
             raise CheckpointError(
                 f"lane {lane} was saved at step {lane_step}, the checkpoint is at step {step}"
+            )
+        replicated = (num_lanes, step, micro, saved_dp, saved_lbs)
+        if check != lane_check(fingerprint, lane, (window, consumed), replicated):
+            raise CheckpointError(
+                f"dataloader.{key}: check value mismatch: the lane's position [{window}, "
+                f"{consumed}] or the replicated num_lanes/step/micro/dp_world_size/"
+                f"local_batch_size {list(replicated)} were damaged or edited after saving"
             )
         positions[str(lane)] = [window, consumed]
     state: dict[str, Any] = {
@@ -237,6 +394,11 @@ def from_dcp_state(
         "micro": micro,
         "lanes": positions,
     }
+    if max_decisions > 0:
+        names = [d.name for d in pipeline.recipe.datasets]
+        mixture = _mixture_from_dcp(sd, names, lanes, max_decisions)
+        if mixture is not None:
+            state[MIXTURE_KEY] = mixture
     if micro:
         if (saved_dp, saved_lbs) != (dp_world_size, local_batch_size):
             raise CheckpointError(
@@ -250,6 +412,38 @@ def from_dcp_state(
     return state
 
 
+def check_agreement(step: int, index: int, weights: Mapping[str, float], group: Any = None) -> None:
+    """Check that every rank of ``group`` makes decision ``index`` after ``step`` alike.
+
+    One ``all_gather`` of ``2 + D`` float64 values; nothing happens when
+    ``torch.distributed`` is not initialized.
+
+    Raises:
+        RecipeError: Naming a rank that disagrees and both weight sets (and steps).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    names = list(weights)
+    mine = torch.tensor([float(step), float(index), *weights.values()], dtype=torch.float64)
+    if dist.get_backend(group) == "nccl":
+        mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    me = dist.get_rank(group)
+    for rank, theirs in enumerate(gathered):
+        if not torch.equal(theirs.cpu(), mine.cpu()):
+            t = theirs.cpu().tolist()
+            raise RecipeError(
+                f"ranks disagree on mixture decision {index}: rank {me} decided "
+                f"{dict(weights)} after step {step}, rank {rank} decided "
+                f"{dict(zip(names, t[2:], strict=True))} after step {int(t[0])} (decision "
+                f"{int(t[1])}); every rank must call set_mixture with the same weights "
+                f"after the same step"
+            )
+
+
 def check_launch(
     recipe: Recipe, *, dp_world_size: int, dp_rank: int, seq_len: int, local_batch_size: int
 ) -> None:
@@ -259,6 +453,9 @@ def check_launch(
         RecipeError: Naming the TorchTitan option or recipe field to change.
     """
     L, G = recipe.num_lanes, recipe.global_batch_size
+    check_setting("dp_world_size", dp_world_size)
+    check_setting("training.local_batch_size", local_batch_size, bound=SETTINGS["local_batch_size"])
+    check_setting("training.seq_len", seq_len, bound=SETTINGS["seq_len"])
     if dp_world_size < 1 or not 0 <= dp_rank < dp_world_size:
         raise RecipeError(f"{dp_rank=} must be in [0, {dp_world_size=})")
     if L % dp_world_size:
@@ -277,13 +474,13 @@ def check_launch(
         raise RecipeError(
             f"each rank takes global_batch_size / dp_world_size = {G} / {dp_world_size} = "
             f"{share} samples per step, which must be a multiple of training.local_batch_size="
-            f"{local_batch_size}: set --training.local_batch_size to one of {ok} and "
-            f"--training.global_batch_size {G}"
+            f"{local_batch_size}: set --training.local-batch-size to one of {ok} and "
+            f"--training.global-batch-size {G}"
         )
     if seq_len != recipe.seq_len:
         raise RecipeError(
             f"training.seq_len={seq_len} but the recipe's seq_len={recipe.seq_len}: set "
-            f"--training.seq_len {recipe.seq_len} (seq_len is part of the recipe)"
+            f"--training.seq-len {recipe.seq_len} (seq_len is part of the recipe)"
         )
 
 
@@ -291,7 +488,7 @@ def check_tokenizer(recipe: Recipe, tokenizer: Any) -> None:
     """Refuse a TorchTitan tokenizer that does not describe the recipe's vocabulary.
 
     The recipe's tokenizer produces every token id the loader yields; TorchTitan's
-    tokenizer (built from ``--hf_assets_path``) is not used by the loader. They must be
+    tokenizer (built from ``--hf-assets-path``) is not used by the loader. They must be
     the same vocabulary: equal vocabulary size, and equal bos/eos ids where TorchTitan's
     tokenizer defines them.
 
@@ -308,7 +505,7 @@ def check_tokenizer(recipe: Recipe, tokenizer: Any) -> None:
         theirs_vocab = int(tokenizer.get_vocab_size())
     if theirs_vocab is not None and theirs_vocab != ours.vocab_size:
         raise RecipeError(
-            f"TorchTitan's tokenizer (--hf_assets_path) has vocab_size={theirs_vocab}, the "
+            f"TorchTitan's tokenizer (--hf-assets-path) has vocab_size={theirs_vocab}, the "
             f"{where} has {ours.vocab_size}: both must be the same vocabulary (the recipe's "
             f"tokenizer produces the ids; TorchTitan's describes them to the model)"
         )
@@ -376,9 +573,15 @@ class ZephonDataLoader(BaseDataLoader):
         """Node cache size shared by the node's ranks, e.g. "50G" (sets ZEPHON_CACHE_LIMIT;
         empty: that variable, or no cache). Physical: never changes a batch."""
 
+        max_decisions: int = 256
+        """Room for set_mixture decisions in the checkpoint (fixed-shape DCP tensors)."""
+
+        dump_batches: str = ""
+        """Folder for this rank's rows of every step (step-S.rank-R.npz; zephon digest-dump)."""
+
         def __post_init__(self) -> None:
-            if self.num_workers < 0:
-                raise RecipeError(f"dataloader.num_workers={self.num_workers} must be >= 0")
+            for name in ("num_workers", "lookahead", "prefetch", "worker_timeout_s"):
+                check_setting(f"dataloader.{name}", getattr(self, name), bound=SETTINGS[name])
             if self.runner not in RUNNERS:
                 raise RecipeError(f"dataloader.runner={self.runner!r} must be one of {RUNNERS}")
             if self.lookahead < 1:
@@ -390,6 +593,8 @@ class ZephonDataLoader(BaseDataLoader):
                     parse_size(self.cache_limit)
                 except ValueError as e:
                     raise RecipeError(f"dataloader.cache_limit: {e}") from None
+            if self.max_decisions < 0:
+                raise RecipeError(f"dataloader.max_decisions={self.max_decisions} must be >= 0")
             if not self.worker_timeout_s > 0:
                 raise RecipeError(
                     f"dataloader.worker_timeout_s={self.worker_timeout_s} must be > 0"
@@ -460,9 +665,21 @@ class ZephonDataLoader(BaseDataLoader):
             if config.prefetch > 0
             else self.multiplexer
         )
+        self._dumper = (
+            StepDumper(config.dump_batches, dp_rank, self.multiplexer.micro_per_step)
+            if config.dump_batches
+            else None
+        )
         self._state: dict[str, Any] = self._fresh_state()
         self._restore: dict[str, Any] | None = None
         self._started = False
+        self._dataset_ids: list[torch.Tensor] = []
+        # What the trainer got and how long it waited, per step (after the prefetcher).
+        self._steps = StepMetrics()
+        self._step_batches: list[dict[str, torch.Tensor]] = []
+        self._step_wait = 0.0
+        self.serial = next(_SERIAL)
+        _LIVE_LOADERS.add(self)
 
     def cache_stats(self) -> dict[str, int] | None:
         """Return the node cache's counters in this process, or None without a cache limit.
@@ -504,15 +721,105 @@ class ZephonDataLoader(BaseDataLoader):
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         """Yield micro-batches, continuing where the last iteration (or checkpoint) stopped."""
-        if not self._started or self._restore is not None:
-            self._start()
         while True:
+            if not self._started or self._restore is not None:
+                self._start()  # at the start, after a load, or after set_mixture
+            t0 = time.perf_counter()
             try:
                 batch = next(self._node)
             except StopIteration:
                 return
             self._state = self._current_state()
+            if "dataset_ids" in batch:
+                self._dataset_ids.append(batch["dataset_ids"])
+                del self._dataset_ids[:-1024]
+            self._count(batch, time.perf_counter() - t0)
+            if self._dumper is not None:
+                step, micro = self._state["step"], self._state["micro"]
+                index = (micro - 1) % self.multiplexer.micro_per_step
+                self._dumper.add(step if micro == 0 else step + 1, index, batch)
             yield {"input": batch["input"], "positions": batch["positions"]}, batch["labels"]
+
+    def _count(self, batch: dict[str, torch.Tensor], wait_s: float) -> None:
+        self._step_batches.append(batch)
+        self._step_wait += wait_s
+        if self._state["micro"] == 0:  # the step's last micro-batch
+            self._steps.step(self._step_batches, self._step_wait)
+            self._step_batches, self._step_wait = [], 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """Return the rank's run metrics (a plain dict; see ``docs/torchtitan.md``).
+
+        As :meth:`~zephon_nodes.Multiplexer.metrics` (operators, queues, skipped records,
+        replay time), but the per-step numbers are those of the steps the trainer took:
+        ``step`` is the last step fully handed out, ``data_wait_s`` the time the trainer
+        waited for its micro-batches (after the prefetcher), ``samples``, ``tokens`` and
+        ``padding_fraction`` its rows.
+        """
+        out = self.multiplexer.metrics()
+        st = self._steps
+        out.update(
+            step=int(self._state["step"]),
+            data_wait_s=st.wait_s,
+            samples=st.samples,
+            tokens=st.tokens,
+            padding_fraction=st.padding_fraction,
+            data_wait_s_total=st.total_wait_s,
+            samples_total=st.total_samples,
+            tokens_total=st.total_tokens,
+        )
+        return out
+
+    def pop_dataset_ids(self) -> list[torch.Tensor]:
+        """Return the ``dataset_ids`` of the micro-batches yielded since the last call.
+
+        Each is int64 ``[local_batch_size, seq_len]``: the recipe dataset index of every
+        label token, -1 on padding. TorchTitan passes every ``input_dict`` key to the
+        model, so the loader keeps this field aside for controllers (per-domain loss).
+        """
+        out, self._dataset_ids = self._dataset_ids, []
+        return out
+
+    @property
+    def mixture_log(self) -> list[tuple[int, dict[str, float]]]:
+        """The decisions made so far: ``[(step, {dataset: weight}), ...]`` (normalized)."""
+        state = self._restore if self._restore is not None else self._state
+        log = (state.get(MIXTURE_KEY) or {}).get("log", [])
+        return [(int(e["step"]), dict(e["weights"])) for e in log]
+
+    def set_mixture(self, weights: Mapping[str, float], *, group: Any = None) -> None:
+        """Change the mixture after the step just consumed (call between steps).
+
+        The decision ``(step, weights)`` joins the log kept in the checkpoint and takes
+        effect in each lane from the first flush window after the lane's position at this
+        step (see :mod:`zephon_nodes.engine.decisions`); micro-batches prefetched under the
+        old weights are thrown away and recomputed. With ``torch.distributed`` initialized,
+        one all-gather on ``group`` (default: the whole job; pass the data-parallel group)
+        checks that every rank makes the same decision at the same step.
+
+        Args:
+            weights: ``{dataset: weight}`` for every recipe dataset (0 pauses one);
+                renormalized.
+            group: Process group to check agreement on.
+
+        Raises:
+            RecipeError: On an unknown or missing dataset, a bad weight, a call in the
+                middle of a step, a full log (``dataloader.max_decisions``), or when ranks
+                disagree (naming both weight sets).
+        """
+        names = [d.name for d in self.pipeline.recipe.datasets]
+        normalized = normalize_weights(names, weights, where="ZephonDataLoader.set_mixture")
+        state = self._restore if self._restore is not None else self._state
+        log = (state.get(MIXTURE_KEY) or {}).get("log", [])
+        if len(log) >= self.config.max_decisions:
+            raise RecipeError(
+                f"set_mixture: the decision log is full ({len(log)} decisions, "
+                f"dataloader.max_decisions={self.config.max_decisions}); raise it"
+            )
+        check_agreement(int(state["step"]), len(log), normalized, group)
+        new = with_decision(state, normalized)
+        self._restore = new
+        self._state = new
 
     def state_dict(self) -> dict[str, Any]:
         """Return the checkpoint: one ``lane_NNNNN`` tensor per owned lane + replicated keys.
@@ -532,7 +839,11 @@ class ZephonDataLoader(BaseDataLoader):
                 self.pipeline.recipe.global_batch_size,
             )
         return to_dcp_state(
-            state, dp_world_size=self.dp_world_size, local_batch_size=self.local_batch_size
+            state,
+            dp_world_size=self.dp_world_size,
+            local_batch_size=self.local_batch_size,
+            dataset_names=[d.name for d in self.pipeline.recipe.datasets],
+            max_decisions=self.config.max_decisions,
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -552,6 +863,7 @@ class ZephonDataLoader(BaseDataLoader):
             self.lanes,
             dp_world_size=self.dp_world_size,
             local_batch_size=self.local_batch_size,
+            max_decisions=self.config.max_decisions,
         )
         p = self.pipeline
         validate_state(
@@ -560,6 +872,13 @@ class ZephonDataLoader(BaseDataLoader):
             summary=p.summary,
             num_lanes=p.num_lanes,
             lanes=self.lanes,
+            samples_per_lane=p.recipe.samples_per_lane,
+        )
+        parse_mixture_state(
+            state.get(MIXTURE_KEY),
+            [d.name for d in p.recipe.datasets],
+            self.lanes,
+            int(state["step"]),
         )
         self._restore = state
         self._state = state

@@ -5,11 +5,11 @@ Use it as TorchTitan's ``--module``; every config function returns a ``Trainer.C
     torchrun --nproc_per_node 2 -m torchtitan.train \
         --module zephon_nodes.integrations.torchtitan_configs \
         --config zephon_llama3_debugmodel \
-        --dataloader.recipe data/recipe.toml --hf_assets_path data/hf_assets \
-        --training.seq_len 256 --training.local_batch_size 4 \
-        --training.global_batch_size 16
+        --dataloader.recipe data/recipe.toml --hf-assets-path data/hf_assets \
+        --training.seq-len 256 --training.local-batch-size 4 \
+        --training.global-batch-size 16
 
-``--training.seq_len`` must equal the recipe's ``seq_len`` and ``--training.global_batch_size``
+``--training.seq-len`` must equal the recipe's ``seq_len`` and ``--training.global-batch-size``
 its ``global_batch_size`` (the loader checks seq_len at launch; see ``docs/torchtitan.md``).
 Importing this module imports ``torchtitan.trainer``, which needs ``triton`` (the
 ``trainer`` extra).
@@ -21,6 +21,7 @@ from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.trainer import Trainer
 
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader
+from zephon_nodes.integrations.torchtitan_metrics import with_zephon_metrics
 
 __all__ = ["zephon_llama3_debugmodel"]
 
@@ -28,9 +29,11 @@ __all__ = ["zephon_llama3_debugmodel"]
 def zephon_llama3_debugmodel() -> Trainer.Config:
     """Llama3 ``debugmodel`` (6 layers, dim 256, vocab 2048) with :class:`ZephonDataLoader`.
 
-    Everything but the dataloader is TorchTitan's ``llama3_debugmodel``; pass the recipe
-    with ``--dataloader.recipe`` and the matching tokenizer folder with ``--hf_assets_path``.
+    Everything but the dataloader and the metrics processor (which also logs the loader's
+    metrics) is TorchTitan's ``llama3_debugmodel``; pass the recipe
+    with ``--dataloader.recipe`` and the matching tokenizer folder with ``--hf-assets-path``.
     """
     config = llama3_debugmodel()
     config.dataloader = ZephonDataLoader.Config()
+    config.metrics = with_zephon_metrics(config.metrics)  # logs the loader's metrics too
     return config

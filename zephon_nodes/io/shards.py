@@ -24,6 +24,7 @@ import zstandard
 
 from zephon_nodes.errors import DataError
 from zephon_nodes.io import storage
+from zephon_nodes.io.arrow import ArrowShard
 from zephon_nodes.io.cache import atomic_write, cache_dir
 from zephon_nodes.io.checksum import file_checksum
 from zephon_nodes.io.parquet import ParquetShard
@@ -201,7 +202,7 @@ class MemoryShard:
         return f"{self.path} record {record}"
 
 
-Shard = FileShard | MemoryShard | ParquetShard | TarShard
+Shard = FileShard | MemoryShard | ParquetShard | TarShard | ArrowShard
 
 _INDEX_CACHE: dict[str, np.ndarray] = {}
 

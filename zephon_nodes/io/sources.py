@@ -1,4 +1,4 @@
-"""Open a dataset's files (jsonl, jsonl.zst, Parquet) under its ``on_error`` policy."""
+"""Open a dataset's files (jsonl, jsonl.zst, Parquet, Arrow, tar) under its ``on_error`` policy."""
 
 from __future__ import annotations
 
@@ -52,6 +52,10 @@ def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) ->
         from zephon_nodes.io.parquet import open_parquet_shard
 
         return open_parquet_shard(path, spec.text_field, image_column)
+    if path.endswith(".arrow"):
+        from zephon_nodes.io.arrow import open_arrow_shard
+
+        return open_arrow_shard(path, (spec.text_field, image_column))
     if path.endswith(".tar"):
         from zephon_nodes.io.tar import open_tar_shard
 

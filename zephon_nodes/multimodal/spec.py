@@ -63,10 +63,12 @@ class ImageSpec:
             raise RecipeError(f"image.mode={self.mode!r} must be one of {IMAGE_MODES}")
         if self.dtype not in IMAGE_DTYPES:
             raise RecipeError(f"image.dtype={self.dtype!r} must be one of {IMAGE_DTYPES}")
+        from zephon_nodes.recipe.bounds import check_setting
+
         for name in ("patch_size", "max_patches", "merge", "max_images", "max_pixels"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise RecipeError(f"image.{name}={value!r} must be a positive integer")
+            check_setting(f"image.{name}", getattr(self, name))
+        if self.placeholder_id is not None:
+            check_setting("image.placeholder_id", self.placeholder_id)
         if len(self.size) != 2 or not all(isinstance(v, int) and v > 0 for v in self.size):
             raise RecipeError(f"image.size={self.size!r} must be [height, width] in pixels")
         unit = self.patch_size * self.merge
@@ -145,7 +147,10 @@ class ImageSpec:
         }
         unknown = sorted(set(table) - set(known))
         if unknown:
-            raise RecipeError(f"{where}: unknown key(s) {unknown}")
+            from zephon_nodes.recipe.bounds import did_you_mean
+
+            hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+            raise RecipeError(f"{where}: unknown key(s) {unknown}{hint}")
         kwargs: dict[str, Any] = {}
         for key, typ in known.items():
             if key not in table:

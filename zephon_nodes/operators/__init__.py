@@ -8,6 +8,7 @@ from zephon_nodes.operators.pack import IGNORE_INDEX, ConcatPacker
 from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.parse import ParseJsonl
 from zephon_nodes.operators.shuffle import ShuffleBuffer
+from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import (
     ByteTokenizer,
     SentencePieceTokenizer,
@@ -31,6 +32,7 @@ __all__ = [
     "TextBatch",
     "Tokenize",
     "Tokenizer",
+    "TorchdataStage",
     "collate",
     "load_tokenizer",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -9,6 +10,7 @@ from typing import Any, Protocol
 from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.engine.metrics import OperatorClock
 from zephon_nodes.errors import CheckpointError
 
 __all__ = ["Accumulator", "AccumulatorNode"]
@@ -66,6 +68,7 @@ class AccumulatorNode(BaseNode[Any]):
         self._window_start: dict[str, Any] = {}
         self._acc: Accumulator = make(0)
         self._source_done = False
+        self.clock = OperatorClock()  # busy time of the accumulator (feed and flush)
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Restart from the beginning, or replay to the position in ``initial_state``."""
@@ -104,13 +107,13 @@ class AccumulatorNode(BaseNode[Any]):
                 item = next(self.source)
             except StopIteration:
                 self._source_done = True
-                self._out.extend(self._acc.flush())
+                self._out.extend(self._timed(self._acc.flush))
                 continue
             if is_flush(item):
-                self._out.extend(self._acc.flush())
+                self._out.extend(self._timed(self._acc.flush))
                 self._out.append(_Boundary(item, self.source.get_state()))
             else:
-                self._out.extend(self._acc.feed(item))
+                self._out.extend(self._timed(self._acc.feed, item))
         out = self._out.popleft()
         if type(out) is _Boundary:
             self._window = out.marker.window + 1
@@ -119,6 +122,12 @@ class AccumulatorNode(BaseNode[Any]):
             self._acc = self.make(self._window)
             return out.marker
         self._emitted += 1
+        return out
+
+    def _timed(self, fn: Callable[..., Iterable[Any]], *args: Any) -> Iterable[Any]:
+        t0 = time.perf_counter()
+        out = list(fn(*args))
+        self.clock.add(((type(self._acc).__name__, time.perf_counter() - t0),))
         return out
 
     def get_state(self) -> dict[str, Any]:

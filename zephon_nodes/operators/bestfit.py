@@ -41,27 +41,27 @@ class LongDocuments:
             return batch
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        pieces: list[np.ndarray] = []
+        index: list[np.ndarray] = []
         new_lengths: list[int] = []
         dropped = 0
         for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
-            doc = batch.tokens[start : start + n]
             if n - 1 <= s:
-                pieces.append(doc)
+                index.append(np.arange(start, start + n))
                 new_lengths.append(n)
             elif self.mode == "drop":
                 dropped += 1
             else:
                 for a in range(0, n - 1, s):
-                    piece = doc[a : a + s + 1]
-                    pieces.append(piece)
+                    piece = np.arange(start + a, start + min(a + s + 1, n))
+                    index.append(piece)
                     new_lengths.append(len(piece))
-        tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=batch.tokens.dtype)
+        take = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
         return DocBatch(
-            tokens,
+            batch.tokens[take],
             np.asarray(new_lengths, dtype=np.int64),
             batch.dataset,
             add_skipped(batch.skipped, "too_long", dropped),
+            batch.mask[take] if batch.mask is not None else None,
         )
 
 
@@ -71,7 +71,7 @@ class _Bin:
     def __init__(self, order: int) -> None:
         self.order = order
         self.used = 0
-        self.docs: list[tuple[np.ndarray, int]] = []
+        self.docs: list[tuple[np.ndarray, int, np.ndarray | None]] = []
 
 
 class BestFitPacker:
@@ -84,7 +84,8 @@ class BestFitPacker:
     At a flush every open sample is emitted, oldest first, padded. Everything is
     single-threaded and ordered, so the samples depend only on the lane's documents.
 
-    Samples hold ``input``, ``labels`` (shifted inside each document, -100 on padding),
+    Samples hold ``input``, ``labels`` (shifted inside each document, -100 on padding and
+    on the tokens a batch's ``mask`` leaves out),
     ``positions`` (0.. per document, 0 on padding) and ``document_ids`` (0, 1, ... per
     document within the sample, -1 on padding: ``document_ids[i] == document_ids[j]`` is
     the block-diagonal attention mask). With ``provenance`` they also hold ``dataset_ids``
@@ -130,7 +131,8 @@ class BestFitPacker:
                 target = _Bin(self._made)
                 self._made += 1
                 self._open.append(target)
-            target.docs.append((tokens[start : start + n], batch.dataset))
+            mask = batch.mask[start : start + n] if batch.mask is not None else None
+            target.docs.append((tokens[start : start + n], batch.dataset, mask))
             target.used += pairs
             if target.used == self.seq_len:
                 self._open.remove(target)
@@ -154,10 +156,18 @@ class BestFitPacker:
 
     def _sample(self, b: _Bin) -> Sample:
         s, pad = self.seq_len, self.seq_len - b.used
-        pairs = np.fromiter((len(t) - 1 for t, _ in b.docs), dtype=np.int64, count=len(b.docs))
+        pairs = np.fromiter((len(t) - 1 for t, _, _ in b.docs), dtype=np.int64, count=len(b.docs))
         starts = np.cumsum(pairs) - pairs
-        inp = np.concatenate([*(t[:-1] for t, _ in b.docs), np.full(pad, self.pad_id)])
-        lab = np.concatenate([*(t[1:] for t, _ in b.docs), np.full(pad, IGNORE_INDEX)])
+        inp = np.concatenate([*(t[:-1] for t, _, _ in b.docs), np.full(pad, self.pad_id)])
+        lab = np.concatenate(
+            [
+                *(
+                    t[1:] if m is None else np.where(m[1:], t[1:], IGNORE_INDEX)
+                    for t, _, m in b.docs
+                ),
+                np.full(pad, IGNORE_INDEX),
+            ]
+        )
         pos = np.zeros(s, dtype=np.int64)
         pos[: b.used] = np.arange(b.used) - np.repeat(starts, pairs)
         doc = np.full(s, -1, dtype=np.int64)
@@ -170,6 +180,6 @@ class BestFitPacker:
         }
         if self.provenance:
             ds = np.full(s, -1, dtype=np.int64)
-            ds[: b.used] = np.repeat(np.asarray([d for _, d in b.docs], dtype=np.int64), pairs)
+            ds[: b.used] = np.repeat(np.asarray([d for _, d, _ in b.docs], dtype=np.int64), pairs)
             sample[DATASET_IDS] = ds
         return sample

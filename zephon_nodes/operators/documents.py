@@ -49,12 +49,15 @@ class DocBatch:
         lengths: Length of each document (int64); they sum to ``len(tokens)``.
         dataset: Index of the dataset in the recipe (-1: unknown).
         skipped: Records or documents dropped so far, by reason.
+        mask: Per token, whether it is trained as a label (bool; chat recipes); ``None``:
+            every token is.
     """
 
     tokens: np.ndarray
     lengths: np.ndarray
     dataset: int = -1
     skipped: Skipped = ()
+    mask: np.ndarray | None = None
 
     def documents(self) -> list[np.ndarray]:
         """Split back into one array per document."""

@@ -39,19 +39,29 @@ class ConcatPacker:
     document split across samples). At a flush the partial sample is padded: inputs with
     ``pad_id``, labels with -100, positions with 0.
 
+    A batch with a ``mask`` (chat recipes) gets label -100 on the tokens the mask leaves
+    out. With ``document_ids`` samples also hold ``document_ids``: 0, 1, ... for the
+    documents (or pieces of documents) of the sample, -1 on padding, so that
+    ``document_ids[i] == document_ids[j]`` is the block-diagonal attention mask.
+
     Args:
         seq_len: Tokens per sample.
         pad_id: Input id for padding at a flush.
         provenance: Also emit ``dataset_ids`` (each token's dataset index, -1 on padding),
             for statistics; off in training, so digests are unaffected.
+        document_ids: Also emit ``document_ids``.
     """
 
-    def __init__(self, seq_len: int, pad_id: int, provenance: bool = False) -> None:
+    def __init__(
+        self, seq_len: int, pad_id: int, provenance: bool = False, document_ids: bool = False
+    ) -> None:
         self.seq_len = seq_len
         self.pad_id = pad_id
         self.provenance = provenance
+        self.document_ids = document_ids
         self._parts: list[tuple[np.ndarray, ...]] = []
         self._held = 0
+        self._docs = 0
 
     def feed(self, batch: DocBatch) -> list[Sample]:
         """Add a batch of documents; return the samples that are full."""
@@ -68,6 +78,8 @@ class ConcatPacker:
         drop_first[starts[keep]] = False
         inputs = tokens[drop_last]
         labels = tokens[drop_first]
+        if batch.mask is not None:
+            labels = np.where(batch.mask[drop_first], labels, IGNORE_INDEX).astype(labels.dtype)
         pairs = np.maximum(lengths - 1, 0)
         offsets = np.cumsum(pairs) - pairs
         positions = np.arange(len(inputs), dtype=np.int64) - np.repeat(offsets, pairs)
@@ -75,6 +87,10 @@ class ConcatPacker:
             part: tuple[np.ndarray, ...] = (inputs, labels, positions)
             if self.provenance:
                 part += (np.full(len(inputs), batch.dataset, dtype=np.int64),)
+            if self.document_ids:
+                kept = pairs[pairs > 0]
+                part += (np.repeat(np.arange(len(kept), dtype=np.int64) + self._docs, kept),)
+                self._docs += len(kept)
             self._parts.append(part)
             self._held += len(inputs)
         return self._emit(final=False)
@@ -106,8 +122,9 @@ class ConcatPacker:
                 rest.append(tuple(col[take:] for col in part))
         self._parts = rest
         self._held -= used
+        fills = [self.pad_id, IGNORE_INDEX, 0] + [-1] * (len(blocks) - 3)
         if rows * s > used:
-            for block, fill in zip(blocks, (self.pad_id, IGNORE_INDEX, 0, -1), strict=False):
+            for block, fill in zip(blocks, fills, strict=True):
                 block[used:] = fill
         inp, lab, pos = (b.reshape(rows, s) for b in blocks[:3])
         _normalize_positions(pos)
@@ -120,4 +137,10 @@ class ConcatPacker:
         if self.provenance:
             for i, row in enumerate(blocks[3].reshape(rows, s)):
                 out[i]["dataset_ids"] = row.copy()
+        if self.document_ids:
+            for i, row in enumerate(blocks[-1].reshape(rows, s)):
+                ids = row.copy()
+                real = ids >= 0
+                ids[real] -= ids[0]  # documents of a sample count from 0
+                out[i]["document_ids"] = ids
         return out

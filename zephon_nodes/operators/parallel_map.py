@@ -11,6 +11,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.flush import is_flush
+from zephon_nodes.engine.metrics import OperatorClock, TimedCall
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import WorkerError, ZephonError
 
@@ -62,6 +63,8 @@ class OrderedParallelMap(BaseNode[Any]):
         self._source_done = False
         self._error: BaseException | None = None
         self._next_state: dict[str, Any] | None = None
+        self._timed = TimedCall(fn)
+        self.clock = OperatorClock()  # busy time per operator, queue depth, skipped records
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Restart from the beginning, or from the source state in ``initial_state``."""
@@ -88,7 +91,7 @@ class OrderedParallelMap(BaseNode[Any]):
                 self._queue.append((state, item, None))
             else:
                 try:
-                    fut = self.pool.submit(self.fn, item)
+                    fut = self.pool.submit(self._timed, item)
                 except Exception as e:  # a broken or closed pool: raised in order, wrapped
                     fut = cf.Future()
                     fut.set_exception(e)
@@ -105,11 +108,15 @@ class OrderedParallelMap(BaseNode[Any]):
         self._fill()
         if not self._queue:
             raise StopIteration
+        self.clock.add_queue(len(self._queue), sum(1 for *_, f in self._queue if f and f.done()))
         _, item, fut = self._queue.popleft()
         if fut is None:
             return item
         try:
-            return fut.result(timeout=self.pool.timeout_s)
+            out, times = fut.result(timeout=self.pool.timeout_s)
+            self.clock.add(times)
+            self.clock.add_skipped(getattr(out, "skipped", ()))
+            return out
         except BaseException as e:
             self._error = self._wrap(e, item)
             for _, _, other in self._queue:

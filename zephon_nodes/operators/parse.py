@@ -16,12 +16,20 @@ __all__ = ["ParseJsonl", "classify_file_error"]
 def classify_file_error(message: str, path: str = "") -> str:
     """Return the skip reason of a file-level :class:`DataError` message about ``path``."""
     text = message.replace(path, "").lower() if path else message.lower()
+    if "changed since it was indexed" in text:
+        return "changed_file"
+    if "unreadable parquet" in text:  # before "not found": pyarrow says "magic bytes not found"
+        return "unreadable_parquet"
+    if "not found" in text or "no such file" in text:
+        return "missing_file"
     if "truncated" in text:
         return "truncated_file"
     if "zstd" in text:
         return "corrupt_zstd"
     if "parquet" in text:
         return "unreadable_parquet"
+    if "arrow file" in text:
+        return "unreadable_arrow"
     if "empty" in text:
         return "empty_file"
     return "unreadable_file"
@@ -82,7 +90,12 @@ class ParseJsonl:
         skipping = item.dataset in self.skip
         skipped: Skipped = ()
         try:
-            rows = item.shard.read(item.start, item.stop)
+            try:
+                rows = item.shard.read(item.start, item.stop)
+            except OSError as e:
+                # A file deleted or made unreadable after it was indexed: the same policy as
+                # one truncated after it was indexed (raise, or skip and count).
+                raise DataError(f"{item.shard.path}: cannot read: {e}") from None
         except DataError as e:
             if not skipping:
                 raise DataError(f"dataset {item.dataset_name!r}: {e}") from None

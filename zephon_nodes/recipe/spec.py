@@ -10,8 +10,10 @@ of the tokenizer file and the list of data files with their sizes.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
+import math
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -19,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.chat.spec import ChatSpec
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.multimodal.spec import ImageSpec
+from zephon_nodes.recipe.bounds import SETTINGS, check_setting, did_you_mean
 
 __all__ = [
     "DatasetSpec",
@@ -40,8 +44,11 @@ PACK_MODES = ("concat", "bestfit")
 LONG_DOCUMENTS = ("split", "drop")
 ON_ERROR = ("raise", "skip")
 ON_EXHAUSTED = ("end", "repeat")
+END_OF_DATA = ("drop_report", "error")
+DEALS = ("balanced", "round_robin")
 SCHEDULE_UNITS = ("steps", "tokens")
 OPERATOR_KINDS = ("filter", "map")
+_WEIGHT = SETTINGS["datasets.weight"]
 
 
 def _file_sha256(path: Path) -> str:
@@ -115,7 +122,8 @@ class DatasetSpec:
 
     Args:
         name: Name used in errors, stats and the fingerprint.
-        paths: Glob patterns of ``.jsonl`` / ``.jsonl.zst`` shards, relative to ``base_dir``.
+        paths: Glob patterns of ``.jsonl`` / ``.jsonl.zst`` / ``.parquet`` / ``.arrow``
+            shards or Hugging Face ``save_to_disk`` folders, relative to ``base_dir``.
         text_field: JSON field holding the document text.
         weight: Mixture weight (a token share when several datasets are mixed).
         records: In-memory records (dicts) instead of files; for tests and notebooks.
@@ -150,8 +158,7 @@ class DatasetSpec:
             raise RecipeError("dataset name must be a non-empty string")
         if self.records is None and not self.paths:
             raise RecipeError(f"dataset {self.name!r}: give `paths` (glob patterns) or `records`")
-        if not self.weight > 0:
-            raise RecipeError(f"dataset {self.name!r}: weight={self.weight} must be > 0")
+        check_setting("weight", self.weight, where=f"dataset {self.name!r}: ", bound=_WEIGHT)
         if self.on_exhausted not in ON_EXHAUSTED:
             raise RecipeError(
                 f"dataset {self.name!r}: on_exhausted={self.on_exhausted!r} must be one of "
@@ -161,8 +168,13 @@ class DatasetSpec:
             raise RecipeError(
                 f"dataset {self.name!r}: on_error={self.on_error!r} must be one of {ON_ERROR}"
             )
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise RecipeError(f"dataset {self.name!r}: chunk_size={self.chunk_size} must be >= 1")
+        if self.chunk_size is not None:
+            check_setting(
+                "chunk_size",
+                self.chunk_size,
+                where=f"dataset {self.name!r}: ",
+                bound=SETTINGS["datasets.chunk_size"],
+            )
 
     def files(self) -> list[Any]:
         """Resolve the glob patterns into a sorted list of files.
@@ -181,7 +193,17 @@ class DatasetSpec:
             return list(memo[("files", id(self))])
         out: list[Any] = []
         for pattern in self.paths:
-            matches = storage.expand(pattern, self.base_dir)
+            if storage.is_remote(pattern):
+                matches = storage.expand(pattern)
+            else:
+                local = storage.local_path(pattern)
+                full = local if os.path.isabs(local) else str(Path(self.base_dir) / local)
+                matches = sorted(glob.glob(full, recursive=True))
+                # A Hugging Face `datasets` folder stands for its .arrow files (io/arrow.py).
+                from zephon_nodes.io.arrow import expand_dataset_dirs
+
+                named = not glob.has_magic(local)
+                matches = [m for m in expand_dataset_dirs(matches, named) if os.path.isfile(m)]
             if not matches:
                 if storage.is_remote(pattern):
                     where = storage.redact(pattern)
@@ -249,16 +271,32 @@ class WorkSpec:
     Args:
         chunk_size: Records per work item (the last item of a shard may be shorter).
         epochs: Passes over the data; ``None`` repeats forever (a new seeded order each epoch).
+        end_of_data: What a finite stream does with the samples its lanes still hold after
+            the last full global batch: ``"drop_report"`` stops there and counts them
+            (``Multiplexer.unused_samples``, ``zephon digest``, ``zephon stats``);
+            ``"error"`` stops there too but raises ``DataError`` if any were left. Not part
+            of the fingerprint (the batches are the same).
+        deal: How a finite stream's work items go to lanes: ``"round_robin"`` (item ``g``
+            to lane ``g % L``) or ``"balanced"`` (largest first to the lane holding the
+            fewest bytes, so lanes end closer together; needs JSON lines shards, whose index
+            holds record bytes). Endless streams are always dealt round-robin.
     """
 
     chunk_size: int = 64
     epochs: int | None = 1
+    end_of_data: str = "drop_report"
+    deal: str = "round_robin"
 
     def __post_init__(self) -> None:
-        if self.chunk_size < 1:
-            raise RecipeError(f"work.chunk_size={self.chunk_size} must be >= 1")
-        if self.epochs is not None and self.epochs < 1:
-            raise RecipeError(f"work.epochs={self.epochs} must be >= 1 (or 'inf')")
+        check_setting("work.chunk_size", self.chunk_size)
+        if self.epochs is not None:
+            check_setting("work.epochs", self.epochs)
+        if self.deal not in DEALS:
+            raise RecipeError(f"work.deal={self.deal!r} must be one of {list(DEALS)}")
+        if self.end_of_data not in END_OF_DATA:
+            raise RecipeError(
+                f"work.end_of_data={self.end_of_data!r} must be one of {list(END_OF_DATA)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -272,8 +310,7 @@ class ShuffleSpec:
     buffer_size: int = 0
 
     def __post_init__(self) -> None:
-        if self.buffer_size < 0:
-            raise RecipeError(f"shuffle.buffer_size={self.buffer_size} must be >= 0")
+        check_setting("shuffle.buffer_size", self.buffer_size)
 
 
 @dataclass(frozen=True)
@@ -304,8 +341,9 @@ class PackSpec:
             raise RecipeError(
                 f"pack.long_documents={self.long_documents!r} must be one of {LONG_DOCUMENTS}"
             )
-        if self.bins < 1:
-            raise RecipeError(f"pack.bins={self.bins} must be >= 1")
+        check_setting("pack.bins", self.bins)
+        if self.pad_id is not None:
+            check_setting("pack.pad_id", self.pad_id)
 
     def canonical(self) -> dict[str, Any]:
         """Data-defining fields (best-fit settings only in best-fit mode)."""
@@ -343,23 +381,22 @@ class MixtureSpec:
     def __post_init__(self) -> None:
         if self.unit not in SCHEDULE_UNITS:
             raise RecipeError(f"mixture.unit={self.unit!r} must be one of {SCHEDULE_UNITS}")
-        if self.estimate_records < 1:
-            raise RecipeError(f"mixture.estimate_records={self.estimate_records} must be >= 1")
+        check_setting("mixture.estimate_records", self.estimate_records)
         if not 1 <= self.block <= 1 << 20 or self.block & (self.block - 1):
             raise RecipeError(f"mixture.block={self.block} must be a power of two <= 2**20")
         if self.tokens_per_record is not None:
             for name, value in self.tokens_per_record.items():
-                if not (isinstance(value, (int, float)) and value > 0):
-                    raise RecipeError(
-                        f"mixture.tokens_per_record[{name!r}]={value!r} must be a number > 0"
-                    )
+                check_setting(
+                    f"mixture.tokens_per_record[{name!r}]",
+                    value,
+                    bound=SETTINGS["mixture.tokens_per_record"],
+                )
         if self.schedule is not None:
             if not self.schedule:
                 raise RecipeError("mixture.weights must hold at least one point")
             last = None
             for k, (at, weights) in enumerate(self.schedule):
-                if not (isinstance(at, (int, float)) and at >= 0):
-                    raise RecipeError(f"mixture.weights[{k}].at={at!r} must be a number >= 0")
+                check_setting(f"mixture.weights[{k}].at", at)
                 if k == 0 and at != 0:
                     raise RecipeError(f"mixture.weights[0].at={at!r} must be 0")
                 if last is not None and not at > last:
@@ -368,10 +405,9 @@ class MixtureSpec:
                     )
                 last = at
                 for name, w in weights.items():
-                    if not (isinstance(w, (int, float)) and w >= 0):
-                        raise RecipeError(
-                            f"mixture.weights[{k}].{name}={w!r} must be a number >= 0"
-                        )
+                    check_setting(
+                        f"mixture.weights[{k}].{name}", w, bound=SETTINGS["mixture.weights.weight"]
+                    )
                 if not sum(weights.values()) > 0:
                     raise RecipeError(f"mixture.weights[{k}]: the weights sum to 0")
 
@@ -470,6 +506,8 @@ class Recipe:
         operators: User filters and maps over document texts, applied in order.
         image: Image decoding, patches and placeholder tokens (``[image]``); makes the
             recipe multimodal (tar shards, jsonl with base64 images; see ``docs/multimodal.md``).
+        chat: Conversations rendered with a chat template, labels on trained turns only
+            (``[chat]``); makes the recipe a chat / SFT recipe (see ``docs/sft.md``).
         source: Path of the TOML file the recipe came from, if any (not fingerprinted).
     """
 
@@ -487,6 +525,7 @@ class Recipe:
     operators: tuple[OperatorSpec, ...] = ()
     image: ImageSpec | None = None
     source: Path | None = field(default=None, compare=False)
+    chat: ChatSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -504,12 +543,8 @@ class Recipe:
                 raise RecipeError(
                     f"{op.kind} {op.name!r}: datasets {unknown} are not in the recipe ({names})"
                 )
-        for name in ("num_lanes", "global_batch_size", "seq_len", "flush_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise RecipeError(f"{name}={value!r} must be a positive integer")
-        if self.seed < 0:
-            raise RecipeError(f"seed={self.seed} must be >= 0")
+        for name in ("num_lanes", "global_batch_size", "seq_len", "flush_every", "seed"):
+            check_setting(name, getattr(self, name))
         if self.image is not None:
             self.image.check(self.seq_len)
             if self.pack.mode != "concat":
@@ -519,6 +554,11 @@ class Recipe:
                 )
             if self.operators:
                 raise RecipeError("[[operators]] are not supported with an [image] table yet")
+        if self.chat is not None and (self.image is not None or self.operators):
+            raise RecipeError(
+                "a [chat] recipe cannot have an [image] table or [[operators]] (they work on "
+                "document texts; a chat record is a conversation)"
+            )
         if self.global_batch_size % self.num_lanes:
             raise RecipeError(
                 f"global_batch_size={self.global_batch_size} must be a multiple of "
@@ -527,9 +567,21 @@ class Recipe:
             )
 
     @property
+    def balanced_dealing(self) -> bool:
+        """True if work items are dealt by size (``work.deal``, on a finite stream)."""
+        finite = self.work.epochs is not None and any(
+            d.on_exhausted == "end" for d in self.datasets
+        )
+        return finite and self.work.deal == "balanced"
+
+    @property
     def samples_per_lane(self) -> int:
         """Samples each lane contributes to every global batch (``G / L``)."""
         return self.global_batch_size // self.num_lanes
+
+    def chat_tokenizer_path(self) -> Path | None:
+        """The tokenizer file whose ``tokenizer_config.json`` is the default chat template."""
+        return self.tokenizer.path if self.tokenizer.kind == "hf" else None
 
     def replace(self, **changes: Any) -> Recipe:
         """Return a copy with some fields changed."""
@@ -546,7 +598,12 @@ class Recipe:
             "flush_every": self.flush_every,
             "tokenizer": self.tokenizer.canonical(),
             "datasets": [d.canonical() for d in self.datasets],
-            "work": {"chunk_size": self.work.chunk_size, "epochs": self.work.epochs},
+            "work": {
+                "chunk_size": self.work.chunk_size,
+                "epochs": self.work.epochs,
+                # Only where it changes the data: balanced dealing of a finite stream.
+                **({"deal": "balanced"} if self.balanced_dealing else {}),
+            },
             "shuffle": {"buffer_size": self.shuffle.buffer_size},
             "pack": self.pack.canonical(),
             # Keys below appear only when used, so single-dataset recipes without operators
@@ -554,6 +611,11 @@ class Recipe:
             **({"mixture": self.mixture.canonical()} if len(self.datasets) > 1 else {}),
             **({"operators": [op.canonical() for op in self.operators]} if self.operators else {}),
             **({"image": self.image.canonical()} if self.image is not None else {}),
+            **(
+                {"chat": self.chat.canonical(self.chat_tokenizer_path())}
+                if self.chat is not None
+                else {}
+            ),
         }
 
     def fingerprint(self) -> str:
@@ -609,7 +671,7 @@ class Recipe:
             datasets = []
             raw_datasets = top.raw("datasets", list, [])
             for i, raw in enumerate(raw_datasets):
-                ds = _Fields(raw, f"{where}datasets[{i}]")
+                ds = _Fields(raw, f"{where}datasets[{i}]", "datasets")
                 paths = ds.get("paths", list, [])
                 if isinstance(paths, str):
                     paths = [paths]
@@ -619,6 +681,11 @@ class Recipe:
                     raise RecipeError(
                         f"{where}datasets[{i}].weight: give weights either per dataset or as "
                         f"a schedule in [mixture] weights, not both"
+                    )
+                near = [k for k in raw if "paths" not in raw and did_you_mean(k, ["paths"])]
+                if near:  # named before "give `paths` or `records`" hides the typo
+                    raise RecipeError(
+                        f"{where}datasets[{i}]: unknown key(s) {near} (did you mean `paths`?)"
                     )
                 datasets.append(
                     DatasetSpec(
@@ -639,7 +706,9 @@ class Recipe:
             mx.done()
             operators = []
             for i, raw in enumerate(top.raw("operators", list, [])):
-                operators.append(_parse_operator(_Fields(raw, f"{where}operators[{i}]")))
+                operators.append(
+                    _parse_operator(_Fields(raw, f"{where}operators[{i}]", "operators"))
+                )
             work = top.table("work")
             epochs_raw = work.get("epochs", (int, str), 1)
             if isinstance(epochs_raw, str):
@@ -650,7 +719,12 @@ class Recipe:
                 epochs: int | None = None
             else:
                 epochs = epochs_raw
-            work_spec = WorkSpec(chunk_size=work.get("chunk_size", int, 64), epochs=epochs)
+            work_spec = WorkSpec(
+                chunk_size=work.get("chunk_size", int, 64),
+                epochs=epochs,
+                end_of_data=work.get("end_of_data", str, "drop_report"),
+                deal=work.get("deal", str, "round_robin"),
+            )
             work.done()
             sh = top.table("shuffle")
             shuffle = ShuffleSpec(buffer_size=sh.get("buffer_size", int, 0))
@@ -680,6 +754,9 @@ class Recipe:
                 if "image" in data
                 else None,
                 source=source,
+                chat=ChatSpec.from_table(top.raw("chat", dict, {}), base, f"{where}chat")
+                if "chat" in data
+                else None,
             )
             top.done()
         except RecipeError as e:
@@ -735,13 +812,19 @@ def _parse_operator(op: _Fields) -> OperatorSpec:
 
 
 class _Fields:
-    """Typed access to one TOML table that reports unknown keys."""
+    """Typed access to one TOML table that reports unknown keys.
 
-    def __init__(self, data: Any, where: str) -> None:
+    Every value read is checked: its type, NaN and infinities for any number, and the
+    range of :data:`~zephon_nodes.recipe.bounds.SETTINGS` under ``<table>.<key>``; an
+    unknown key is named with the closest known one.
+    """
+
+    def __init__(self, data: Any, where: str, table: str = "") -> None:
         if not isinstance(data, Mapping):
             raise RecipeError(f"{where} must be a table, got {type(data).__name__}")
         self.data = data
         self.where = where
+        self.table_name = table
         self.used: set[str] = set()
 
     def raw(self, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
@@ -756,6 +839,12 @@ class _Fields:
                 f"{self.where}.{key}={value!r} must be {_type_names(typ)}, "
                 f"got {type(value).__name__}"
             )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RecipeError(f"{self.where}.{key}={value!r} must be a finite number")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            row = f"{self.table_name}.{key}" if self.table_name else key
+            if row in SETTINGS:
+                check_setting(f"{self.where}.{key}", value, bound=SETTINGS[row])
         return value
 
     def get(self, key: str, typ: type | tuple[type, ...], default: Any) -> Any:
@@ -763,12 +852,15 @@ class _Fields:
 
     def table(self, key: str) -> _Fields:
         self.used.add(key)
-        return _Fields(self.data.get(key, {}), f"{self.where}.{key}".removeprefix("recipe."))
+        top = not self.table_name and self.where.endswith("recipe")
+        where = self.where.removesuffix("recipe") + key if top else f"{self.where}.{key}"
+        return _Fields(self.data.get(key, {}), where, key)
 
     def done(self) -> None:
         unknown = sorted(set(self.data) - self.used)
         if unknown:
-            raise RecipeError(f"{self.where}: unknown key(s) {unknown}")
+            hint = did_you_mean(unknown[0], self.used) if len(unknown) == 1 else ""
+            raise RecipeError(f"{self.where}: unknown key(s) {unknown}{hint}")
 
 
 def _as_tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:

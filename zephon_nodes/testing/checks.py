@@ -335,8 +335,13 @@ def assert_state_roundtrip(
     json_safe: bool = True,
     max_positions: int = 12,
     max_examples: int | None = None,
+    window_restore: bool | None = None,
 ) -> None:
     """Check that a node's ``get_state`` is a copy that restores exactly.
+
+    A node whose output carries flush markers sits inside a lane; a lane restores it at
+    the start of a flush window, so it must also provide ``state_at_window(window)``, and
+    the state it returns must restore the stream right after each flush marker.
 
     Args:
         target: A node (restored in place, as torchdata's ``Loader`` does), a zero-argument
@@ -348,15 +353,18 @@ def assert_state_roundtrip(
             the start, the second item and the end).
         max_examples: For an accumulator factory, generated input lists (default: the
             active Hypothesis profile's).
+        window_restore: Require (True) or skip (False) the window restore check; default:
+            required when the node's output holds flush markers.
 
     Raises:
         AssertionError: If a state taken earlier changes as the node advances (``get_state``
             returned a live object), is not JSON-safe, or does not restore the remaining
-            outputs exactly; the earliest failing position is reported.
+            outputs exactly, or a node inside a lane has no exact ``state_at_window``; the
+            earliest failing position is reported.
     """
     factory = _node_factory(target)
     if factory is not None:
-        _roundtrip(factory, _name(target), json_safe, max_positions)
+        _roundtrip(factory, _name(target), json_safe, max_positions, window_restore)
         return
     if not callable(target):
         raise TypeError(f"expected a node or a factory, got {type(target).__name__}")
@@ -365,7 +373,7 @@ def assert_state_roundtrip(
 
     @given(st.lists(strategy, max_size=_MAX_ITEMS), st.integers(1, 4))
     def check(items: list[Any], k: int) -> None:
-        _roundtrip(lambda: _accumulate(make, items, k), _name(make), json_safe, max_positions)
+        _roundtrip(lambda: _accumulate(make, items, k), _name(make), json_safe, max_positions, None)
 
     _run(check, max_examples)
 
@@ -378,7 +386,11 @@ def _positions(n: int, limit: int) -> list[int]:
 
 
 def _roundtrip(
-    factory: Callable[[], BaseNode[Any]], name: str, json_safe: bool, max_positions: int
+    factory: Callable[[], BaseNode[Any]],
+    name: str,
+    json_safe: bool,
+    max_positions: int,
+    window_restore: bool | None,
 ) -> None:
     node = factory()
     node.reset(None)
@@ -423,6 +435,47 @@ def _roundtrip(
             raise AssertionError(
                 f"node {name!r}: restoring the state taken before output #{p} of "
                 f"{len(outputs)} does not reproduce the rest of the stream ({d})"
+            )
+    markers = [p for p, out in enumerate(outputs) if is_flush(out)]
+    if window_restore is None:
+        window_restore = bool(markers)
+    if window_restore:
+        _check_window_restore(factory, name, outputs, markers, max_positions)
+
+
+def _check_window_restore(
+    factory: Callable[[], BaseNode[Any]],
+    name: str,
+    outputs: list[Any],
+    markers: list[int],
+    max_positions: int,
+) -> None:
+    """A node inside a lane must restore at every window start (``state_at_window``)."""
+    probe = factory()
+    if not callable(getattr(probe, "state_at_window", None)):
+        raise AssertionError(
+            f"node {name!r} passes flush markers, so it runs inside a lane, but it has no "
+            f"state_at_window(window): a lane restores its chain at a window start and would "
+            f"fail at the first restore. Wrap a torchdata node in "
+            f"zephon_nodes.operators.TorchdataStage, or implement state_at_window"
+        )
+    starts = [(0, 0)] + [(outputs[p].window + 1, p + 1) for p in markers]
+    if len(starts) > max_positions:
+        step = max(1, len(starts) // max_positions)
+        starts = sorted(set(starts[::step]) | {starts[-1]})
+    for window, p in starts:
+        fresh = factory()
+        state = fresh.state_at_window(window)  # type: ignore[attr-defined]
+        fresh.reset(copy.deepcopy(state))
+        try:
+            got = _drain(fresh, len(outputs) - p + 1)
+            d = difference(outputs[p:], got)
+        except AssertionError:
+            d = f"it yields more than the {len(outputs) - p} outputs left"
+        if d is not None:
+            raise AssertionError(
+                f"node {name!r}: state_at_window({window}) does not restore the stream at the "
+                f"start of window {window} (output #{p} of {len(outputs)}): {d}"
             )
 
 

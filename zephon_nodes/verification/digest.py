@@ -53,7 +53,7 @@ def global_batch_digest(rows: Iterable[tuple[int, Mapping[str, Any]]]) -> str:
     return h.hexdigest()
 
 
-def digest_microbatches(microbatches: Sequence[Mapping[str, torch.Tensor]]) -> str:
+def digest_microbatches(microbatches: Sequence[Mapping[str, torch.Tensor | np.ndarray]]) -> str:
     """Hash one step's global batch from all ranks' micro-batches (any order of ranks).
 
     Rows are put in lane order with a stable sort on the ``lane`` field, which keeps each

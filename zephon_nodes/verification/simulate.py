@@ -12,6 +12,7 @@ from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.verification.digest import digest_microbatches
 
 __all__ = ["StepResult", "simulate"]
@@ -41,6 +42,8 @@ def simulate(
     on_save: Callable[[dict[str, Any]], None] | None = None,
     pool: WorkerPool | None = None,
     keep_batches: bool = False,
+    mixture_updates: Sequence[tuple[int, Mapping[str, float]]] = (),
+    on_end: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[tuple[StepResult, list[dict[str, torch.Tensor]] | None]]:
     """Run ``dp_world_size`` rank multiplexers and yield each global batch's digest.
 
@@ -57,10 +60,19 @@ def simulate(
         on_save: Receives the merged state.
         pool: A pool to use instead of creating one.
         keep_batches: Also yield the step's micro-batches.
+        mixture_updates: Decisions ``(step, weights)``: each is made on every rank right
+            after ``step`` (before a save at that step); entries before the first step run
+            here must already be in ``resume_state``.
+        on_end: When the data ends, receives the merged state after the last full global
+            batch (see :func:`~zephon_nodes.engine.end_of_data.unused_samples`).
 
     Yields:
         ``(StepResult, micro-batches or None)`` per step; ends early when the data ends.
     """
+    check_setting("dp_world_size", dp_world_size)
+    check_setting("steps", steps)
+    if save_at is not None:
+        check_setting("save_at", save_at)
     own_pool = pool is None
     pool = pool if pool is not None else WorkerPool(num_workers, runner)
     try:
@@ -75,17 +87,29 @@ def simulate(
         for node in ranks:
             node.reset(dict(resume_state) if resume_state is not None else None)
         first = ranks[0].step
+
+        def decide(step: int) -> None:
+            for at, weights in mixture_updates:
+                if at == step:
+                    for node in ranks:
+                        node.set_mixture(weights)
+
+        decide(first)
         for t in range(first + 1, first + steps + 1):
             mbs: list[dict[str, torch.Tensor]] = []
+            before = [node.state_dict() for node in ranks] if on_end is not None else []
             try:
                 for node in ranks:
                     for _ in range(node.micro_per_step):
                         mbs.append(next(node))
             except StopIteration:
+                if on_end is not None:
+                    on_end(merge_states(before))
                 return
             tokens = sum(int((mb["labels"] != -100).sum()) for mb in mbs)
             rows = sum(int(mb["input"].shape[0]) for mb in mbs)
             result = StepResult(t, digest_microbatches(mbs), rows, tokens)
+            decide(t)
             if save_at is not None and t == save_at and on_save is not None:
                 on_save(merge_states([node.state_dict() for node in ranks]))
             yield result, (mbs if keep_batches else None)

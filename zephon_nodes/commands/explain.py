@@ -1,0 +1,176 @@
+"""``zephon explain``: what each rank will run (lanes, operators, pools, checkpoint size)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from zephon_nodes.engine.checkpoint import FORMAT
+from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
+from zephon_nodes.engine.pool import RUNNERS, WorkerPool
+from zephon_nodes.errors import RecipeError
+from zephon_nodes.recipe.spec import Recipe
+
+__all__ = ["add_parser", "explain", "run"]
+
+# Counters of a long run (steps, windows, samples) for the checkpoint size upper bound.
+_BIG = 10**12
+
+
+def add_parser(sub: Any) -> None:
+    """Register the subcommand."""
+    p = sub.add_parser(
+        "explain",
+        help="print what each rank will run: lanes, operators, pools, checkpoint size",
+        description=(
+            "Open the recipe (datasets indexed, tokenizer loaded) and describe the job "
+            "without producing a batch: the datasets, the operator chain of every lane, "
+            "and per rank its lanes, worker pool and the size of its checkpoint state."
+        ),
+    )
+    p.add_argument("recipe", help="recipe TOML file")
+    p.add_argument("--dp-world-size", type=int, default=1, help="data-parallel ranks")
+    p.add_argument("--num-workers", type=int, default=2, help="pool workers per rank")
+    p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
+    p.add_argument("--lookahead", type=int, default=4, help="work items each lane submits ahead")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(func=run)
+
+
+def _chain(pipeline: Pipeline) -> list[dict[str, str]]:
+    """The nodes of lane 0 from source to output (every lane has the same chain)."""
+    pool = WorkerPool(0, "thread")
+    try:
+        node: Any = pipeline.build_lane(0, pool).source
+        out = []
+        while node is not None:
+            kind = type(node).__name__
+            if kind == "AccumulatorNode":
+                name = type(node.make(0)).__name__
+                out.append({"node": kind, "operator": name, "where": "lane (single-threaded)"})
+            elif kind == "OrderedParallelMap":
+                name = getattr(node.fn, "name", type(node.fn).__name__)
+                out.append({"node": kind, "operator": name, "where": "worker pool"})
+            else:
+                out.append(
+                    {"node": kind, "operator": "work items + flush markers", "where": "lane"}
+                )
+            node = getattr(node, "source", None)
+        return out[::-1]
+    finally:
+        pool.close()
+
+
+def _state_bytes(pipeline: Pipeline, lanes: list[int], big: bool) -> int:
+    v = _BIG if big else 0
+    state = {
+        "format": FORMAT,
+        "fingerprint": pipeline.fingerprint,
+        "recipe": dict(pipeline.summary),
+        "num_lanes": pipeline.num_lanes,
+        "step": v,
+        "micro": 0,
+        "lanes": {str(i): [v, v] for i in lanes},
+    }
+    return len(json.dumps(state).encode("utf-8"))
+
+
+def explain(
+    pipeline: Pipeline,
+    dp_world_size: int,
+    *,
+    num_workers: int = 2,
+    runner: str = "thread",
+    lookahead: int = 4,
+) -> dict[str, Any]:
+    """Describe the job a recipe makes at ``dp_world_size`` ranks (a JSON-safe dict).
+
+    Raises:
+        RecipeError: If the lanes cannot be shared among ``dp_world_size`` ranks.
+    """
+    r = pipeline.recipe
+    if dp_world_size < 1 or r.num_lanes % dp_world_size:
+        raise RecipeError(
+            f"num_lanes={r.num_lanes} must be a multiple of --dp-world-size={dp_world_size}"
+        )
+    per_step = r.global_batch_size // dp_world_size
+    ranks = []
+    for rank in range(dp_world_size):
+        lanes = lanes_for_rank(r.num_lanes, dp_world_size, rank)
+        ranks.append(
+            {
+                "rank": rank,
+                "lanes": lanes,
+                "samples_per_step": per_step,
+                "pool": {"workers": num_workers, "runner": runner},
+                "in_flight_work_items": len(lanes) * lookahead,
+                "checkpoint_bytes": _state_bytes(pipeline, lanes, big=False),
+                "checkpoint_bytes_max": _state_bytes(pipeline, lanes, big=True),
+            }
+        )
+    return {
+        "recipe": str(r.source) if r.source else None,
+        "fingerprint": pipeline.fingerprint,
+        "num_lanes": r.num_lanes,
+        "global_batch_size": r.global_batch_size,
+        "samples_per_lane_per_step": r.samples_per_lane,
+        "seq_len": r.seq_len,
+        "flush_every": r.flush_every,
+        "datasets": [
+            {
+                "name": d.name,
+                "files": len(d.shards),
+                "records": d.num_records,
+                "work_items": d.num_work_items,
+            }
+            for d in pipeline.datasets
+        ],
+        "lane_chain": _chain(pipeline),
+        "ranks": ranks,
+    }
+
+
+def _text(info: dict[str, Any]) -> str:
+    lines = [
+        f"recipe {info['recipe']}  fingerprint {info['fingerprint'][:16]}",
+        f"  {info['num_lanes']} lanes, global batch {info['global_batch_size']} "
+        f"({info['samples_per_lane_per_step']} per lane per step), seq_len {info['seq_len']}, "
+        f"flush every {info['flush_every']} work items",
+    ]
+    for d in info["datasets"]:
+        lines.append(
+            f"  dataset {d['name']}: {d['files']} file(s), {d['records']} records, "
+            f"{d['work_items']} work items"
+        )
+    lines.append("each lane (in order):")
+    for k, n in enumerate(info["lane_chain"]):
+        lines.append(f"  {k + 1}. {n['operator']}  [{n['node']}, {n['where']}]")
+    for rk in info["ranks"]:
+        lanes = rk["lanes"]
+        span = f"{lanes[0]}..{lanes[-1]}" if len(lanes) > 1 else str(lanes[0])
+        pool = rk["pool"]
+        lines.append(
+            f"rank {rk['rank']}: lanes {span} ({len(lanes)}), {rk['samples_per_step']} samples "
+            f"per step, pool {pool['workers']} {pool['runner']} worker(s), "
+            f"{rk['in_flight_work_items']} work items in flight, checkpoint "
+            f"{rk['checkpoint_bytes']} B (at most {rk['checkpoint_bytes_max']} B)"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``zephon explain``."""
+    if args.num_workers < 0:
+        raise RecipeError(f"--num-workers={args.num_workers} must be >= 0")
+    if args.lookahead < 1:
+        raise RecipeError(f"--lookahead={args.lookahead} must be >= 1")
+    info = explain(
+        Pipeline(Recipe.from_toml(args.recipe)),
+        args.dp_world_size,
+        num_workers=args.num_workers,
+        runner=args.runner,
+        lookahead=args.lookahead,
+    )
+    print(json.dumps(info) if args.json else _text(info))
+    return 0

@@ -1,0 +1,159 @@
+"""Allowed ranges of every numeric setting, and the "did you mean" of unknown keys.
+
+One table, :data:`SETTINGS`, gives the type and range of each numeric setting by its dotted
+name (``seq_len``, ``work.chunk_size``, ``datasets.weight``, CLI flags such as
+``--dp-world-size``). The recipe's TOML reader, its dataclasses, the CLI, the Python API
+(:meth:`~zephon_nodes.Pipeline.rank_node`, :func:`~zephon_nodes.simulate`) and the TorchTitan
+config all check values with :func:`check_setting`, so each setting is refused the same way
+wherever it comes from: a :class:`~zephon_nodes.errors.RecipeError` naming the setting, the
+value and the allowed range. A new setting gets the same treatment by adding one row.
+
+Upper bounds are far beyond any real job and only stop absurd sizes (``seq_len =
+100000000000``) before they become an out-of-memory crash or an hour of silent work.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_nodes.errors import RecipeError
+
+__all__ = ["SETTINGS", "Bound", "check_setting", "did_you_mean"]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Type and range of one numeric setting.
+
+    Args:
+        kind: ``int`` (a bool or a float such as ``2.0`` is refused) or ``float`` (an int is
+            accepted; NaN and infinities never are).
+        lo: Smallest allowed value.
+        hi: Largest allowed value.
+        lo_open: ``lo`` itself is not allowed (``weight > 0``).
+        note: Why the bound exists, appended to the error.
+    """
+
+    kind: type
+    lo: float
+    hi: float
+    lo_open: bool = False
+    note: str = ""
+
+    def describe(self) -> str:
+        """The allowed range in words, e.g. ``an integer in [1, 65536]``."""
+        noun = "an integer" if self.kind is int else "a finite number"
+        left = "(" if self.lo_open else "["
+        return f"{noun} in {left}{_num(self.lo)}, {_num(self.hi)}]"
+
+
+def _num(x: float) -> str:
+    if isinstance(x, float) and abs(x) >= 1e6:
+        return f"{x:g}"
+    n = int(x)
+    if n >= 1 << 16 and n & (n - 1) == 0:
+        return f"2**{n.bit_length() - 1}"
+    if n >= 1 << 16 and (n + 1) & n == 0:
+        return f"2**{n.bit_length()} - 1"
+    return str(n) if float(x).is_integer() else str(x)
+
+
+_LANES = 1 << 16
+_ROWS = 1 << 24
+_TOKENS = 1 << 24
+
+SETTINGS: dict[str, Bound] = {
+    # recipe, top level
+    "seed": Bound(int, 0, 2**63 - 1),
+    "num_lanes": Bound(int, 1, _LANES, note="every lane has its own operator chain and buffers"),
+    "global_batch_size": Bound(int, 1, _ROWS),
+    "seq_len": Bound(int, 1, _TOKENS, note="tokens per sample"),
+    "flush_every": Bound(int, 1, 1 << 20),
+    # [work], [[datasets]], [shuffle], [pack], [mixture]
+    "work.chunk_size": Bound(int, 1, 1 << 24),
+    "work.epochs": Bound(int, 1, 1 << 31),
+    "datasets.weight": Bound(float, 0, 1e12, lo_open=True),
+    "datasets.chunk_size": Bound(int, 1, 1 << 24),
+    "shuffle.buffer_size": Bound(int, 0, 1 << 24, note="samples held per lane"),
+    "pack.pad_id": Bound(int, 0, 2**31 - 1, note="a token id of the tokenizer's vocabulary"),
+    "pack.bins": Bound(int, 1, 1 << 16),
+    "mixture.estimate_records": Bound(int, 1, 1 << 24),
+    "mixture.tokens_per_record": Bound(float, 0, 1e12, lo_open=True),
+    "mixture.weights.at": Bound(float, 0, 1e18),
+    "mixture.weights.weight": Bound(float, 0, 1e12),
+    # [image]
+    "image.patch_size": Bound(int, 1, 1 << 12),
+    "image.max_patches": Bound(int, 1, 1 << 20),
+    "image.merge": Bound(int, 1, 1 << 6),
+    "image.max_images": Bound(int, 1, 1 << 16),
+    "image.max_pixels": Bound(int, 1, 1 << 31),
+    "image.placeholder_id": Bound(int, 0, 2**31 - 1),
+    # physical settings: Python API, CLI flags, TorchTitan config
+    "dp_world_size": Bound(int, 1, _LANES, note="at most one rank per lane"),
+    "dp_rank": Bound(int, 0, _LANES - 1),
+    "local_batch_size": Bound(int, 1, _ROWS),
+    "num_workers": Bound(int, 0, 1024),
+    "steps": Bound(int, 0, 2**62),
+    "save_at": Bound(int, 1, 2**62),
+    "lookahead": Bound(int, 1, 1 << 16),
+    "prefetch": Bound(int, 0, 1 << 16),
+    "worker_timeout_s": Bound(float, 0, 1e7, lo_open=True),
+    # CLI spellings of recipe settings (``zephon lanes``)
+    "global_batch": Bound(int, 1, _ROWS),
+    "chunk_size": Bound(int, 1, 1 << 24),
+}
+
+
+def check_setting(name: str, value: Any, *, where: str = "", bound: Bound | None = None) -> Any:
+    """Check ``value`` against the bound of setting ``name`` and return it.
+
+    Args:
+        name: The setting's dotted name as a user writes it (``"work.chunk_size"``,
+            ``"--dp-world-size"``); its row in :data:`SETTINGS` is looked up without leading
+            dashes, with ``-`` read as ``_`` and list indexes (``datasets[2].weight``) removed.
+        value: The value to check.
+        where: Prefix of the error message (the recipe file, a dataset's name).
+        bound: Use this bound instead of the table's.
+
+    Raises:
+        RecipeError: ``<where><name>=<value> must be <range>``, naming the type when the
+            value has the wrong one. Names absent from the table are not checked.
+    """
+    b = bound if bound is not None else SETTINGS.get(_key(name))
+    if b is None:
+        return value
+    ok_type = isinstance(value, (int, float)) if b.kind is float else isinstance(value, int)
+    if isinstance(value, bool) or not ok_type:
+        raise RecipeError(
+            f"{where}{name}={value!r} must be {b.describe()}, got {type(value).__name__}" + _note(b)
+        )
+    if (
+        (isinstance(value, float) and not math.isfinite(value))
+        or value < b.lo
+        or (b.lo_open and value == b.lo)
+        or value > b.hi
+    ):
+        raise RecipeError(f"{where}{name}={value!r} must be {b.describe()}" + _note(b))
+    return value
+
+
+def _note(b: Bound) -> str:
+    return f" ({b.note})" if b.note else ""
+
+
+def _key(name: str) -> str:
+    import re
+
+    return re.sub(r"\[[^\]]*\]", "", name.lstrip("-")).replace("-", "_")
+
+
+def did_you_mean(key: str, known: Iterable[str]) -> str:
+    """Return ``" (did you mean `paths`?)"`` for the known key closest to ``key``, or ``""``."""
+    close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+    if not close and isinstance(key, str):
+        close = [k for k in sorted(known) if k.startswith(key) or key.startswith(k)][:1]
+    return f" (did you mean `{close[0]}`?)" if close else ""
