@@ -139,6 +139,14 @@ def _encode_field(value: Any) -> tuple[int, int]:
             raw = b""
         if len(raw) == 8:
             return _KIND_HASH, int.from_bytes(raw, "little", signed=True)
+    if isinstance(value, str) and value.startswith("sha256(json):") and len(value) == 29:
+        # A value decoded by _decode_field from a checkpoint: encode it back unchanged.
+        try:
+            raw = bytes.fromhex(value[13:])
+        except ValueError:
+            raw = b""
+        if len(raw) == 8:
+            return _KIND_OTHER, int.from_bytes(raw, "little", signed=True)
     blob = json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
     return _KIND_OTHER, int.from_bytes(hashlib.sha256(blob).digest()[:8], "little", signed=True)
 
