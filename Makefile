@@ -15,7 +15,7 @@ install: $(BIN)/python
 
 install-test: $(BIN)/python
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat]'
+	$(PIP) install -q -e '.[test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat,s3,http]'
 
 demo: install
 	$(BIN)/zephon demo

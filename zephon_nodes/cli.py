@@ -23,6 +23,8 @@ COMMANDS = {
     "stats": "stats",
     "digest-dump": "digest_dump",
     "explain": "explain",
+    "index": "index",
+    "recompress": "recompress",
 }
 
 

@@ -360,7 +360,8 @@ class TestState:
             assets.corpus.read_text(encoding="utf-8")[:-200].rsplit("\n", 1)[0] + "\n"
         )
         path = write_recipe(tmp_path / "other.toml", dataclasses.replace(assets, corpus=corpus))
-        with pytest.raises(CheckpointError, match=r"different recipe .*: datasets differs"):
+        # `contents` (the files' content checksums) and `datasets` both differ.
+        with pytest.raises(CheckpointError, match=r"different recipe .*contents differs; datasets"):
             dcp_load(build(path, 1, 0, lbs=8), stored)
 
     def test_default_loader_state_refused(self, recipe_path: Path) -> None:

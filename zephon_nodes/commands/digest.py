@@ -14,6 +14,7 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
+from zephon_nodes.io.nodecache import set_cache_limit
 from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.verification.dump import write_step
 from zephon_nodes.verification.simulate import simulate
@@ -48,6 +49,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--checkpoint-dir", default=None, help="where --save-at writes the state")
     p.add_argument("--resume-from", default=None, help="checkpoint directory to resume from")
     p.add_argument(
+        "--cache-limit",
+        default=None,
+        help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT); never changes a digest",
+    )
+    p.add_argument(
         "--dump-batches",
         default=None,
         metavar="DIR",
@@ -72,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``zephon digest``."""
     if (args.save_at is None) != (args.checkpoint_dir is None):
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
+    if args.cache_limit is not None:
+        set_cache_limit(args.cache_limit)
     if args.checkpoint_dir is not None:
         check_writable(args.checkpoint_dir)  # now, not when the save step is reached
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
@@ -137,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
     skipped = {name: files for name, files in pipeline.skipped_files.items() if files}
     if skipped:
         print(f"zephon digest: files left out, by dataset and reason: {skipped}", file=sys.stderr)
+    cache = pipeline.cache_stats()
+    if cache is not None:
+        print(f"zephon digest: node cache {json.dumps(cache, sort_keys=True)}", file=sys.stderr)
     if produced < args.steps:
         print(
             f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "

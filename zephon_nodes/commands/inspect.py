@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.engine.checkpoint import STATE_FILE, load_state, recipe_summary, validate_state
+from zephon_nodes.engine.checkpoint import (
+    STATE_FILE,
+    contents_diff,
+    load_state,
+    recipe_summary,
+    validate_state,
+)
 from zephon_nodes.errors import CheckpointError
 from zephon_nodes.recipe.spec import Recipe
 
@@ -62,9 +69,17 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
         ``(ok, message, differing fields)``; the fields are lines such as
         ``seq_len: checkpoint has 128, recipe has 256``.
     """
-    canonical = recipe.canonical()
+    from zephon_nodes.io.checksum import one_pass
+    from zephon_nodes.io.identity import content_summary
+
+    with one_pass():
+        canonical = recipe.canonical()
     summary = recipe_summary(canonical)
-    fingerprint = recipe.fingerprint()
+    contents = content_summary(recipe.datasets, canonical)
+    if contents:
+        summary["contents"] = contents
+    blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
     lanes = state.get("lanes")
     owned = [int(k) for k in lanes if str(k).isdigit()] if isinstance(lanes, dict) else []
     diffs: list[str] = []
@@ -73,7 +88,9 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
         for key in sorted(set(saved) | set(summary)):
             a, b = saved.get(key, "<absent>"), summary.get(key, "<absent>")
             if a != b:
-                if isinstance(a, str) and a.startswith("sha256:"):
+                if key == "contents" and isinstance(a, dict) and isinstance(b, dict):
+                    diffs.extend(contents_diff(a, b))
+                elif isinstance(a, str) and a.startswith("sha256:"):
                     diffs.append(f"{key}: differs (checkpoint {a}, recipe {b})")
                 else:
                     diffs.append(f"{key}: checkpoint has {a!r}, recipe has {b!r}")

@@ -17,6 +17,7 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import RecipeError
+from zephon_nodes.io.nodecache import set_cache_limit
 from zephon_nodes.operators.pack import IGNORE_INDEX
 from zephon_nodes.recipe.spec import Recipe
 
@@ -42,6 +43,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
     p.add_argument("--num-workers", type=int, default=2, help="pool workers (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--cache-limit",
+        default=None,
+        help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT); reports its hits",
+    )
     p.add_argument(
         "--mixture-updates",
         default=None,
@@ -89,7 +95,9 @@ def compute_stats(
 
     Returns:
         A JSON-safe dict; ``token_shares`` maps dataset names to fractions of non-padding
-        tokens and ``padding_fraction`` is the padded share of all positions.
+        tokens and ``padding_fraction`` is the padded share of all positions. With a node
+        cache limit set, ``cache`` holds its counters over the run (hits, misses,
+        bytes_fetched, peak_bytes, ...).
     """
     if steps < 1:
         raise RecipeError(f"--steps={steps} must be >= 1")
@@ -147,6 +155,7 @@ def compute_stats(
                     )
         except StopIteration:
             ended = merge_states(before)
+        cache = pipeline.cache_stats()  # before the documents are counted (they read again)
         lanes: dict[int, Any] = {}
         for node in ranks:
             for lane, (w, c) in node.get_state()["lanes"].items():
@@ -190,6 +199,8 @@ def compute_stats(
         "filtered": filtered,
         "end_of_data": end_of_data,
     }
+    if cache is not None:
+        out["cache"] = cache
     if len(names) > 1 and recipe.mixture.schedule is None:
         out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
     if mixture_updates:
@@ -228,6 +239,8 @@ def _count_items(
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon stats``."""
+    if args.cache_limit is not None:
+        set_cache_limit(args.cache_limit)
     recipe = Recipe.from_toml(args.recipe)
     updates: list[tuple[int, dict[str, float]]] = []
     if args.mixture_updates:
@@ -253,6 +266,12 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{name:<20} {count:>12} {stats['token_shares'][name]:>12.4f} {w:>8} "
             f"{stats['document_shares'][name]:>10.4f}"
+        )
+    if "cache" in stats:
+        c = stats["cache"]
+        print(
+            f"node cache: {c['hits']} hits, {c['misses']} misses, {c['bytes_fetched']} bytes "
+            f"fetched, peak {c['peak_bytes']} of {c['limit_bytes']} bytes"
         )
     end = stats["end_of_data"]
     if end is not None:

@@ -40,6 +40,7 @@ __all__ = [
     "checkpoint_path",
     "commit_checkpoint",
     "check_writable",
+    "contents_diff",
     "decode_checked",
     "encode_checked",
     "latest_checkpoint",
@@ -223,10 +224,31 @@ def _summary_diff(saved: Any, current: Mapping[str, Any]) -> list[str]:
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
         if a != b:
-            if isinstance(a, str) and a.startswith("sha256:"):
+            if key == "contents" and isinstance(a, Mapping) and isinstance(b, Mapping):
+                out.extend(contents_diff(a, b))
+            elif isinstance(a, str) and a.startswith("sha256:"):
                 out.append(f"{key} differs")
             else:
                 out.append(f"{key}: checkpoint has {a!r}, recipe has {b!r}")
+    return out
+
+
+def contents_diff(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Name the data files whose content changed (summary key ``contents``)."""
+    out = []
+    for name in sorted(set(saved) & set(current)):
+        a, b = saved[name], current[name]
+        if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+            continue
+        changed = sorted(f for f in set(a) & set(b) if a[f] != b[f])
+        if changed:
+            out.append(
+                f"dataset {name!r}: content changed in {', '.join(changed[:5])}"
+                + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            )
+        for what, files in (("removed", set(a) - set(b)), ("added", set(b) - set(a))):
+            if files:
+                out.append(f"dataset {name!r}: file(s) {what}: {', '.join(sorted(files)[:5])}")
     return out
 
 

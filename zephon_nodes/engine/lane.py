@@ -96,6 +96,11 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
         self._pass = p
         self._source = self.work_source.for_pass(p)
 
+    @property
+    def next_index(self) -> int:
+        """Index of the next work item this node will yield."""
+        return self._index
+
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start at item 0 of pass 0, or at the item index and pass in ``initial_state``."""
         super().reset(initial_state)

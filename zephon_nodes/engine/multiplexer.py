@@ -6,7 +6,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -145,6 +145,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._owned: list[Closable] = []
         # Closes what the node owns when it is garbage-collected (e.g. its Loader dropped).
         self._finalizer = weakref.finalize(self, _close_collected, self._owned)
+        #: Called with ``{lane: next work item index}`` (start of the lane's current flush
+        #: window) after a reset and after each step, e.g. to plan a node cache's future.
+        self.position_hooks: list[Callable[[dict[int, int]], None]] = []
 
     def own(self, resources: Iterable[Closable]) -> None:
         """Close ``resources`` with this node (:meth:`close`, ``with``, or garbage collection).
@@ -168,6 +171,12 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     def pass_index(self) -> int:
         """The pass being read (0 until a reset without a state follows a used pass)."""
         return self._pass
+
+    def _notify_positions(self) -> None:
+        k = self.pipeline.recipe.flush_every
+        positions = {i: w * k for i, (w, _) in self._positions.items()}
+        for hook in self.position_hooks:
+            hook(positions)
 
     @property
     def step(self) -> int:
@@ -207,6 +216,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                     lane.reset(None)
             self._step, self._micro = 0, 0
             self._positions = {i: (0, 0) for i in self.lanes}
+            self._notify_positions()
             return
         p = self.pipeline
         positions = validate_state(
@@ -245,6 +255,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                 )
             if micro >= self.micro_per_step:
                 raise CheckpointError(f"checkpoint micro={micro} >= {self.micro_per_step}")
+        self._positions = {i: positions[i] for i in self.lanes}
+        self._notify_positions()
         for i, lane in self.lanes.items():
             w, c = positions[i]
             lane.reset({Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c, Lane.PASS_KEY: pass_index})
@@ -336,6 +348,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             self._pending, self._pending_end = [], {}
             self._step += 1
             self._micro = 0
+            self._notify_positions()
         return batch
 
     def unused_samples(self) -> dict[int, int]:

@@ -60,6 +60,27 @@ def _refuse_tar(datasets: Sequence[Dataset]) -> None:
             )
 
 
+def _read_frontiers(lanes: Mapping[int, Lane]) -> tuple[dict[int, int], dict[int, int]]:
+    """Per lane: the first work item not yet read for sure, and the next one to submit.
+
+    Items in between are in flight on the pool (their shard may be being read right now).
+    """
+    starts: dict[int, int] = {}
+    submitted: dict[int, int] = {}
+    for i, lane in lanes.items():
+        node: Any = lane.source
+        pending: list[int] = []
+        while node is not None and not isinstance(node, WorkItemNode):
+            if isinstance(node, OrderedParallelMap):
+                pending = [w.position for w in node.in_flight() if hasattr(w, "position")]
+            node = getattr(node, "source", None)
+        if node is None:
+            continue
+        submitted[i] = node.next_index
+        starts[i] = min(pending, default=node.next_index)
+    return starts, submitted
+
+
 class Pipeline:
     """A recipe compiled into its work source and per-lane operator chains.
 
@@ -83,7 +104,25 @@ class Pipeline:
         provenance: bool = True,
         stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]] = (),
     ) -> None:
+        from zephon_nodes.io import index
+        from zephon_nodes.io.checksum import one_pass
+        from zephon_nodes.io.remote import finish_progress
+
+        index.forget()  # dataset indexes are read afresh for every build
+        try:
+            with one_pass():
+                self._build(recipe, provenance, stages)
+        finally:
+            finish_progress()
+
+    def _build(
+        self,
+        recipe: Recipe,
+        provenance: bool,
+        stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]],
+    ) -> None:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
+        from zephon_nodes.io.identity import content_summary
         from zephon_nodes.io.sources import open_dataset
 
         self.recipe = recipe
@@ -124,6 +163,10 @@ class Pipeline:
             for spec, image_column in zip(specs, images, strict=True)
         ]
         self.datasets: list[Dataset] = [o.dataset for o in opened]
+        # With a node-cache limit, shards read whole (single-frame .zst) live in that cache.
+        from zephon_nodes.io.wholeshard import route_whole_shards
+
+        self.datasets = route_whole_shards(self.datasets)
         if recipe.image is None:
             _refuse_tar(self.datasets)
         self.skipped_files = {o.dataset.name: dict(o.skipped_files) for o in opened}
@@ -140,6 +183,10 @@ class Pipeline:
         blob = json.dumps(self.canonical, sort_keys=True, separators=(",", ":"))
         self.fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
         self.summary = recipe_summary(self.canonical)
+        contents = content_summary(recipe.datasets, self.canonical)
+        if contents:
+            self.summary["contents"] = contents
+        self._cache_feed: Any = None
 
     def check_produces(self) -> None:
         """Refuse, cheaply and before any lane is built, a recipe that can produce no batch.
@@ -285,6 +332,9 @@ class Pipeline:
         finally:
             self.work_source = shared
         node.own(owned)
+        feed = self.cache_feed()
+        if feed is not None:
+            node.position_hooks.append(lambda _: feed.update(*_read_frontiers(built)))
         return node
 
     def operator_stages(
@@ -321,3 +371,30 @@ class Pipeline:
                 p.close()
             raise
         return [(fn, pools[k] if k is not None else default) for fn, k in cut], created
+
+    def cache_feed(self) -> Any:
+        """Return the feed planning the node cache's future (None without a cache limit).
+
+        Every rank built by this pipeline registers its lanes' positions with it, so the
+        node cache (:func:`~zephon_nodes.io.nodecache.node_cache`) evicts and prefetches by
+        the exact upcoming accesses of all of them.
+        """
+        if self._cache_feed is None:
+            from zephon_nodes.io.future import CacheFeed, cacheable
+            from zephon_nodes.io.nodecache import node_cache, prefetch_depth
+
+            cache = node_cache()
+            cached = any(cacheable(s) for d in self.datasets for s in d.shards)
+            if cache is not None and cached:
+                self._cache_feed = CacheFeed(cache, self.work_source, prefetch=prefetch_depth())
+        return self._cache_feed
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """Return this process's node-cache counters (hits, misses, bytes_fetched, ...).
+
+        None when no cache limit is set (``ZEPHON_CACHE_LIMIT`` / ``--cache-limit``).
+        """
+        from zephon_nodes.io.nodecache import node_cache
+
+        cache = node_cache()
+        return cache.stats() if cache is not None else None

@@ -56,6 +56,7 @@ from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.engine.stages import parse_operator_workers
 from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.io.nodecache import parse_size, set_cache_limit
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 from zephon_nodes.recipe.spec import Recipe
@@ -139,6 +140,14 @@ def _encode_field(value: Any) -> tuple[int, int]:
             raw = b""
         if len(raw) == 8:
             return _KIND_HASH, int.from_bytes(raw, "little", signed=True)
+    if isinstance(value, str) and value.startswith("sha256(json):") and len(value) == 29:
+        # A value decoded by _decode_field from a checkpoint: encode it back unchanged.
+        try:
+            raw = bytes.fromhex(value[13:])
+        except ValueError:
+            raw = b""
+        if len(raw) == 8:
+            return _KIND_OTHER, int.from_bytes(raw, "little", signed=True)
     blob = json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
     return _KIND_OTHER, int.from_bytes(hashlib.sha256(blob).digest()[:8], "little", signed=True)
 
@@ -574,6 +583,10 @@ class ZephonDataLoader(BaseDataLoader):
         infinite: bool = True
         """Set by TorchTitan's validator; False refuses an endless recipe (work.epochs='inf')."""
 
+        cache_limit: str = ""
+        """Node cache size shared by the node's ranks, e.g. "50G" (sets ZEPHON_CACHE_LIMIT;
+        empty: that variable, or no cache). Physical: never changes a batch."""
+
         max_decisions: int = 256
         """Room for set_mixture decisions in the checkpoint (fixed-shape DCP tensors)."""
 
@@ -593,6 +606,11 @@ class ZephonDataLoader(BaseDataLoader):
                 raise RecipeError(f"dataloader.operator_workers: {e}") from None
             if self.prefetch < 0:
                 raise RecipeError(f"dataloader.prefetch={self.prefetch} must be >= 0")
+            if self.cache_limit:
+                try:
+                    parse_size(self.cache_limit)
+                except ValueError as e:
+                    raise RecipeError(f"dataloader.cache_limit: {e}") from None
             if self.max_decisions < 0:
                 raise RecipeError(f"dataloader.max_decisions={self.max_decisions} must be >= 0")
             if not self.worker_timeout_s > 0:
@@ -647,6 +665,8 @@ class ZephonDataLoader(BaseDataLoader):
         self.dp_world_size = dp_world_size
         self.dp_rank = dp_rank
         self.local_batch_size = local_batch_size
+        if config.cache_limit:
+            set_cache_limit(config.cache_limit)
         self.pipeline = Pipeline(recipe)
         self.lanes = lanes_for_rank(recipe.num_lanes, dp_world_size, dp_rank)
         self.pool = WorkerPool(config.num_workers, config.runner, config.worker_timeout_s)
@@ -680,6 +700,14 @@ class ZephonDataLoader(BaseDataLoader):
         self._step_wait = 0.0
         self.serial = next(_SERIAL)
         _LIVE_LOADERS.add(self)
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """Return the node cache's counters in this process, or None without a cache limit.
+
+        Keys: hits, misses, bytes_fetched, evictions, peak_bytes, limit_bytes and more (see
+        :meth:`~zephon_nodes.io.nodecache.NodeCache.stats`); log them with your metrics.
+        """
+        return self.pipeline.cache_stats()
 
     def _fresh_state(self) -> dict[str, Any]:
         p = self.pipeline

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.errors import DataError
+from zephon_nodes.io import storage
+from zephon_nodes.io.checksum import file_checksum
 
 __all__ = ["ParquetShard", "open_parquet_shard"]
 
@@ -35,24 +37,34 @@ def _pq() -> Any:
     return pq
 
 
-def _parquet_file(path: str) -> Any:
-    try:
-        st = Path(path).stat()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e}") from None
-    key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+def _parquet_file(path: str, checksum: str = "") -> Any:
+    # Keyed by content checksum: a same-size edit with its mtime restored gets a new handle.
+    remote = storage.is_remote(path)
+    key = f"{path}|{checksum}"
     files: dict[str, Any] | None = getattr(_LOCAL, "files", None)
     if files is None:
         files = _LOCAL.files = {}
     f = files.get(key)
     if f is None:
         pq = _pq()
-        try:
-            f = pq.ParquetFile(path)
-        except Exception as e:
-            raise DataError(f"{path}: unreadable Parquet file: {e}") from None
+        if remote:
+            # pyarrow reads the footer and each row group with range requests.
+            f = storage.with_retries(
+                lambda: pq.ParquetFile(storage.filesystem(path).open(path, "rb")), path, what="open"
+            )
+        else:
+            try:
+                f = pq.ParquetFile(path)
+            except Exception as e:
+                raise DataError(f"{path}: unreadable Parquet file: {e}") from None
         files[key] = f
     return f
+
+
+def _forget(path: str) -> None:
+    files: dict[str, Any] = getattr(_LOCAL, "files", {})
+    for key in [k for k in files if k.startswith(path + "|")]:
+        del files[key]
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,8 @@ class ParquetShard:
         has_column: Whether the file has the text column.
         image_column: A binary image column also read (multimodal recipes), if the file
             has it.
+        checksum: Content checksum of the file (``xxh3_128:...``).
+        size: Bytes of the file.
     """
 
     path: str
@@ -75,6 +89,8 @@ class ParquetShard:
     row_group_ends: tuple[int, ...]
     has_column: bool
     image_column: str | None = None
+    checksum: str = ""
+    size: int = 0
 
     def read(self, start: int, stop: int) -> list[tuple[int, Any]]:
         """Return rows ``[start, stop)`` as ``(row number, {column: value})`` pairs.
@@ -92,11 +108,23 @@ class ParquetShard:
         first = int(np.searchsorted(ends, start, side="right"))
         last = int(np.searchsorted(ends, stop - 1, side="right"))
         base = int(ends[first - 1]) if first else 0
+        columns = [self.column] + ([self.image_column] if self.image_column else [])
+        groups = list(range(first, last + 1))
         try:
-            columns = [self.column] + ([self.image_column] if self.image_column else [])
-            table = _parquet_file(self.path).read_row_groups(
-                list(range(first, last + 1)), columns=columns
-            )
+            if storage.is_remote(self.path):
+
+                def read() -> Any:
+                    try:
+                        f = _parquet_file(self.path, self.checksum)
+                        return f.read_row_groups(groups, columns=columns)
+                    except BaseException:
+                        _forget(self.path)
+                        raise
+
+                table = storage.with_retries(read, self.path)
+            else:
+                f = _parquet_file(self.path, self.checksum)
+                table = f.read_row_groups(groups, columns=columns)
             values = table.column(0).to_pylist()[start - base : stop - base]
             images = (
                 table.column(1).to_pylist()[start - base : stop - base]
@@ -122,6 +150,23 @@ class ParquetShard:
         return f"{self.path} row {record}"
 
 
+def indexed_parquet_shard(
+    uri: str, entry: dict[str, Any], column: str, image_column: str | None = None
+) -> ParquetShard:
+    """A Parquet shard from its dataset-index entry, without reading the file."""
+    names = entry["columns"]
+    return ParquetShard(
+        path=uri,
+        column=column,
+        num_records=int(entry["records"]),
+        row_group_ends=tuple(int(x) for x in entry["row_group_ends"]),
+        has_column=column in names,
+        image_column=image_column if image_column in names else None,
+        checksum=str(entry["checksum"]),
+        size=int(entry["bytes"]),
+    )
+
+
 def open_parquet_shard(
     path: str | Path, column: str, image_column: str | None = None
 ) -> ParquetShard:
@@ -133,9 +178,22 @@ def open_parquet_shard(
         DataError: If pyarrow is missing or the file is not a readable Parquet file.
     """
     p = str(path)
-    if not Path(p).is_file():
-        raise DataError(f"{p}: data file not found")
-    f = _parquet_file(p)
+    if storage.is_remote(p):
+        from zephon_nodes.io.remote import fetched, known_checksum
+
+        st = storage.stat(p)
+        checksum = known_checksum(p, st)
+        if checksum is None:
+            with fetched(p, st) as (_, checksum):
+                pass
+        size = st.size
+    else:
+        p = storage.local_path(p)
+        if not Path(p).is_file():
+            raise DataError(f"{p}: data file not found")
+        checksum = file_checksum(p)
+        size = Path(p).stat().st_size
+    f = _parquet_file(p, checksum)
     try:
         meta = f.metadata
         counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -150,4 +208,6 @@ def open_parquet_shard(
         row_group_ends=ends,
         has_column=column in names,
         image_column=image_column if image_column in names else None,
+        checksum=checksum,
+        size=size,
     )

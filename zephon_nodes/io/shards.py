@@ -1,15 +1,18 @@
-"""Random access to records of ``.jsonl`` and ``.jsonl.zst`` shards.
+"""Random access to records of ``.jsonl`` and ``.jsonl.zst`` shards, local or remote.
 
 Each shard gets a record index (start and end byte offset of every non-blank line), built in
 one pass and cached on disk next to a decompressed copy for ``.zst`` shards, so reaching any
-work item costs one seek and one read, and a compressed shard is decompressed at most once
-per machine. Cache files live in ``$ZEPHON_CACHE_DIR`` (default ``~/.cache/zephon_nodes``)
-and are keyed by the shard's absolute path, size and modification time; they are written to
-a temporary name and renamed, so concurrent ranks never read a half-written file.
+work item costs one seek and one read (a range request for a remote ``.jsonl``), and a
+compressed shard is decompressed at most once per machine. Cache files live in
+``$ZEPHON_CACHE_DIR`` (default ``~/.cache/zephon_nodes``) and are keyed by the shard's
+content checksum (:mod:`zephon_nodes.io.checksum`), never by its path or modification time:
+a same-size edit is a new key on a warm cache and a cold one alike. They are written to a
+temporary name and renamed, so concurrent ranks never read a half-written file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +23,10 @@ import numpy as np
 import zstandard
 
 from zephon_nodes.errors import DataError
+from zephon_nodes.io import storage
 from zephon_nodes.io.arrow import ArrowShard
-from zephon_nodes.io.cache import atomic_write, cache_dir, cache_key
+from zephon_nodes.io.cache import atomic_write, cache_dir
+from zephon_nodes.io.checksum import file_checksum
 from zephon_nodes.io.parquet import ParquetShard
 from zephon_nodes.io.tar import TarShard
 
@@ -36,15 +41,90 @@ class FileShard:
 
     Attributes:
         path: The shard as named by the recipe (used in messages).
-        data_path: The uncompressed file records are read from.
+        data_path: The uncompressed file records are read from (a local path, or the
+            remote URI of an uncompressed shard, read with range requests).
         index_path: ``.npy`` file with an ``(n, 2)`` int64 array of record byte ranges.
         num_records: Number of records (non-blank lines).
+        checksum: Content checksum of the shard file (``xxh3_128:...``).
+        size: Bytes of the shard file.
+        uri: The shard file itself (for a shard opened from a dataset index).
+        every: With a dataset index: ``offsets`` holds every ``every``-th record's start
+            (``index_path`` is then empty: the shard was opened without reading it).
+        offsets: Start offsets of records ``0, every, 2*every, ...`` (uncompressed).
+        end: End offset of the last record (uncompressed).
     """
 
     path: str
     data_path: str
     index_path: str
     num_records: int
+    checksum: str = ""
+    size: int = 0
+    uri: str = ""
+    every: int = 0
+    offsets: tuple[int, ...] = field(default=(), repr=False)
+    end: int = 0
+    frames: tuple[tuple[int, int, int], ...] = field(default=(), repr=False)
+
+    def _read_plain(self, lo: int, hi: int) -> bytes:
+        """Uncompressed bytes ``[lo, hi)``: a range read, or the zstd frames covering it."""
+        if not self.frames:
+            return storage.read_range(self.data_path, lo, hi, tag=self.checksum)
+        starts = np.cumsum([0] + [f[2] for f in self.frames])
+        i = int(np.searchsorted(starts, lo, side="right")) - 1
+        j = int(np.searchsorted(starts, hi, side="left")) - 1
+        first, last = self.frames[i], self.frames[j]
+        blob = storage.read_range(self.data_path, first[0], last[0] + last[1], tag=self.checksum)
+        dctx = zstandard.ZstdDecompressor()
+        parts = []
+        for offset, csize, usize in self.frames[i : j + 1]:
+            rel = offset - first[0]
+            try:
+                plain = dctx.decompress(blob[rel : rel + csize], max_output_size=usize)
+            except zstandard.ZstdError as e:
+                raise DataError(f"{self.path}: corrupt zstd frame at byte {offset}: {e}") from None
+            if len(plain) != usize:
+                raise DataError(f"{self.path}: file changed since it was indexed (zstd frame)")
+            parts.append(plain)
+        data = b"".join(parts)
+        base = int(starts[i])
+        return data[lo - base : hi - base]
+
+    def _local_copy(self) -> tuple[str, str]:
+        """Decompressed copy and record index of an indexed ``.zst`` (made on first read)."""
+        data_path, index_path = _artifacts(self.checksum)
+        if data_path.exists() and index_path.exists():
+            return str(data_path), str(index_path)
+        if storage.is_remote(self.uri):
+            from zephon_nodes.io.remote import fetched
+
+            with fetched(self.uri, storage.stat(self.uri)) as (tmp, checksum):
+                _check_same(self, checksum)
+                _build(tmp, checksum, compressed=True)
+        else:
+            local = Path(storage.local_path(self.uri))
+            _check_same(self, file_checksum(local))
+            _build(local, self.checksum, compressed=True)
+        return str(data_path), str(index_path)
+
+    def _read_sparse(self, start: int, stop: int) -> list[tuple[int, bytes]]:
+        first = start // self.every
+        last = -(-stop // self.every)
+        lo = self.offsets[first]
+        hi = self.offsets[last] if last < len(self.offsets) else self.end
+        try:
+            blob = self._read_plain(lo, hi)
+        except DataError as e:
+            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
+        rows = _split_records(blob)
+        base = first * self.every
+        want = rows[start - base : stop - base].tolist()
+        if len(want) != stop - start:
+            raise DataError(
+                f"{self.path}: file changed since it was indexed (records [{start}, {stop}) "
+                f"not where the dataset index says)"
+            )
+        return [(start + k, blob[a:b]) for k, (a, b) in enumerate(want)]
 
     def read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
         """Return records ``[start, stop)`` as ``(record number, raw line)`` pairs."""
@@ -52,30 +132,43 @@ class FileShard:
             raise DataError(f"{self.path}: records [{start}, {stop}) out of range")
         if start == stop:
             return []
+        if not self.index_path:
+            if self.every:
+                return self._read_sparse(start, stop)
+            data_path, index_path = self._local_copy()
+            return dataclasses.replace(self, data_path=data_path, index_path=index_path).read(
+                start, stop
+            )
         index = _load_index(self.index_path)
         lo = int(index[start, 0])
         hi = int(index[stop - 1, 1])
-        with open(self.data_path, "rb") as f:
-            f.seek(lo)
-            blob = f.read(hi - lo)
-        if len(blob) != hi - lo:
-            raise DataError(f"{self.path}: file changed since it was indexed (short read)")
+        try:
+            blob = storage.read_range(self.data_path, lo, hi, tag=self.checksum)
+        except DataError as e:
+            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
         rows = index[start:stop] - lo
         return [(start + k, blob[a:b]) for k, (a, b) in enumerate(rows.tolist())]
 
     def line_number(self, record: int) -> int:
         """Return the 1-based line number of a record (counts blank lines too)."""
-        index = _load_index(self.index_path)
-        offset = int(index[record, 0])
+        if not self.index_path:
+            if not self.every:
+                data_path, index_path = self._local_copy()
+                shard = dataclasses.replace(self, data_path=data_path, index_path=index_path)
+                return shard.line_number(record)
+            k = record // self.every
+            base = self.offsets[k]
+            hi = self.offsets[k + 1] if k + 1 < len(self.offsets) else self.end
+            rows = _split_records(self._read_plain(base, hi))
+            offset = base + int(rows[record % self.every, 0])
+        else:
+            offset = int(_load_index(self.index_path)[record, 0])
         count = 0
-        with open(self.data_path, "rb") as f:
-            remaining = offset
-            while remaining > 0:
-                block = f.read(min(_BLOCK, remaining))
-                if not block:
-                    break
-                count += block.count(b"\n")
-                remaining -= len(block)
+        pos = 0
+        while pos < offset:
+            end = min(offset, pos + _BLOCK)
+            count += self._read_plain(pos, end).count(b"\n")
+            pos = end
         return count + 1
 
     def where(self, record: int) -> str:
@@ -151,6 +244,51 @@ def _decompress_to(src: Path, dst: Any) -> None:
         raise DataError(f"{src}: truncated zstd stream (the last frame is incomplete)")
 
 
+def _check_same(shard: FileShard, checksum: str) -> None:
+    if checksum != shard.checksum:
+        raise DataError(
+            f"{shard.path}: content differs from the dataset index (checksum {checksum}, the "
+            f"index says {shard.checksum}); rebuild it with `zephon index`"
+        )
+
+
+def _split_records(blob: bytes) -> np.ndarray:
+    """``(n, 2)`` byte ranges of the non-blank lines of ``blob`` (as :func:`_index_file`)."""
+    arr = np.frombuffer(blob, dtype=np.uint8)
+    nl = np.flatnonzero(arr == 10).astype(np.int64)
+    starts = np.concatenate([[0], nl + 1])
+    ends = np.concatenate([nl, [len(blob)]])
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    ones = np.flatnonzero(ends - starts == 1)
+    if len(ones):
+        mask = arr[starts[ones]] != 13
+        keep2 = np.ones(len(starts), dtype=bool)
+        keep2[ones[~mask]] = False
+        starts, ends = starts[keep2], ends[keep2]
+    return np.stack([starts, ends], axis=1).astype(np.int64)
+
+
+def indexed_shard(uri: str, entry: Mapping[str, Any]) -> FileShard:
+    """A shard from its dataset-index entry, without reading the file."""
+    frames = tuple(tuple(int(x) for x in f) for f in entry.get("frames", ()))
+    # A multi-frame .zst is read frame by frame; a single frame is decompressed whole.
+    compressed = entry["kind"] == "jsonl.zst" and len(frames) < 2
+    return FileShard(
+        path=storage.redact(uri),
+        data_path="" if compressed else uri,
+        index_path="",
+        num_records=int(entry["records"]),
+        checksum=str(entry["checksum"]),
+        size=int(entry["bytes"]),
+        uri=uri,
+        every=0 if compressed else int(entry["every"]),
+        offsets=() if compressed else tuple(int(x) for x in entry["offsets"]),
+        end=int(entry.get("end", 0)),
+        frames=() if compressed else frames,  # type: ignore[arg-type]
+    )
+
+
 def _index_file(data_path: Path) -> np.ndarray:
     """Return an ``(n, 2)`` int64 array of [start, end) byte ranges of non-blank lines."""
     size = data_path.stat().st_size
@@ -185,31 +323,85 @@ def _index_file(data_path: Path) -> np.ndarray:
     return np.stack([starts, ends], axis=1).astype(np.int64)
 
 
+def _artifacts(checksum: str) -> tuple[Path, Path]:
+    root = cache_dir()
+    key = checksum.partition(":")[2][:32]
+    return root / f"{key}.jsonl", root / f"{key}.index.npy"
+
+
+def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
+    """Build the decompressed copy and record index of ``src`` (content ``checksum``)."""
+    data_path, index_path = _artifacts(checksum)
+    if compressed and not data_path.exists():
+        try:
+            atomic_write(data_path, lambda f: _decompress_to(src, f))
+        except DataError as e:
+            raise DataError(f"{src}: {str(e).partition(': ')[2]}") from None
+    if not index_path.exists():
+        index = _index_file(data_path if compressed else src)
+        atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
+    return data_path, index_path
+
+
+def _open_remote(uri: str) -> FileShard:
+    from zephon_nodes.io.remote import fetched, known_checksum
+
+    compressed = uri.endswith(".zst")
+    st = storage.stat(uri)
+    checksum = known_checksum(uri, st)
+    if checksum is not None:
+        data_path, index_path = _artifacts(checksum)
+        ready = index_path.exists() and (data_path.exists() or not compressed)
+    if checksum is None or not ready:
+        try:
+            with fetched(uri, st) as (tmp, checksum):
+                data_path, index_path = _build(tmp, checksum, compressed)
+        except DataError as e:
+            text = str(e)
+            raise DataError(text.replace(str(cache_dir()), "<cache>")) from None
+    n = int(_load_index(str(index_path)).shape[0])
+    return FileShard(
+        path=storage.redact(uri),
+        data_path=str(data_path) if compressed else uri,
+        index_path=str(index_path),
+        num_records=n,
+        checksum=checksum,
+        size=st.size,
+    )
+
+
 def open_shard(path: str | os.PathLike[str]) -> FileShard:
-    """Index a ``.jsonl`` or ``.jsonl.zst`` shard (once per machine) and return a handle.
+    """Index a ``.jsonl`` or ``.jsonl.zst`` shard (once per content) and return a handle.
+
+    ``path`` is a local path, ``file://`` or remote URI (see :mod:`zephon_nodes.io.storage`).
+    A local shard is read once to compute its content checksum (see
+    :mod:`zephon_nodes.io.checksum`); its index and decompressed copy are built on the first
+    use of that content. A remote shard is fetched once per content (see
+    :mod:`zephon_nodes.io.remote`).
 
     Raises:
         DataError: If the file is missing, unreadable, or a corrupt/truncated zstd stream.
     """
-    p = Path(path)
+    if storage.is_remote(path):
+        return _open_remote(str(path))
+    p = Path(storage.local_path(path))
     if not p.is_file():
         raise DataError(f"{p}: data file not found")
     try:
-        key = cache_key(p)
-        root = cache_dir()
         compressed = p.name.endswith(".zst")
-        data_path = root / f"{key}.jsonl" if compressed else p
-        index_path = root / f"{key}.index.npy"
-        if compressed and not data_path.exists():
-            atomic_write(data_path, lambda f: _decompress_to(p, f))
-        if not index_path.exists():
-            index = _index_file(data_path)
-            atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
+        checksum = file_checksum(p)
+        data_path, index_path = _build(p, checksum, compressed)
         n = int(_load_index(str(index_path)).shape[0])
+        size = p.stat().st_size
     except OSError as e:
         raise DataError(f"{p}: cannot read: {e}") from None
     return FileShard(
-        path=str(p), data_path=str(data_path), index_path=str(index_path), num_records=n
+        path=str(p),
+        data_path=str(data_path) if compressed else str(p),
+        index_path=str(index_path),
+        num_records=n,
+        checksum=checksum,
+        size=size,
     )
 
 

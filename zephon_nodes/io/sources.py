@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
@@ -30,6 +32,22 @@ class OpenedDataset:
 
 
 def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) -> Shard:
+    from zephon_nodes.io.index import find_entry
+
+    found = find_entry(path)
+    if found is not None:
+        entry = found[0]
+        if entry["kind"] == "parquet":
+            from zephon_nodes.io.parquet import indexed_parquet_shard
+
+            return indexed_parquet_shard(path, entry, spec.text_field, image_column)
+        if entry["kind"] == "tar":
+            from zephon_nodes.io.tar import indexed_tar_shard
+
+            return indexed_tar_shard(path, entry)
+        from zephon_nodes.io.shards import indexed_shard
+
+        return indexed_shard(path, entry)
     if path.endswith(PARQUET_SUFFIXES):
         from zephon_nodes.io.parquet import open_parquet_shard
 
@@ -43,6 +61,26 @@ def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) ->
 
         return open_tar_shard(path)
     return open_shard(path)
+
+
+HINT_FILES = 100
+_HINTED: set[str] = set()
+
+
+def _hint(spec: DatasetSpec, files: list[Any]) -> None:
+    """One line, once per dataset and process: many local shards and no dataset index."""
+    from zephon_nodes.io import storage
+    from zephon_nodes.io.index import find_entry
+
+    if len(files) < HINT_FILES or spec.name in _HINTED or storage.is_remote(files[0]):
+        return
+    _HINTED.add(spec.name)
+    if find_entry(str(files[0])) is None:
+        print(
+            f"zephon: dataset {spec.name!r}: {len(files)} shards and no dataset index, so "
+            f"every shard is read at start-up; `zephon index` builds one (see docs/storage.md)",
+            file=sys.stderr,
+        )
 
 
 def open_dataset(
@@ -68,7 +106,9 @@ def open_dataset(
         return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size))
     shards = []
     skipped: dict[str, int] = {}
-    for path in spec.files():
+    files = spec.files()
+    _hint(spec, files)
+    for path in files:
         try:
             # An empty shard (0 records) is valid and contributes no work items (issue 2);
             # it is reported under "empty_file" with the skipped files, whatever the policy.

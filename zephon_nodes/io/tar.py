@@ -2,8 +2,8 @@
 
 A sample is every member sharing a key (the member path up to the first dot of its file
 name). Opening a shard builds a member index once (one pass over the headers; the JSON index
-is cached in :func:`~zephon_nodes.io.cache.cache_dir`, keyed by path, size and modification
-time), so reading any range of samples costs one seek and read per member.
+is cached in :func:`~zephon_nodes.io.cache.cache_dir`, keyed by the shard's content checksum),
+so reading any range of samples costs one read (one range request for a remote shard).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.cache import atomic_write, cache_dir, cache_key
+from zephon_nodes.io import storage
+from zephon_nodes.io.cache import atomic_write, cache_dir
+from zephon_nodes.io.checksum import file_checksum
 
 __all__ = ["IMAGE_EXTENSIONS", "TEXT_EXTENSIONS", "TarSample", "TarShard", "open_tar_shard"]
 
@@ -69,40 +71,44 @@ class TarShard:
         path: The shard as named by the recipe (used in messages).
         index_path: The cached JSON member index.
         num_records: Number of samples (keys).
+        checksum: Content checksum of the shard file (``xxh3_128:...``).
+        size: Bytes of the shard file.
+        uri: Where the bytes are read from (``path`` unless the shard is remote).
     """
 
     path: str
     index_path: str
     num_records: int
+    checksum: str = ""
+    size: int = 0
+    uri: str = ""
 
     def read(self, start: int, stop: int) -> list[tuple[int, TarSample]]:
         """Return samples ``[start, stop)`` as ``(sample number, TarSample)`` pairs."""
         if not 0 <= start <= stop <= self.num_records:
             raise DataError(f"{self.path}: samples [{start}, {stop}) out of range")
         entries = _load(self.index_path)[start:stop]
-        out = []
+        if not entries:
+            return []
+        lo = min(o for _, members in entries for _, o, _ in members)
+        hi = max(o + n for _, members in entries for _, o, n in members)
         try:
-            with open(self.path, "rb") as f:
-                for k, (key, members) in enumerate(entries):
-                    images: list[tuple[str, bytes]] = []
-                    text = js = None
-                    for ext, offset, size in members:
-                        f.seek(offset)
-                        blob = f.read(size)
-                        if len(blob) != size:
-                            raise DataError(
-                                f"{self.path}: key {key!r}: file changed since it was "
-                                f"indexed (short read)"
-                            )
-                        if ext in IMAGE_EXTENSIONS:
-                            images.append((ext, blob))
-                        elif ext == "txt":
-                            text = blob
-                        else:
-                            js = blob
-                    out.append((start + k, TarSample(key, tuple(images), text, js)))
-        except OSError as e:
-            raise DataError(f"{self.path}: cannot read: {e}") from None
+            blob = storage.read_range(self.uri or self.path, lo, hi, tag=self.checksum)
+        except DataError as e:
+            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
+        out = []
+        for k, (key, members) in enumerate(entries):
+            images: list[tuple[str, bytes]] = []
+            text = js = None
+            for ext, offset, size in members:
+                member = blob[offset - lo : offset - lo + size]
+                if ext in IMAGE_EXTENSIONS:
+                    images.append((ext, member))
+                elif ext == "txt":
+                    text = member
+                else:
+                    js = member
+            out.append((start + k, TarSample(key, tuple(images), text, js)))
         return out
 
     def key(self, record: int) -> str:
@@ -154,29 +160,84 @@ def _index_tar(path: Path) -> list[_Entry]:
     return [(k, tuple(members[k])) for k in order]
 
 
+def _index_path(checksum: str) -> Path:
+    return cache_dir() / f"{checksum.partition(':')[2][:32]}.tar-index.json"
+
+
+def _write_index(src: Path, index_path: Path) -> None:
+    entries = _index_tar(src)
+    blob = json.dumps(
+        {"format": _INDEX_FORMAT, "samples": [[k, list(m)] for k, m in entries]},
+        separators=(",", ":"),
+    ).encode("utf-8")
+
+    def write(f: Any) -> None:
+        f.write(blob)
+
+    atomic_write(index_path, write)
+
+
+def indexed_tar_shard(uri: str, entry: dict[str, Any]) -> TarShard:
+    """A tar shard from its dataset-index entry, without reading the file."""
+    checksum = str(entry["checksum"])
+    index_path = _index_path(checksum)
+    if not index_path.exists():
+        blob = json.dumps(
+            {"format": _INDEX_FORMAT, "samples": entry["samples"]}, separators=(",", ":")
+        ).encode("utf-8")
+        atomic_write(index_path, lambda f: f.write(blob))
+    return TarShard(
+        path=storage.redact(uri),
+        index_path=str(index_path),
+        num_records=int(entry["records"]),
+        checksum=checksum,
+        size=int(entry["bytes"]),
+        uri=uri,
+    )
+
+
 def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
-    """Index a tar shard (once per machine) and return a handle.
+    """Index a tar shard (once per content) and return a handle; ``path`` may be a URI.
 
     Raises:
         DataError: If the file is missing, unreadable, not a tar file, or truncated.
     """
-    p = Path(path)
+    text = str(path)
+    if storage.is_remote(text):
+        from zephon_nodes.io.remote import fetched, known_checksum
+
+        st = storage.stat(text)
+        checksum = known_checksum(text, st)
+        if checksum is None or not _index_path(checksum).exists():
+            with fetched(text, st) as (tmp, checksum):
+                try:
+                    _write_index(tmp, _index_path(checksum))
+                except DataError as e:
+                    raise DataError(
+                        f"{storage.redact(text)}: {str(e).partition(': ')[2]}"
+                    ) from None
+        index_path = _index_path(checksum)
+        n = len(_load(str(index_path)))
+        return TarShard(
+            path=storage.redact(text),
+            index_path=str(index_path),
+            num_records=n,
+            checksum=checksum,
+            size=st.size,
+            uri=text,
+        )
+    p = Path(storage.local_path(text))
     if not p.is_file():
         raise DataError(f"{p}: data file not found")
     try:
-        index_path = cache_dir() / f"{cache_key(p)}.tar-index.json"
+        checksum = file_checksum(p)
+        index_path = _index_path(checksum)
         if not index_path.exists():
-            entries = _index_tar(p)
-            blob = json.dumps(
-                {"format": _INDEX_FORMAT, "samples": [[k, list(m)] for k, m in entries]},
-                separators=(",", ":"),
-            ).encode("utf-8")
-
-            def write(f: Any) -> None:
-                f.write(blob)
-
-            atomic_write(index_path, write)
+            _write_index(p, index_path)
         n = len(_load(str(index_path)))
+        size = p.stat().st_size
     except OSError as e:
         raise DataError(f"{p}: cannot read: {e}") from None
-    return TarShard(path=str(p), index_path=str(index_path), num_records=n)
+    return TarShard(
+        path=str(p), index_path=str(index_path), num_records=n, checksum=checksum, size=size
+    )

@@ -100,6 +100,10 @@ class OrderedParallelMap(BaseNode[Any]):
                     fut.set_exception(e)
                 self._queue.append((state, item, fut))
 
+    def in_flight(self) -> list[Any]:
+        """Return the items submitted to the pool whose results are not ready yet, in order."""
+        return [item for _, item, fut in list(self._queue) if fut is not None and not fut.done()]
+
     def next(self) -> Any:
         """Return the next result in source order."""
         if self._error is not None:

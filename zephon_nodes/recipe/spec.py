@@ -137,6 +137,8 @@ class DatasetSpec:
             of a recipe with an ``[image]`` table; ``None``: ``"image"``.
         chunk_size: Records per work item for this dataset (default ``work.chunk_size``);
             smaller for long documents keeps a mixture's shares smooth over short horizons.
+        index: Where the dataset index (``zephon index``) is, if not next to the shards
+            (a path relative to ``base_dir`` or a URI); not fingerprinted.
     """
 
     name: str
@@ -149,6 +151,7 @@ class DatasetSpec:
     on_error: str = "raise"
     image_field: str | None = None
     chunk_size: int | None = None
+    index: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -173,37 +176,68 @@ class DatasetSpec:
                 bound=SETTINGS["datasets.chunk_size"],
             )
 
-    def files(self) -> list[Path]:
+    def files(self) -> list[Any]:
         """Resolve the glob patterns into a sorted list of files.
+
+        Local files come back as :class:`~pathlib.Path`, remote ones (``s3://``, ...) as
+        URI strings (see :mod:`zephon_nodes.io.storage`); each pattern's matches are sorted.
 
         Raises:
             RecipeError: If a pattern matches no file.
         """
-        out: list[Path] = []
-        for pattern in self.paths:
-            full = pattern if os.path.isabs(pattern) else str(Path(self.base_dir) / pattern)
-            matches = sorted(glob.glob(full, recursive=True))
-            # A Hugging Face `datasets` folder stands for its .arrow files (io/arrow.py).
-            from zephon_nodes.io.arrow import expand_dataset_dirs
+        from zephon_nodes.io import storage
+        from zephon_nodes.io.checksum import build_memo
 
-            named = not glob.has_magic(pattern)
-            matches = [m for m in expand_dataset_dirs(matches, named) if os.path.isfile(m)]
+        memo = build_memo()  # one listing per pipeline build
+        if memo is not None and ("files", id(self)) in memo:
+            return list(memo[("files", id(self))])
+        out: list[Any] = []
+        for pattern in self.paths:
+            if storage.is_remote(pattern):
+                matches = storage.expand(pattern)
+            else:
+                local = storage.local_path(pattern)
+                full = local if os.path.isabs(local) else str(Path(self.base_dir) / local)
+                matches = sorted(glob.glob(full, recursive=True))
+                # A Hugging Face `datasets` folder stands for its .arrow files (io/arrow.py).
+                from zephon_nodes.io.arrow import expand_dataset_dirs
+
+                named = not glob.has_magic(local)
+                matches = [m for m in expand_dataset_dirs(matches, named) if os.path.isfile(m)]
             if not matches:
+                if storage.is_remote(pattern):
+                    where = storage.redact(pattern)
+                else:
+                    where = str((Path(self.base_dir) / storage.local_path(pattern)).parent)
                 raise RecipeError(
-                    f"dataset {self.name!r}: pattern {pattern!r} matches no file "
-                    f"(looked in {Path(full).parent})"
+                    f"dataset {self.name!r}: pattern {storage.redact(pattern)!r} matches no "
+                    f"file (looked in {where})"
                 )
-            out.extend(Path(m) for m in matches)
-        seen: set[Path] = set()
+            out.extend(m if storage.is_remote(m) else Path(m) for m in matches)
+        seen: set[Any] = set()
         unique = []
         for p in out:
             if p not in seen:
                 seen.add(p)
                 unique.append(p)
+        if self.index is not None:
+            from zephon_nodes.io.index import use_index
+
+            location = self.index
+            if not storage.is_remote(location) and not os.path.isabs(location):
+                location = str(Path(self.base_dir) / location)
+            use_index([str(p) for p in unique], location)
+        if memo is not None:
+            memo[("files", id(self))] = list(unique)
         return unique
 
     def canonical(self) -> dict[str, Any]:
-        """Data-defining fields, with each file's path (relative to ``base_dir``) and size."""
+        """Data-defining fields, with each file's content checksum and size, in order.
+
+        Paths are not part of it: the same bytes elsewhere are the same data. A local file
+        is read once to hash it unless a dataset index covers it (see
+        :mod:`zephon_nodes.io.identity`).
+        """
         out: dict[str, Any] = {
             "name": self.name,
             "text_field": self.text_field,
@@ -214,14 +248,9 @@ class DatasetSpec:
             out["records_sha256"] = hashlib.sha256(blob.encode("utf-8")).hexdigest()
             out["num_records"] = len(self.records)
         else:
-            files = []
-            for p in self.files():
-                try:
-                    rel = p.resolve().relative_to(Path(self.base_dir).resolve()).as_posix()
-                except ValueError:
-                    rel = p.resolve().as_posix()
-                files.append({"path": rel, "bytes": p.stat().st_size})
-            out["files"] = files
+            from zephon_nodes.io.identity import file_identity
+
+            out["files"] = [file_identity(p) for p in self.files()]
         # New fields join the canonical form only when set, so older recipes keep their
         # fingerprint.
         if self.on_exhausted != "end":
@@ -669,6 +698,7 @@ class Recipe:
                         on_error=ds.get("on_error", str, default_on_error),
                         image_field=ds.get("image_field", str, None),
                         chunk_size=ds.get("chunk_size", int, None),
+                        index=ds.get("index", str, None),
                     )
                 )
                 ds.done()

@@ -1,0 +1,289 @@
+"""Session servers for storage tests: an S3 endpoint (moto) and a Range-honouring HTTP server.
+
+Both listen on 127.0.0.1 with a free port and are stopped by finalizers. The S3 credentials
+and endpoint are set in ``os.environ`` only while a test uses :func:`s3_env`, and only in the
+moto server's own subprocess environment otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    """Return a free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} did not start in {timeout} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@dataclass
+class S3Server:
+    """A moto S3 server on 127.0.0.1 that can be stopped and restarted on the same port."""
+
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables pointing at this server (dummy credentials)."""
+        return {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def start(self) -> None:
+        """Start the server (its state starts empty)."""
+        env = {**os.environ, **self.env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_port(self.port, self.proc)
+
+    def stop(self) -> None:
+        """Stop the server."""
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A moto S3 server for the whole session."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    server = S3Server(free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """Point the standard AWS variables at the session's S3 server for one test."""
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    from zephon_nodes.io import storage
+
+    storage._forget_filesystems()
+    return s3_server
+
+
+def s3_put_tree(server: S3Server, bucket: str, root: Path, prefix: str = "") -> str:
+    """Upload every file under ``root`` to ``s3://bucket/prefix``; return that URI."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=server.env["AWS_ENDPOINT_URL"], **_creds(server))
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=bucket)
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            key = (prefix + "/" if prefix else "") + p.relative_to(root).as_posix()
+            client.upload_file(str(p), bucket, key)
+    return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
+
+def _creds(server: S3Server) -> dict[str, str]:
+    e = server.env
+    return {
+        "aws_access_key_id": e["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": e["AWS_SECRET_ACCESS_KEY"],
+        "region_name": e["AWS_REGION"],
+    }
+
+
+NGINX_CONF = """\
+daemon off;
+{user}worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log;
+events {{ worker_connections 64; }}
+http {{
+    access_log {tmp}/access.log;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location /forbidden/ {{ return 403; }}
+    }}
+}}
+"""
+
+
+@dataclass
+class HttpServer:
+    """An nginx serving ``root`` on 127.0.0.1 (honours ``Range``)."""
+
+    root: Path
+    port: int
+
+    def url(self, rel: str) -> str:
+        """The URL of ``root/rel``."""
+        return f"http://127.0.0.1:{self.port}/{rel}"
+
+
+@pytest.fixture(scope="session")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    """nginx on a free port serving a session temp dir."""
+    nginx = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
+    if nginx is None:
+        pytest.fail("nginx is not installed (apt-get install nginx; .ci/run installs it)")
+    tmp = tmp_path_factory.mktemp("nginx")
+    root = tmp / "www"
+    root.mkdir()
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    # As root, nginx workers would switch to a user that cannot read the 0700 temp dirs.
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, root=root))
+    proc = subprocess.Popen(
+        [nginx, "-c", str(conf), "-p", str(tmp)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(port, proc)
+        yield HttpServer(root, port)
+    finally:
+        _stop(proc)
+
+
+class OutageProxy:
+    """A TCP proxy in front of a server that can drop every connection and stop listening.
+
+    ``outage(seconds)`` makes the endpoint disappear (connections reset, new ones refused)
+    and come back on the same port, as a restarted S3 endpoint would, without losing the
+    server's state.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        import threading
+
+        self.target_port = target_port
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self.accepted = 0
+        self.restarts = 0
+        self.start()
+
+    def start(self) -> None:
+        """Listen again on the same port."""
+        import threading
+
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self._listener = s
+        t = threading.Thread(target=self._accept, args=(s,), daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept(self, listener: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+                self.accepted += 1
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        """Stop listening and reset every open connection."""
+        if self._listener is not None:
+            # shutdown wakes the thread blocked in accept(), so the port is free at once.
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                )
+                c.close()
+            except OSError:
+                pass
+
+    def outage(self, seconds: float) -> None:
+        """Disappear for ``seconds``, then come back."""
+        self.stop()
+        time.sleep(seconds)
+        self.start()
+        self.restarts += 1

@@ -1,0 +1,71 @@
+"""``zephon index``: read each shard once and write the dataset index next to the shards."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from zephon_nodes.errors import RecipeError
+from zephon_nodes.io import storage
+from zephon_nodes.io.index import EVERY, INDEX_NAME, build_index, write_index
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Register the subcommand."""
+    p = sub.add_parser(
+        "index",
+        help="build the dataset index (record counts, offsets, checksums) of shard files",
+        description=(
+            "Read each shard matched by the patterns once (in parallel, with a progress bar) "
+            f"and write a JSON dataset index ({INDEX_NAME}) in the shards' common directory, "
+            "or at --output. A pipeline over indexed shards starts without reading any shard. "
+            "Patterns may be local paths or storage URIs (s3://, gs://, az://, hf://, "
+            "http(s):// single files, file://)."
+        ),
+    )
+    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="glob patterns or URIs")
+    p.add_argument(
+        "--output", default=None, help=f"where to write the index (default: DIR/{INDEX_NAME})"
+    )
+    p.add_argument(
+        "--every", type=int, default=EVERY, help="keep the offset of every k-th jsonl record"
+    )
+    p.add_argument("--workers", type=int, default=8, help="shards read at once")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build and write the index; print where it went and what it holds."""
+    if not 1 <= args.every <= 1 << 20:
+        raise RecipeError(f"--every={args.every} must be in [1, 1048576]")
+    if not 1 <= args.workers <= 256:
+        raise RecipeError(f"--workers={args.workers} must be in [1, 256]")
+    from tqdm import tqdm
+
+    bar = tqdm(desc="indexing shards", unit="shard", disable=args.quiet, file=sys.stderr)
+    try:
+        directory, manifest = build_index(
+            args.patterns, every=args.every, workers=args.workers, progress=bar.update
+        )
+    finally:
+        bar.close()
+    if args.output is not None:
+        location = args.output
+    elif storage.is_remote(directory):
+        location = directory.rstrip("/") + "/" + INDEX_NAME
+    else:
+        import os
+
+        location = os.path.join(directory, INDEX_NAME)
+    write_index(manifest, location, directory)
+    shards = manifest["shards"]
+    records = sum(int(e["records"]) for e in shards.values())
+    size = sum(int(e["bytes"]) for e in shards.values())
+    print(
+        f"{storage.redact(location)}: {len(shards)} shard(s), {records:,} records, {size:,} bytes"
+    )
+    return 0

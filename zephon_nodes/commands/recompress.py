@@ -1,0 +1,56 @@
+"""``zephon recompress``: rewrite shards as many zstd frames, readable in parts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from zephon_nodes.errors import RecipeError
+from zephon_nodes.io import storage
+from zephon_nodes.io.recompress import recompress_file
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Register the subcommand."""
+    p = sub.add_parser(
+        "recompress",
+        help="rewrite .jsonl/.jsonl.zst shards as multi-frame .jsonl.zst (readable in parts)",
+        description=(
+            "Write each local shard's records into OUTPUT_DIR as a .jsonl.zst made of zstd "
+            "frames of about --frame-mb MB of text each, ending on record boundaries. With a "
+            "dataset index (zephon index), a work item then reads only its frames. The records "
+            "do not change; the files' checksums (and so the recipe fingerprint) do."
+        ),
+    )
+    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="local shard glob patterns")
+    p.add_argument("--output-dir", required=True, help="folder for the re-compressed shards")
+    p.add_argument("--frame-mb", type=float, default=4.0, help="text per frame in MB (4)")
+    p.add_argument("--level", type=int, default=3, help="zstd level (3)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Re-compress every matched shard; print one line per shard."""
+    if not 0.01 <= args.frame_mb <= 4096:
+        raise RecipeError(f"--frame-mb={args.frame_mb} must be in [0.01, 4096]")
+    if not 1 <= args.level <= 22:
+        raise RecipeError(f"--level={args.level} must be in [1, 22]")
+    files = []
+    for pattern in args.patterns:
+        if storage.is_remote(pattern):
+            raise RecipeError(f"{storage.redact(pattern)}: recompress reads local files only")
+        matches = storage.expand(pattern)
+        if not matches:
+            raise RecipeError(f"pattern {pattern!r} matches no file")
+        files.extend(matches)
+    out = Path(args.output_dir)
+    for f in files:
+        name = Path(f).name
+        target = out / (name if name.endswith(".zst") else name + ".zst")
+        n = recompress_file(f, target, int(args.frame_mb * (1 << 20)), args.level)
+        print(f"{target}: {n} frame(s)", file=sys.stdout)
+    return 0

@@ -1,0 +1,136 @@
+"""The exact future: which cached shards a process's lanes read next, in order.
+
+``work(lane, i)`` is a pure function of the recipe, so from the lanes' current positions the
+shards they will read are known for any horizon. :class:`AccessPlan` lists them (the lanes
+advance together, so the order is round-robin over the lanes: item ``p_l`` of every lane
+``l``, then ``p_l + 1``, ...) and :class:`CacheFeed` hands that list to the
+:class:`~zephon_nodes.io.nodecache.NodeCache` (eviction by Belady's rule) and resolves keys
+for its prefetcher.
+
+Only shards that go through the node cache take part: those with a ``cache_key`` (see
+:class:`~zephon_nodes.io.nodecache.Cacheable`); shards read in place are left out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from zephon_nodes.io.nodecache import Cacheable, Fetch, NodeCache
+
+if TYPE_CHECKING:  # io does not import the engine at run time
+    from zephon_nodes.engine.work import WorkItem, WorkSource
+
+__all__ = ["AccessPlan", "CacheFeed", "cacheable"]
+
+
+def cacheable(shard: Any) -> Cacheable | None:
+    """Return ``shard`` if it is read through the node cache, else None."""
+    return shard if isinstance(getattr(shard, "cache_key", None), str) else None
+
+
+class AccessPlan:
+    """The ordered node-cache accesses of some lanes from their current positions.
+
+    Args:
+        work_source: The recipe's work source.
+        horizon: Most accesses listed (the farther future does not change decisions much).
+    """
+
+    def __init__(self, work_source: WorkSource, horizon: int = 256) -> None:
+        self.work_source = work_source
+        self.horizon = horizon
+        self.positions: dict[int, tuple[int, int]] = {}  # lane -> (start, submitted)
+        self.shards: dict[str, Cacheable] = {}
+
+    def update(self, starts: Mapping[int, int], submitted: Mapping[int, int] | None = None) -> bool:
+        """Set lanes' positions; return whether anything changed.
+
+        Args:
+            starts: Per lane, the first work item whose shard may still be read.
+            submitted: Per lane, the first work item not yet handed to a worker (items
+                before it are in flight: the prefetcher leaves them to their worker).
+                Default: ``starts``.
+        """
+        changed = False
+        for lane, i in starts.items():
+            sub = int(submitted.get(lane, i)) if submitted is not None else int(i)
+            if self.positions.get(lane) != (int(i), sub):
+                self.positions[lane] = (int(i), max(int(i), sub))
+                changed = True
+        return changed
+
+    def items(self) -> Iterable[tuple[WorkItem, bool]]:
+        """Yield ``(work item, in flight)`` of the lanes, round-robin over lanes by position."""
+        live = dict(sorted(self.positions.items()))
+        t = 0
+        while live:
+            for lane, (start, submitted) in list(live.items()):
+                item = self.work_source.work(lane, start + t)
+                if item is None:
+                    del live[lane]
+                    continue
+                yield item, start + t < submitted
+            t += 1
+
+    def keys(self) -> tuple[list[str], list[int]]:
+        """Return the next ``horizon`` cached-shard accesses and which are in flight.
+
+        Returns:
+            The accesses' cache keys in order, and the indexes (into them) of those already
+            handed to a worker.
+        """
+        out: list[str] = []
+        in_flight: list[int] = []
+        if self.horizon <= 0:
+            return out, in_flight
+        for scanned, (item, flying) in enumerate(self.items(), 1):
+            shard = cacheable(item.shard)
+            if shard is not None:
+                self.shards.setdefault(shard.cache_key, shard)
+                if flying:
+                    in_flight.append(len(out))
+                out.append(shard.cache_key)
+                if len(out) >= self.horizon:
+                    break
+            if scanned >= 8 * self.horizon:  # mostly in-place shards: stop looking
+                break
+        return out, in_flight
+
+
+class CacheFeed:
+    """Keeps a node cache's future in step with the lanes of this process.
+
+    Every rank built in the process registers its lanes' positions (lane -> next work item)
+    through :meth:`update`, after a reset and after each step; the feed recomputes the
+    accesses of all of them and gives them to the cache, and resolves the keys the
+    prefetcher asks for.
+
+    Args:
+        cache: The node cache.
+        work_source: The recipe's work source.
+        horizon: Accesses planned ahead.
+        prefetch: Shards kept fetched ahead of use (0: no prefetch).
+    """
+
+    def __init__(
+        self, cache: NodeCache, work_source: WorkSource, horizon: int = 256, prefetch: int = 4
+    ) -> None:
+        self.cache = cache
+        self.plan = AccessPlan(work_source, horizon)
+        self._lock = threading.Lock()
+        if prefetch > 0 and cache.policy == "belady":
+            cache.start_prefetch(self._resolve, prefetch)
+
+    def update(self, starts: Mapping[int, int], submitted: Mapping[int, int] | None = None) -> None:
+        """Record lane positions (see :meth:`AccessPlan.update`); refresh the cache's future."""
+        with self._lock:
+            if not self.plan.update(starts, submitted):
+                return
+            keys, in_flight = self.plan.keys()
+        self.cache.set_future(keys, in_flight)
+
+    def _resolve(self, key: str) -> tuple[int, Fetch]:
+        shard = self.plan.shards[key]
+        return shard.cache_size, shard.cache_fetch

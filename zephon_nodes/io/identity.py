@@ -1,0 +1,105 @@
+"""A dataset's identity: the content checksum and size of each of its files, in order.
+
+This is what joins the recipe fingerprint in place of file paths, so the same bytes copied
+to another disk, folder or bucket resume, and a file whose content changed is refused at
+resume, named. With a dataset index (``zephon index``) the identities come from the index
+and no shard is read; otherwise a local file is hashed (see :mod:`zephon_nodes.io.checksum`)
+and a remote one is fetched and indexed once (see :mod:`zephon_nodes.io.remote`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from zephon_nodes.io import storage
+from zephon_nodes.io.checksum import file_checksum
+
+__all__ = ["MAX_NAMED_FILES", "content_summary", "file_identity", "file_names"]
+
+# A checkpoint names changed files for datasets up to this many files (one short entry each).
+MAX_NAMED_FILES = 4096
+
+
+def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Return ``{"checksum": ..., "bytes": ...}`` of one shard file.
+
+    Raises:
+        DataError: If the file cannot be read.
+    """
+    from zephon_nodes.io.index import indexed_identity
+
+    text = str(path)
+    found = indexed_identity(text)
+    if found is not None:
+        return found
+    if not storage.is_remote(text):
+        p = Path(storage.local_path(text))
+        return {"checksum": file_checksum(p), "bytes": p.stat().st_size}
+    from zephon_nodes.io.remote import known_checksum
+
+    st = storage.stat(text)
+    checksum = known_checksum(text, st)
+    if checksum is None:
+        checksum = _open_remote(text)
+    return {"checksum": checksum, "bytes": st.size}
+
+
+def _open_remote(uri: str) -> str:
+    """Fetch and index a remote shard by its format (once); return its checksum."""
+    if uri.endswith((".parquet", ".pq")):
+        from zephon_nodes.io.remote import fetched
+
+        with fetched(uri, storage.stat(uri)) as (_, checksum):
+            return checksum
+
+    from zephon_nodes.errors import DataError
+    from zephon_nodes.io.remote import fetched
+
+    try:
+        if uri.endswith(".tar"):
+            from zephon_nodes.io.tar import open_tar_shard
+
+            return open_tar_shard(uri).checksum
+        from zephon_nodes.io.shards import open_shard
+
+        return open_shard(uri).checksum
+    except DataError as e:
+        if "not found" in str(e) or "cannot" in str(e):
+            raise
+        # A corrupt shard still has an identity (``on_error = "skip"`` leaves it out later).
+        with fetched(uri, storage.stat(uri)) as (_, checksum):
+            return checksum
+
+
+def file_names(files: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Short names of a dataset's files for messages: paths below their common directory."""
+    texts = [storage.redact(str(f)) for f in files]
+    if len(texts) < 2:
+        return [t.rsplit("/", 1)[-1] for t in texts]
+    parts = [t.split("/") for t in texts]
+    n = 0
+    while all(len(p) > n + 1 and p[n] == parts[0][n] for p in parts):
+        n += 1
+    return ["/".join(p[n:]) for p in parts]
+
+
+def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[str, Any]:
+    """Per dataset, ``{short file name: checksum prefix}`` (for naming a changed file).
+
+    Args:
+        datasets: The recipe's :class:`~zephon_nodes.recipe.spec.DatasetSpec` objects.
+        canonical: The recipe's canonical form (holding each file's checksum in order).
+    """
+    out: dict[str, Any] = {}
+    for spec, canon in zip(datasets, canonical["datasets"], strict=True):
+        files = canon.get("files")
+        if not files or len(files) > MAX_NAMED_FILES:
+            continue
+        names = file_names(spec.files())
+        out[spec.name] = {
+            n: f["checksum"].partition(":")[2][:16] for n, f in zip(names, files, strict=True)
+        }
+    return out

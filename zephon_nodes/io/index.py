@@ -1,0 +1,444 @@
+"""The dataset index: one JSON manifest that lets a pipeline start without reading any shard.
+
+``zephon index PATTERN...`` reads each shard once (in parallel) and writes
+``zephon-index.json`` next to the shards (or where ``--output`` says). Its format
+(``"format": "zephon-index", "version": 1``) holds, per shard, keyed by its path relative to
+the manifest's directory:
+
+- ``bytes``, ``version`` (the backend's version tag: ETag/generation; a local file's
+  modification time in ns), ``checksum`` (``xxh3_128:`` of the bytes), ``records``;
+- ``kind`` and what reaches a record cheaply: ``jsonl``/``jsonl.zst``: ``every`` and
+  ``offsets`` (byte offset of every ``every``-th record in the uncompressed text) and ``end``
+  (end of the last record), plus ``frames`` for ``.zst`` (``[compressed offset, compressed
+  size, uncompressed size]`` of each zstd frame); ``parquet``: ``row_group_ends`` and
+  ``columns``; ``tar``: ``samples`` (each sample's key and members' extension, offset, size).
+
+A pipeline finds the manifest in each shard's directory or up to three folders above it (or
+at the dataset's ``index``). A shard
+whose size differs from its entry, or a remote shard whose version tag differs, is refused
+naming the shard and the command that rebuilds the index; a local shard whose modification
+time differs (a copy) is re-hashed once and accepted only if its checksum still matches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zephon_nodes.errors import DataError
+from zephon_nodes.io import storage
+from zephon_nodes.io.checksum import file_checksum
+
+__all__ = [
+    "EVERY",
+    "FORMAT",
+    "INDEX_NAME",
+    "VERSION",
+    "build_entry",
+    "build_index",
+    "find_entry",
+    "indexed_identity",
+    "load_index",
+    "write_index",
+]
+
+INDEX_NAME = "zephon-index.json"
+FORMAT = "zephon-index"
+VERSION = 1
+EVERY = 64
+# How many parent folders of a shard are searched for an index (after its own folder).
+SEARCH_UP = 3
+
+_LOCK = threading.Lock()
+# Manifest location -> (its directory, {relative name: entry}); None: no manifest there.
+_MANIFESTS: dict[str, tuple[str, dict[str, Any]] | None] = {}
+# Explicit manifest for files: file URI -> manifest location (a dataset's ``index``).
+_NAMED: dict[str, str] = {}
+
+
+def _dirname(uri: str) -> str:
+    return posixpath.dirname(uri) if storage.is_remote(uri) else os.path.dirname(uri)
+
+
+def _join(directory: str, name: str) -> str:
+    if storage.is_remote(directory):
+        return directory.rstrip("/") + "/" + name
+    return os.path.join(directory, name)
+
+
+def rebuild_hint(directory: str) -> str:
+    """The command that rebuilds the index of a directory."""
+    return f"rebuild it: zephon index '{storage.redact(_join(directory, '*'))}'"
+
+
+def _read_text(uri: str) -> str | None:
+    if not storage.is_remote(uri):
+        path = storage.local_path(uri)
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    try:
+        st = storage.stat(uri)
+    except DataError as e:
+        if "not found" in str(e):
+            return None
+        raise
+    return storage.read_range(uri, 0, st.size, cache=False).decode("utf-8")
+
+
+def load_index(location: str) -> dict[str, Any] | None:
+    """Load the manifest at ``location`` (a file URI/path); ``None`` if there is none.
+
+    Raises:
+        DataError: If the manifest is unreadable or of another format or version.
+    """
+    text = _read_text(location)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise DataError(f"{storage.redact(location)}: not a JSON dataset index: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise DataError(f"{storage.redact(location)}: not a zephon dataset index")
+    if data.get("version") != VERSION:
+        raise DataError(
+            f"{storage.redact(location)}: dataset index version {data.get('version')!r}, this "
+            f"zephon-nodes reads version {VERSION}; "
+            f"{rebuild_hint(_dirname(location))}"
+        )
+    if not isinstance(data.get("shards"), dict):
+        raise DataError(f"{storage.redact(location)}: dataset index has no 'shards' table")
+    return data
+
+
+def _manifest(location: str) -> tuple[str, dict[str, Any]] | None:
+    with _LOCK:
+        if location in _MANIFESTS:
+            return _MANIFESTS[location]
+    data = load_index(location)
+    found = None
+    if data is not None:
+        base = str(data.get("base", "."))
+        if storage.is_remote(base):
+            directory = base.rstrip("/")
+        elif storage.is_remote(location):
+            directory = (
+                _dirname(location)
+                if base == "."
+                else posixpath.normpath(posixpath.join(_dirname(location), base))
+            )
+        else:
+            directory = os.path.normpath(os.path.join(_dirname(location), base))
+        found = (directory, data["shards"])
+    with _LOCK:
+        _MANIFESTS[location] = found
+    return found
+
+
+def use_index(files: Sequence[str], location: str) -> None:
+    """Make ``files`` look up their entries in the manifest at ``location``."""
+    with _LOCK:
+        for f in files:
+            _NAMED[str(f)] = location
+
+
+def forget() -> None:
+    """Forget loaded manifests (they are re-read on next use)."""
+    with _LOCK:
+        _MANIFESTS.clear()
+        _DIRS.clear()
+
+
+def _normal(uri: str) -> str:
+    if storage.is_remote(uri):
+        return uri
+    path = storage.local_path(uri)
+    plain = path.startswith("/") and "/." not in path and "//" not in path
+    return path if plain else os.path.abspath(path)
+
+
+def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
+    """Return ``(entry, manifest location)`` of a shard, if an index covers it.
+
+    The entry is checked against the shard's size and version tag first.
+
+    Raises:
+        DataError: If the index does not match the shard (naming it and the rebuild command).
+    """
+    from zephon_nodes.io.checksum import build_memo
+
+    memo = build_memo()
+    if memo is not None and ("index", str(uri)) in memo:
+        hit: tuple[dict[str, Any], str] | None = memo[("index", str(uri))]
+        return hit
+    if os.environ.get("ZEPHON_NO_INDEX"):
+        return None
+    text = _normal(str(uri))
+    found = _lookup(str(uri), text)
+    if found is not None:
+        entry, location, directory = found
+        _check(text, entry, directory)
+        result: tuple[dict[str, Any], str] | None = (entry, location)
+    else:
+        result = None
+    if memo is not None:
+        memo[("index", str(uri))] = result
+    return result
+
+
+_DIRS: dict[str, tuple[str, str, dict[str, Any]] | None] = {}
+
+
+def _candidates(text: str, named: str | None) -> list[str]:
+    """Where the index of ``text`` may be: the dataset's, or its folder and SEARCH_UP above."""
+    if named is not None:
+        return [_normal(named)]
+    out = []
+    directory = _dirname(text)
+    for _ in range(SEARCH_UP + 1):
+        out.append(_join(directory, INDEX_NAME))
+        parent = _dirname(directory)
+        remote_root = storage.is_remote(text) and "://" not in parent
+        if parent == directory or remote_root or not parent:
+            break
+        directory = parent
+    return out
+
+
+def _lookup(uri: str, text: str) -> tuple[dict[str, Any], str, str] | None:
+    named = _NAMED.get(uri)
+    key = "@" + _normal(named) if named is not None else _dirname(text)
+    with _LOCK:
+        known = key in _DIRS
+        cached = _DIRS.get(key)
+    if not known:
+        cached = None
+        for location in _candidates(text, named):
+            found = _manifest(location)
+            if found is None:
+                continue
+            directory, shards = found
+            if text.startswith(directory + "/") and text[len(directory) + 1 :] in shards:
+                cached = (location, directory, shards)
+                break
+        with _LOCK:
+            _DIRS[key] = cached
+    if cached is None:
+        return None
+    location, directory, shards = cached
+    entry = shards.get(text[len(directory) + 1 :]) if text.startswith(directory + "/") else None
+    return (entry, location, directory) if isinstance(entry, dict) else None
+
+
+def _check(uri: str, entry: dict[str, Any], directory: str) -> None:
+    st = storage.stat(uri)
+    if st.size != entry.get("bytes"):
+        raise DataError(
+            f"{storage.redact(uri)}: the dataset index says {entry.get('bytes')} bytes, the "
+            f"file has {st.size}; {rebuild_hint(directory)}"
+        )
+    if st.version == entry.get("version"):
+        return
+    if storage.is_remote(uri):
+        raise DataError(
+            f"{storage.redact(uri)}: version tag {st.version!r} differs from the dataset "
+            f"index ({entry.get('version')!r}); {rebuild_hint(directory)}"
+        )
+    # A local copy has a new modification time: accept it only with the same content.
+    if file_checksum(uri) != entry.get("checksum"):
+        raise DataError(
+            f"{uri}: content differs from the dataset index (same size, other checksum); "
+            f"{rebuild_hint(directory)}"
+        )
+    entry["version"] = st.version
+
+
+def indexed_identity(uri: str) -> dict[str, Any] | None:
+    """``{"checksum", "bytes"}`` of a shard from its index, or ``None`` without an index."""
+    found = find_entry(uri)
+    if found is None:
+        return None
+    entry = found[0]
+    return {"checksum": str(entry["checksum"]), "bytes": int(entry["bytes"])}
+
+
+def _kind(name: str) -> str:
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
+    if name.endswith(".tar"):
+        return "tar"
+    return "jsonl.zst" if name.endswith(".zst") else "jsonl"
+
+
+def _frames(path: Path) -> list[list[int]]:
+    """``[offset, compressed size, uncompressed size]`` of each zstd frame of a file."""
+    import zstandard
+
+    data = path.read_bytes()
+    dctx = zstandard.ZstdDecompressor()
+    out = []
+    offset = 0
+    while offset < len(data):
+        obj = dctx.decompressobj()
+        plain = obj.decompress(data[offset:])
+        used = len(data) - offset - len(obj.unused_data)
+        out.append([offset, used, len(plain)])
+        offset += used
+    return out
+
+
+def _common_dir(dirs: Sequence[str]) -> str:
+    parts = [d.rstrip("/").split("/") for d in dirs]
+    common = []
+    for column in zip(*parts, strict=False):
+        if any(c != column[0] for c in column):
+            break
+        common.append(column[0])
+    return "/".join(common) or "/"
+
+
+def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
+    from zephon_nodes.io import shards, tar
+
+    entry: dict[str, Any] = {"kind": kind}
+    if kind in ("jsonl", "jsonl.zst"):
+        src = path
+        if kind == "jsonl.zst":
+            tmp = path.with_name(path.name + ".plain")
+            with open(tmp, "wb") as out:
+                shards._decompress_to(path, out)
+            src = tmp
+            entry["frames"] = _frames(path)
+        try:
+            index = shards._index_file(src)
+        finally:
+            if kind == "jsonl.zst":
+                os.unlink(src)
+        entry["records"] = int(index.shape[0])
+        entry["every"] = every
+        entry["offsets"] = [int(x) for x in index[::every, 0].tolist()]
+        entry["end"] = int(index[-1, 1]) if len(index) else 0
+    elif kind == "parquet":
+        from zephon_nodes.io.parquet import _pq
+
+        f = _pq().ParquetFile(str(path))
+        meta = f.metadata
+        counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        ends = [int(x) for x in np.cumsum(counts)] if counts else []
+        entry["records"] = ends[-1] if ends else 0
+        entry["row_group_ends"] = ends
+        entry["columns"] = list(f.schema_arrow.names)
+    else:
+        samples = tar._index_tar(path)
+        entry["records"] = len(samples)
+        entry["samples"] = [[k, [list(m) for m in members]] for k, members in samples]
+    return entry
+
+
+def build_entry(uri: str, every: int = EVERY) -> dict[str, Any]:
+    """Read one shard once and return its index entry.
+
+    Raises:
+        DataError: If the shard cannot be read or is corrupt.
+    """
+    kind = _kind(uri)
+    st = storage.stat(uri)
+    if storage.is_remote(uri):
+        from zephon_nodes.io.remote import fetched
+
+        with fetched(uri, st) as (tmp, checksum):
+            entry = _local_entry(tmp, kind, every)
+    else:
+        path = Path(storage.local_path(uri))
+        checksum = file_checksum(path)
+        try:
+            entry = _local_entry(path, kind, every)
+        except DataError as e:
+            raise DataError(f"{uri}: {str(e).partition(': ')[2] or e}") from None
+    return {"bytes": st.size, "version": st.version, "checksum": checksum, **entry}
+
+
+def build_index(
+    patterns: Sequence[str],
+    *,
+    every: int = EVERY,
+    workers: int = 8,
+    progress: Callable[[int], Any] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """Index every file matched by ``patterns`` (in parallel); return ``(directory, manifest)``.
+
+    The manifest's names are relative to the common directory of the files.
+
+    Raises:
+        DataError: If no file matches, or a shard cannot be read.
+    """
+    files: list[str] = []
+    for pattern in patterns:
+        matches = storage.expand(pattern)
+        if not matches:
+            raise DataError(f"pattern {storage.redact(pattern)!r} matches no file")
+        files.extend(_normal(m) for m in matches)
+    files = sorted(set(files))
+    directory = _common_dir([_dirname(f) for f in files])
+
+    def one(f: str) -> dict[str, Any]:
+        entry = build_entry(f, every)
+        if progress is not None:
+            progress(1)
+        return entry
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        entries = list(pool.map(one, files))
+    shards = {f[len(directory) :].lstrip("/"): e for f, e in zip(files, entries, strict=True)}
+    return directory, {"format": FORMAT, "version": VERSION, "every": every, "shards": shards}
+
+
+def write_index(manifest: dict[str, Any], location: str, directory: str | None = None) -> None:
+    """Write a manifest to a local path or remote URI (atomically for local files).
+
+    Args:
+        manifest: From :func:`build_index`.
+        location: Where to write it.
+        directory: The shards' directory, when not the manifest's own (kept as ``base``:
+            relative for local paths, so a copied tree keeps working).
+
+    Raises:
+        DataError: If it cannot be written.
+    """
+    if directory is not None:
+        here = _dirname(_normal(location))
+        if storage.is_remote(directory) or storage.is_remote(location):
+            base = "." if directory.rstrip("/") == here.rstrip("/") else directory
+        else:
+            base = os.path.relpath(directory, here)
+        manifest = {**manifest, "base": base}
+    blob = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    if storage.is_remote(location):
+
+        def put() -> None:
+            with storage.filesystem(location).open(location, "wb") as f:
+                f.write(blob)
+
+        storage.with_retries(put, location, what="write")
+    else:
+        from zephon_nodes.io.cache import atomic_write
+
+        target = Path(storage.local_path(location))
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(target, lambda f: f.write(blob))
+        except OSError as e:
+            raise DataError(f"{target}: cannot write the dataset index: {e}") from None
+    with _LOCK:
+        _MANIFESTS.pop(_normal(location), None)
+        _DIRS.clear()

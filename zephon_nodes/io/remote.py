@@ -1,0 +1,106 @@
+"""Remote shards without a dataset index: fetched once, checksummed, indexed, remembered.
+
+The first use of a remote shard on a machine streams it once (visibly: one line per shard
+on stderr) into a temporary file in the cache, computes its content checksum and lets the
+format build its record index from the local bytes. The checksum is then remembered under
+the URI, size and version tag (ETag, generation), so later runs reach it with one ``stat``
+call; a changed version tag or size makes the shard be fetched and checksummed again.
+``zephon index`` does the same work ahead of time for a whole dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from zephon_nodes.errors import DataError
+from zephon_nodes.io import storage
+from zephon_nodes.io.cache import atomic_write, cache_dir
+from zephon_nodes.io.checksum import Hasher
+
+__all__ = ["fetched", "finish_progress", "known_checksum"]
+
+
+def _memo(uri: str, st: storage.FileStat) -> Path:
+    text = f"{storage.redact(uri)}|{st.size}|{st.version}"
+    return cache_dir() / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.remote.json"
+
+
+def known_checksum(uri: str, st: storage.FileStat) -> str | None:
+    """The remembered checksum of ``uri`` at this size and version tag, if any."""
+    memo = _memo(uri, st)
+    try:
+        data = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get("checksum") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+_PROGRESS: dict[str, Any] = {}
+
+
+def _announce(uri: str, st: storage.FileStat) -> None:
+    """Say what is fetched: the first shard by name, then a progress bar on stderr."""
+    bar = _PROGRESS.get("bar")
+    if bar is None:
+        from tqdm import tqdm
+
+        print(
+            f"zephon: fetching and indexing remote shards without a dataset index (first: "
+            f"{storage.redact(uri)}, {st.size:,} bytes); `zephon index` builds one",
+            file=sys.stderr,
+        )
+        bar = _PROGRESS["bar"] = tqdm(
+            desc="fetching and indexing", unit="shard", file=sys.stderr, mininterval=1.0
+        )
+    bar.update(1)
+
+
+def finish_progress() -> None:
+    """Close the progress bar of remote shards fetched so far (if any)."""
+    bar = _PROGRESS.pop("bar", None)
+    if bar is not None:
+        bar.close()
+
+
+@contextmanager
+def fetched(
+    uri: str, st: storage.FileStat, sink: Callable[[bytes], Any] | None = None
+) -> Iterator[tuple[Path, str]]:
+    """Fetch ``uri`` whole into a temporary cache file; yield ``(path, checksum)``.
+
+    The checksum is remembered for :func:`known_checksum`. The file is deleted afterwards.
+
+    Raises:
+        DataError: If the fetch fails (after retries) or the file changes meanwhile.
+    """
+    _announce(uri, st)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir(), prefix="fetch.", suffix=".tmp")
+    try:
+        h = Hasher()
+        with os.fdopen(fd, "wb") as f:
+
+            def write(block: bytes) -> None:
+                h.update(block)
+                f.write(block)
+                if sink is not None:
+                    sink(block)
+
+            n = storage.fetch(uri, write)
+        if n != st.size:
+            raise DataError(f"{storage.redact(uri)}: size changed while fetching")
+        checksum = h.hexdigest()
+        blob = json.dumps({"checksum": checksum, "size": st.size}).encode()
+        atomic_write(_memo(uri, st), lambda f: f.write(blob))
+        yield Path(tmp), checksum
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

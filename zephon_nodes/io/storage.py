@@ -1,0 +1,498 @@
+"""Storage URIs: local paths, ``file://``, ``s3://``, ``gs://``, ``az://``, ``hf://``, ``http(s)://``.
+
+Remote URIs go through `fsspec <https://filesystem-spec.readthedocs.io>`_ and each backend's
+own package, installed as an optional extra (``pip install 'zephon-nodes[s3]'``, ``[gcs]``,
+``[azure]``, ``[hf]``, ``[http]``). Credentials and endpoints come only from the backend's
+standard environment and configuration (for S3: ``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, profiles); they never appear
+in a recipe, a message, a checkpoint or a fingerprint (a URI's ``user:password@`` part is
+removed from every message).
+
+Every remote call goes through :func:`with_retries`: transient errors (connection reset or
+refused, timeouts, HTTP 5xx, 429 and S3 throttling) are retried with exponential backoff and
+full jitter until the :class:`RetryPolicy` budget is spent, then a :class:`DataError` names
+the URI and the last error. Permanent errors (403, 404, a missing bucket) fail at once.
+Where bytes come from never changes a byte of output: retries only cost time.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob as globlib
+import os
+import random
+import re
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from zephon_nodes.errors import DataError
+from zephon_nodes.io.checksum import build_memo
+
+__all__ = [
+    "FileStat",
+    "RetryPolicy",
+    "expand",
+    "fetch",
+    "is_remote",
+    "local_path",
+    "read_range",
+    "redact",
+    "stat",
+    "with_retries",
+]
+
+T = TypeVar("T")
+
+# Scheme -> (fsspec protocol, package to install, extra name).
+BACKENDS: dict[str, tuple[str, str, str]] = {
+    "s3": ("s3", "s3fs", "s3"),
+    "gs": ("gcs", "gcsfs", "gcs"),
+    "gcs": ("gcs", "gcsfs", "gcs"),
+    "az": ("az", "adlfs", "azure"),
+    "abfs": ("abfs", "adlfs", "azure"),
+    "hf": ("hf", "huggingface_hub", "hf"),
+    "http": ("http", "aiohttp", "http"),
+    "https": ("https", "aiohttp", "http"),
+}
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
+
+
+def redact(uri: str) -> str:
+    """Return ``uri`` without a ``user:password@`` part (for messages)."""
+    return _USERINFO.sub(r"\1", uri)
+
+
+def scheme(uri: str) -> str:
+    """Return the lower-case scheme of ``uri`` (``""`` for a plain path)."""
+    head, sep, _ = uri.partition("://")
+    return head.lower() if sep and re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]*", head) else ""
+
+
+def is_remote(uri: str | os.PathLike[str]) -> bool:
+    """Whether ``uri`` names remote storage (anything but a plain path or ``file://``)."""
+    return scheme(str(uri)) not in ("", "file")
+
+
+def local_path(uri: str | os.PathLike[str]) -> str:
+    """Return the local path of a plain path or ``file://`` URI."""
+    text = str(uri)
+    return text[len("file://") :] if scheme(text) == "file" else text
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient storage errors are retried (a physical setting: never in a fingerprint).
+
+    Attributes:
+        budget_s: Seconds of retrying before giving up (``ZEPHON_STORAGE_RETRY_S``, default
+            120).
+        base_s: First backoff delay; it doubles on each retry.
+        max_s: Longest single delay (``ZEPHON_STORAGE_BACKOFF_MAX_S``, default 5).
+    """
+
+    budget_s: float = 120.0
+    base_s: float = 0.1
+    max_s: float = 5.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """The policy set by ``ZEPHON_STORAGE_RETRY_S`` (seconds of retry budget)."""
+        values = {}
+        for name, field, default in (
+            ("ZEPHON_STORAGE_RETRY_S", "budget_s", cls.budget_s),
+            ("ZEPHON_STORAGE_BACKOFF_MAX_S", "max_s", cls.max_s),
+        ):
+            raw = os.environ.get(name)
+            if raw is None:
+                values[field] = default
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                value = -1.0
+            if not 0 <= value < 1e7:
+                raise DataError(f"{name}={raw!r}: expected seconds in [0, 1e7)")
+            values[field] = value
+        return cls(budget_s=values["budget_s"], max_s=values["max_s"])
+
+
+_TRANSIENT_TEXT = re.compile(
+    r"(connection (reset|refused|aborted|closed)|timed? ?out|temporar|throttl|slow ?down|"
+    r"too many requests|service unavailable|internal ?error|bad gateway|gateway timeout|"
+    r"cannot connect|could not connect|server disconnected|broken pipe|"
+    r"\b(429|500|502|503|504)\b|RequestTimeout|EndpointConnectionError)",
+    re.IGNORECASE,
+)
+_CONNECTION_ERRNOS = (
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EPIPE,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+)
+_PERMANENT_TEXT = re.compile(
+    r"(\b(403|404)\b|access ?denied|forbidden|no ?such ?(bucket|key)|not ?found)",
+    re.IGNORECASE,
+)
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The error behind a backend's ``FileNotFoundError`` when it is not a 404.
+
+    fsspec's HTTP ``info`` turns every failure (a 403, a refused connection) into
+    ``FileNotFoundError(url)``; the error it wraps tells them apart.
+    """
+    inner = exc
+    for _ in range(8):
+        if not isinstance(inner, FileNotFoundError) or inner.__cause__ is None:
+            break
+        inner = inner.__cause__
+    if inner is exc:
+        return exc
+    status = getattr(inner, "status", None)
+    if isinstance(status, int):
+        return inner if status != 404 else exc
+    if isinstance(inner, (TimeoutError, ConnectionError)) or (
+        isinstance(inner, OSError) and inner.errno in _CONNECTION_ERRNOS
+    ):
+        return inner
+    text = f"{type(inner).__name__}: {inner}"
+    if _TRANSIENT_TEXT.search(text) and not _PERMANENT_TEXT.search(text):
+        return inner
+    return exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is worth retrying (network trouble, 5xx, 429, throttling)."""
+    exc = _cause(exc)
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    if isinstance(status, int):
+        return status == 429 or 500 <= status < 600
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _CONNECTION_ERRNOS:
+        return True
+    text = f"{type(exc).__name__}: {exc}"
+    if _PERMANENT_TEXT.search(text) and not re.search(r"\b(429|5\d\d)\b", text):
+        return False
+    return bool(_TRANSIENT_TEXT.search(text))
+
+
+def _describe(exc: BaseException) -> str:
+    exc = _cause(exc)
+    status = getattr(exc, "status", None)
+    if status == 404:
+        return "not found (404)"
+    if status == 403:
+        return "access denied (403; check the backend's credentials)"
+    if isinstance(exc, FileNotFoundError):
+        return "not found (404 or a missing bucket)"
+    if isinstance(exc, PermissionError):
+        return "access denied (403; check the backend's credentials)"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+_LAST_WARNING = [-1e9]
+
+
+def _warn(text: str) -> None:
+    """Say on stderr that a transient error is being retried (at most every 10 s)."""
+    now = time.monotonic()
+    if now - _LAST_WARNING[0] >= 10:
+        _LAST_WARNING[0] = now
+        print(f"zephon: {text}", file=sys.stderr)
+
+
+def with_retries(
+    fn: Callable[[], T], uri: str, policy: RetryPolicy | None = None, what: str = "read"
+) -> T:
+    """Call ``fn()``; retry transient errors with backoff and jitter within the budget.
+
+    Raises:
+        DataError: At once on a permanent error, or when the budget is spent, naming the
+            URI and the last error.
+    """
+    policy = policy or RetryPolicy.from_env()
+    start = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except DataError:
+            raise
+        except Exception as e:
+            if not is_transient(e):
+                raise DataError(f"{redact(uri)}: cannot {what}: {_describe(e)}") from None
+            elapsed = time.monotonic() - start
+            if elapsed >= policy.budget_s:
+                raise DataError(
+                    f"{redact(uri)}: cannot {what}: transient errors for {elapsed:.1f} s "
+                    f"({attempt + 1} attempts, retry budget {policy.budget_s:g} s, "
+                    f"ZEPHON_STORAGE_RETRY_S); last error: {_describe(e)}"
+                ) from None
+            _warn(f"{redact(uri)}: {_describe(e)}; retrying (budget {policy.budget_s:g} s)")
+            delay = min(policy.max_s, policy.base_s * 2**attempt)
+            delay = random.uniform(0, delay)
+            time.sleep(min(delay, max(0.0, policy.budget_s - elapsed)))
+            attempt += 1
+            _forget_filesystems()
+
+
+_FS: dict[tuple[int, str], Any] = {}
+_FS_LOCK = threading.Lock()
+
+
+def _forget_filesystems() -> None:
+    with _FS_LOCK:
+        _FS.clear()
+
+
+def filesystem(uri: str) -> Any:
+    """Return the fsspec filesystem for ``uri``'s scheme (one per process and scheme).
+
+    Raises:
+        DataError: If the scheme is unknown or its backend package is not installed.
+    """
+    sch = scheme(uri)
+    if sch not in BACKENDS:
+        raise DataError(
+            f"{redact(uri)}: unsupported storage scheme {sch!r}; expected a path or one of "
+            f"{[*sorted(BACKENDS), 'file']}"
+        )
+    protocol, package, extra = BACKENDS[sch]
+    key = (os.getpid(), protocol)
+    with _FS_LOCK:
+        fs = _FS.get(key)
+        if fs is None:
+            try:
+                import fsspec
+
+                # skip_instance_cache: fsspec's shared instances are not safe across fork;
+                # no listings cache: a changed object must show its new size and version tag.
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, use_listings_cache=False)
+            except ImportError:
+                raise DataError(
+                    f"{redact(uri)}: reading {sch}:// needs {package}: "
+                    f"pip install 'zephon-nodes[{extra}]'"
+                ) from None
+            _FS[key] = fs
+    return fs
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """Size and version tag of a file.
+
+    Attributes:
+        size: Bytes.
+        version: The backend's version tag (S3/HTTP ETag, GCS generation, Azure etag; for a
+            local file its modification time in ns). A fast currency check, never the
+            identity: an S3 ETag depends on the upload's part size.
+    """
+
+    size: int
+    version: str
+
+
+def _version(info: dict[str, Any]) -> str:
+    for key in ("ETag", "etag", "generation", "VersionId", "version_id", "last_modified"):
+        value = info.get(key)
+        if value:
+            return str(value).strip('"')
+    mtime = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    return str(mtime) if mtime else ""
+
+
+def stat(uri: str | os.PathLike[str]) -> FileStat:
+    """Return the size and version tag of a file.
+
+    Raises:
+        DataError: If the file does not exist or cannot be reached.
+    """
+    text = str(uri)
+    memo = build_memo()
+    if memo is not None and ("stat", text) in memo:
+        listed: FileStat = memo[("stat", text)]  # from this build's listing
+        return listed
+    if not is_remote(text):
+        try:
+            st = os.stat(local_path(text))
+        except OSError as e:
+            raise DataError(f"{text}: data file not found: {_describe(e)}") from None
+        return FileStat(st.st_size, str(st.st_mtime_ns))
+
+    def info() -> dict[str, Any]:
+        result: dict[str, Any] = filesystem(text).info(text)
+        return result
+
+    meta = with_retries(info, text, what="stat")
+    if meta.get("type") == "directory":
+        raise DataError(f"{redact(text)}: is a directory, expected a data file")
+    size = meta.get("size")
+    if size is None:
+        raise DataError(f"{redact(text)}: the server does not report the file's size")
+    return FileStat(int(size), _version(meta))
+
+
+def expand(pattern: str, base_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """Expand a glob pattern into sorted file paths or URIs (empty if nothing matches).
+
+    Local patterns are relative to ``base_dir``; remote ones are listed by their backend
+    (``http(s)://`` names exactly one file: no glob).
+
+    Raises:
+        DataError: If the backend cannot list (after retries) or is not installed.
+    """
+    if not is_remote(pattern):
+        path = local_path(pattern)
+        full = path if os.path.isabs(path) or base_dir is None else str(Path(base_dir) / path)
+        matches = sorted(globlib.glob(full, recursive=True))
+        return [m for m in matches if os.path.isfile(m)]
+    sch = scheme(pattern)
+    if sch in ("http", "https") or not _GLOB_CHARS.search(pattern.partition("://")[2]):
+        try:
+            stat(pattern)
+        except DataError as e:
+            if "not found" in str(e):
+                return []
+            raise
+        return [pattern]
+    fs = filesystem(pattern)
+
+    def listing() -> dict[str, Any]:
+        found: dict[str, Any] = fs.glob(pattern, detail=True)
+        return found
+
+    found = with_retries(listing, pattern, what="list")
+    prefix = pattern.partition("://")[0] + "://"
+    memo = build_memo()
+    files = []
+    for name in sorted(found):
+        info = found[name]
+        uri = name if "://" in name else prefix + name
+        if uri.endswith("/") or info.get("type") == "directory":
+            continue
+        files.append(uri)
+        if memo is not None and info.get("size") is not None:
+            # Sizes and version tags come with the listing: no request per shard in a build.
+            memo[("stat", uri)] = FileStat(int(info["size"]), _version(info))
+    return files
+
+
+BLOCK = 1 << 20
+_BLOCKS: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
+_BLOCKS_LOCK = threading.Lock()
+_BLOCKS_BYTES = [0]
+
+
+def _read_cache_limit() -> int:
+    raw = os.environ.get("ZEPHON_READ_CACHE_MB", "128")
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not 0 <= mb < 1e7:
+        raise DataError(f"ZEPHON_READ_CACHE_MB={raw!r}: expected megabytes in [0, 1e7)")
+    return int(mb * (1 << 20))
+
+
+def _block(uri: str, tag: str, k: int, limit: int) -> bytes:
+    """Block ``k`` (``BLOCK`` bytes, shorter at the end of the file) of a remote file."""
+    key = (uri, tag, k)
+    with _BLOCKS_LOCK:
+        hit = _BLOCKS.get(key)
+        if hit is not None:
+            _BLOCKS.move_to_end(key)
+            return hit
+
+    def cat() -> bytes:
+        data: bytes = filesystem(uri).cat_file(uri, start=k * BLOCK, end=(k + 1) * BLOCK)
+        return data
+
+    blob = with_retries(cat, uri)
+    with _BLOCKS_LOCK:
+        if key not in _BLOCKS:
+            _BLOCKS[key] = blob
+            _BLOCKS_BYTES[0] += len(blob)
+        while _BLOCKS_BYTES[0] > limit and _BLOCKS:
+            _, old = _BLOCKS.popitem(last=False)
+            _BLOCKS_BYTES[0] -= len(old)
+    return blob
+
+
+def read_range(uri: str, start: int, stop: int, *, cache: bool = True, tag: str = "") -> bytes:
+    """Return bytes ``[start, stop)`` of a file (range requests for remote files).
+
+    Remote reads go through a small per-process cache of 1 MiB blocks
+    (``ZEPHON_READ_CACHE_MB``, default 128; 0: one request per read), so neighbouring work
+    items of a shard cost one request. It changes how many requests are made, never a byte.
+    ``tag`` (the shard's content checksum) keys the blocks, so new content is never served
+    from blocks of the old.
+
+    Raises:
+        DataError: If the read fails (after retries) or returns fewer bytes than asked.
+    """
+    if stop <= start:
+        return b""
+    if not is_remote(uri):
+        try:
+            with open(local_path(uri), "rb") as f:
+                f.seek(start)
+                blob = f.read(stop - start)
+        except OSError as e:
+            raise DataError(f"{uri}: cannot read: {_describe(e)}") from None
+    else:
+        limit = _read_cache_limit() if cache else 0
+        if limit >= BLOCK:
+            first, last = start // BLOCK, (stop - 1) // BLOCK
+            parts = []
+            for k in range(first, last + 1):
+                part = _block(uri, tag, k, limit)
+                parts.append(part)
+                if len(part) < BLOCK:
+                    break
+            joined = b"".join(parts)
+            blob = joined[start - first * BLOCK : stop - first * BLOCK]
+        else:
+
+            def cat() -> bytes:
+                data: bytes = filesystem(uri).cat_file(uri, start=start, end=stop)
+                return data
+
+            blob = with_retries(cat, uri)
+    if len(blob) != stop - start:
+        raise DataError(
+            f"{redact(uri)}: file changed since it was indexed (asked bytes [{start}, {stop}), "
+            f"got {len(blob)})"
+        )
+    return blob
+
+
+def fetch(uri: str, write: Callable[[bytes], Any], block: int = 8 << 20) -> int:
+    """Stream a whole file into ``write(chunk)``; a transient error resumes at its offset.
+
+    Returns:
+        The number of bytes fetched.
+
+    Raises:
+        DataError: If the file cannot be read (after retries) or its size changes meanwhile.
+    """
+    size = stat(uri).size
+    offset = 0
+    while offset < size:
+        chunk = read_range(uri, offset, min(size, offset + block), cache=False)
+        write(chunk)
+        offset += len(chunk)
+    return offset
