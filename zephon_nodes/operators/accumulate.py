@@ -12,6 +12,7 @@ from torchdata.nodes import BaseNode
 from zephon_nodes.engine.flush import Flush, is_flush
 from zephon_nodes.engine.metrics import OperatorClock
 from zephon_nodes.errors import CheckpointError
+from zephon_nodes.operators.windowed import WindowedNode
 
 __all__ = ["Accumulator", "AccumulatorNode"]
 
@@ -47,7 +48,7 @@ class Accumulator(Protocol):
         ...
 
 
-class AccumulatorNode(BaseNode[Any]):
+class AccumulatorNode(WindowedNode):
     """Run an accumulator over ``source``, flushing it at every :class:`Flush` marker.
 
     State is flush/replay: the source's state at the start of the current window, the window
@@ -60,18 +61,10 @@ class AccumulatorNode(BaseNode[Any]):
         make: ``make(window) -> Accumulator``; seed any randomness from the window (and lane).
     """
 
-    SOURCE_KEY = "source"
-    WINDOW_KEY = "window"
-    EMITTED_KEY = "emitted"
-
     def __init__(self, source: BaseNode[Any], make: Callable[[int], Accumulator]) -> None:
-        super().__init__()
-        self.source = source
+        super().__init__(source)
         self.make = make
         self._out: deque[Any] = deque()
-        self._window = 0
-        self._emitted = 0
-        self._window_start: dict[str, Any] = {}
         self._acc: Accumulator = make(0)
         self._source_done = False
         self.clock = OperatorClock()  # busy time of the accumulator (feed and flush)
@@ -90,16 +83,8 @@ class AccumulatorNode(BaseNode[Any]):
         self._out.clear()
         self._feeding = None
         self._source_done = False
-        if initial_state is None:
-            self.source.reset(None)
-            self._window, skip = 0, 0
-        else:
-            self.source.reset(initial_state[self.SOURCE_KEY])
-            self._window = int(initial_state[self.WINDOW_KEY])
-            skip = int(initial_state[self.EMITTED_KEY])
-        self._window_start = self.source.get_state()
+        skip = self._restart(initial_state)
         self._acc = self.make(self._window)
-        self._emitted = 0
         for _ in range(skip):
             try:
                 item = self.next()
@@ -153,19 +138,3 @@ class AccumulatorNode(BaseNode[Any]):
         out = list(fn(*args))
         self.clock.add(((type(self._acc).__name__, time.perf_counter() - t0),))
         return out
-
-    def get_state(self) -> dict[str, Any]:
-        """Return (window start state, window, outputs yielded in the window)."""
-        return {
-            self.SOURCE_KEY: self._window_start,
-            self.WINDOW_KEY: self._window,
-            self.EMITTED_KEY: self._emitted,
-        }
-
-    def state_at_window(self, window: int) -> dict[str, Any]:
-        """Return the state that starts the stream at flush window ``window``."""
-        return {
-            self.SOURCE_KEY: self.source.state_at_window(window),  # type: ignore[attr-defined]
-            self.WINDOW_KEY: window,
-            self.EMITTED_KEY: 0,
-        }

@@ -10,6 +10,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.flush import Flush, is_flush
 from zephon_nodes.errors import CheckpointError
+from zephon_nodes.operators.windowed import WindowedNode
 
 __all__ = ["TorchdataStage"]
 
@@ -62,7 +63,7 @@ class _WindowFeed(BaseNode[Any]):
                 return
 
 
-class TorchdataStage(BaseNode[Any]):
+class TorchdataStage(WindowedNode):
     """Put an arbitrary torchdata node into a lane's chain, with exact restore.
 
     ``make(feed)`` builds the node over ``feed``, a node yielding the items of one flush
@@ -89,26 +90,18 @@ class TorchdataStage(BaseNode[Any]):
         name: Name used in messages.
     """
 
-    SOURCE_KEY = "source"
-    WINDOW_KEY = "window"
-    EMITTED_KEY = "emitted"
-
     def __init__(
         self,
         source: BaseNode[Any],
         make: Callable[[BaseNode[Any]], BaseNode[Any]],
         name: str | None = None,
     ) -> None:
-        super().__init__()
-        self.source = source
+        super().__init__(source)
         self.make = make
         self.name = name or getattr(make, "__name__", type(make).__name__)
         self._lock = threading.Lock()
         self._feed: _WindowFeed | None = None
         self._node: BaseNode[Any] | None = None
-        self._window = 0
-        self._emitted = 0
-        self._window_start: dict[str, Any] = {}
         self._done = False
         self._error: BaseException | None = None
 
@@ -136,15 +129,7 @@ class TorchdataStage(BaseNode[Any]):
         super().reset(initial_state)
         self._close()
         self._done, self._error = False, None
-        if initial_state is None:
-            self.source.reset(None)
-            self._window, skip = 0, 0
-        else:
-            self.source.reset(initial_state[self.SOURCE_KEY])
-            self._window = int(initial_state[self.WINDOW_KEY])
-            skip = int(initial_state[self.EMITTED_KEY])
-        self._window_start = self.source.get_state()
-        self._emitted = 0
+        skip = self._restart(initial_state)
         self._open()
         for _ in range(skip):
             try:
@@ -194,19 +179,3 @@ class TorchdataStage(BaseNode[Any]):
             )
         self._emitted += 1
         return out
-
-    def get_state(self) -> dict[str, Any]:
-        """Return (window start state, window, outputs yielded in the window)."""
-        return {
-            self.SOURCE_KEY: self._window_start,
-            self.WINDOW_KEY: self._window,
-            self.EMITTED_KEY: self._emitted,
-        }
-
-    def state_at_window(self, window: int) -> dict[str, Any]:
-        """Return the state that starts the stream at flush window ``window``."""
-        return {
-            self.SOURCE_KEY: self.source.state_at_window(window),  # type: ignore[attr-defined]
-            self.WINDOW_KEY: window,
-            self.EMITTED_KEY: 0,
-        }
