@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from zephon_nodes import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
+from zephon_nodes import (
+    DatasetSpec,
+    OperatorSpec,
+    Pipeline,
+    Recipe,
+    ShuffleSpec,
+    TokenizerSpec,
+    WorkerPool,
+    WorkSpec,
+)
+from zephon_nodes.recipe.spec import PackSpec
 
 documents = st.one_of(
     st.just(""),
@@ -76,4 +86,37 @@ def conversations(draw: st.DrawFn, roles: tuple[str, ...] = ("user", "assistant"
         out.append({"role": "system", "content": draw(message_contents)})
     for _ in range(draw(st.integers(1, 5))):
         out.append({"role": draw(st.sampled_from(roles)), "content": draw(message_contents)})
+    return out
+
+
+@st.composite
+def chain_recipes(draw: st.DrawFn) -> Recipe:
+    """A byte-tokenizer recipe with an optional filter and map operator (per-operator pools)."""
+    texts = draw(corpora.filter(lambda c: len(c) >= 8))
+    ops: list[OperatorSpec] = []
+    if draw(st.booleans()):
+        ops.append(OperatorSpec("filter", "min_chars", {"n": draw(st.integers(0, 30))}))
+    if draw(st.booleans()):
+        ops.append(OperatorSpec("map", "strip"))
+    lanes = draw(st.sampled_from([1, 2, 4]))
+    from tests.core.helpers import texts_recipe
+
+    return texts_recipe(
+        texts,
+        operators=tuple(ops),
+        num_lanes=lanes,
+        global_batch_size=lanes * draw(st.integers(1, 2)),
+        seq_len=draw(st.integers(4, 24)),
+        flush_every=draw(st.integers(1, 3)),
+        pack=PackSpec(mode=draw(st.sampled_from(["concat", "bestfit"]))),
+    )
+
+
+def operator_assignments(draw: st.DrawFn, pipeline: Pipeline, pools: dict[str, WorkerPool]) -> dict:
+    """Draw, for each operator of the pipeline's chain, one of ``pools`` or the default."""
+    out: dict[str, WorkerPool] = {}
+    for op in pipeline.stateless.operators:
+        choice = draw(st.sampled_from([None, *pools]))
+        if choice is not None:
+            out[op.name] = pools[choice]
     return out

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torchdata.nodes import Loader, Prefetcher
 
 from tests.core.helpers import digests, texts_recipe
-from tests.strategies import corpora, divisors
+from tests.strategies import chain_recipes, divisors, operator_assignments
 from zephon_nodes import OperatorSpec, Pipeline, Recipe, WorkerPool
 from zephon_nodes.engine.stages import PoolSpec, parse_operator_workers, split_stages
 from zephon_nodes.errors import RecipeError
@@ -94,35 +94,6 @@ def pools() -> Iterator[dict[str, WorkerPool]]:
         p.close()
 
 
-@st.composite
-def chain_recipes(draw: st.DrawFn) -> Recipe:
-    texts = draw(corpora.filter(lambda c: len(c) >= 8))
-    ops: list[OperatorSpec] = []
-    if draw(st.booleans()):
-        ops.append(OperatorSpec("filter", "min_chars", {"n": draw(st.integers(0, 30))}))
-    if draw(st.booleans()):
-        ops.append(OperatorSpec("map", "strip"))
-    lanes = draw(st.sampled_from([1, 2, 4]))
-    return texts_recipe(
-        texts,
-        operators=tuple(ops),
-        num_lanes=lanes,
-        global_batch_size=lanes * draw(st.integers(1, 2)),
-        seq_len=draw(st.integers(4, 24)),
-        flush_every=draw(st.integers(1, 3)),
-        pack=PackSpec(mode=draw(st.sampled_from(["concat", "bestfit"]))),
-    )
-
-
-def _assignment(draw: st.DrawFn, pipeline: Pipeline, pools: dict[str, WorkerPool]) -> dict:
-    out: dict[str, WorkerPool] = {}
-    for op in pipeline.stateless.operators:
-        choice = draw(st.sampled_from([None, *pools]))
-        if choice is not None:
-            out[op.name] = pools[choice]
-    return out
-
-
 @settings(max_examples=12)
 @given(recipe=chain_recipes(), data=st.data())
 def test_random_operator_pools_match_inline_reference(
@@ -132,7 +103,7 @@ def test_random_operator_pools_match_inline_reference(
     pipeline = Pipeline(recipe)
     reference = digests(pipeline, 1, 12, num_workers=0)
     world = data.draw(st.sampled_from(divisors(recipe.num_lanes)))
-    assignment = _assignment(data.draw, pipeline, pools)
+    assignment = operator_assignments(data.draw, pipeline, pools)
     default = pools[data.draw(st.sampled_from(list(pools)))]
     got = digests(pipeline, world, 12, pool=default, operator_pools=assignment)
     assert got == reference, (world, assignment)
@@ -148,7 +119,7 @@ def test_random_operator_pools_match_inline_reference(
         other,
         len(reference) - save_at,
         pool=default,
-        operator_pools=_assignment(data.draw, pipeline, pools),
+        operator_pools=operator_assignments(data.draw, pipeline, pools),
         resume_state=saved,
     )
     assert after == reference[save_at:], (world, other, save_at)

@@ -15,7 +15,12 @@ import pytest
 
 pytest.importorskip("ray")
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.core.helpers import digests as pipeline_digests
 from tests.distributed.ray_cluster import LocalRayCluster
+from tests.strategies import chain_recipes, divisors, operator_assignments
 from zephon_nodes import (
     DatasetSpec,
     OperatorSpec,
@@ -135,10 +140,12 @@ def test_reset_with_tasks_in_flight(cluster: LocalRayCluster, tmp_path: Path) ->
     reference = [r.digest for r, _ in simulate(pipeline, 1, 4, num_workers=1)]
     with WorkerPool(2, "ray") as pool:
         node = pipeline.rank_node(1, 0, pool=pool)
-        for _ in range(3):  # each reset drops up to lookahead tasks per lane
-            node.reset(None)
-            next(node)
         node.reset(None)
+        start = node.state_dict()  # (a reset without a state would start the next pass)
+        for _ in range(3):  # each reset drops up to lookahead tasks per lane
+            node.reset(start)
+            next(node)
+        node.reset(start)
         got = [digest_microbatches([next(node)]) for _ in range(4)]
     assert got == reference
 
@@ -205,3 +212,50 @@ def test_ray_runner_without_ray_is_refused_up_front(monkeypatch: pytest.MonkeyPa
     with pytest.raises(RecipeError, match=r"zephon-nodes\[ray\]"):
         WorkerPool(2, "ray")
     assert WorkerPool(0, "ray").num_workers == 0  # inline: Ray is never needed
+
+
+@pytest.fixture(scope="module")
+def mixed_pools(cluster: LocalRayCluster) -> Iterator[dict[str, WorkerPool]]:
+    made = {
+        "inline": WorkerPool(0),
+        "thread:2": WorkerPool(2, "thread"),
+        "ray:2": WorkerPool(2, "ray"),
+    }
+    yield made
+    for p in made.values():
+        p.close()
+
+
+@settings(max_examples=4)
+@given(recipe=chain_recipes(), data=st.data())
+def test_random_operator_pools_with_ray_match_inline_reference(
+    mixed_pools: dict[str, WorkerPool], recipe: Recipe, data: st.DataObject
+) -> None:
+    """Random inline/thread/ray pools per operator, any dp size, resumed: the inline bytes.
+
+    Last in the module: its Ray pool stays open until the module ends (a caller's own
+    ``ray.init`` in an earlier test must find Ray not yet connected).
+    """
+    pipeline = Pipeline(recipe)
+    reference = pipeline_digests(pipeline, 1, 8, num_workers=0)
+    world = data.draw(st.sampled_from(divisors(recipe.num_lanes)))
+    assignment = operator_assignments(data.draw, pipeline, mixed_pools)
+    default = mixed_pools[data.draw(st.sampled_from(list(mixed_pools)))]
+    got = pipeline_digests(pipeline, world, 8, pool=default, operator_pools=assignment)
+    assert got == reference, (world, assignment)
+    if not reference:
+        return
+    save_at = data.draw(st.integers(1, len(reference)))
+    saved: dict = {}
+    pipeline_digests(pipeline, world, save_at, pool=default, operator_pools=assignment,
+                     save_at=save_at, on_save=saved.update)  # fmt: skip
+    other = data.draw(st.sampled_from(divisors(recipe.num_lanes)))
+    after = pipeline_digests(
+        pipeline,
+        other,
+        len(reference) - save_at,
+        pool=mixed_pools["ray:2"],
+        operator_pools=operator_assignments(data.draw, pipeline, mixed_pools),
+        resume_state=saved,
+    )
+    assert after == reference[save_at:], (world, other, save_at)
