@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -34,6 +35,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +95,29 @@ class DiskSampler:
     def _run(self) -> None:
         while not self._stop.wait(0.001):
             total = 0
-            for sub in ("data", "part"):
-                with contextlib.suppress(FileNotFoundError):
-                    for e in os.scandir(self.root / sub):
-                        with contextlib.suppress(FileNotFoundError):
-                            total += e.stat().st_size
+            # Under the cache's own lock: a scan of data/ and part/ that a rename or an
+            # eviction crosses would count one entry twice (or a freed and a new one at once).
+            with self._locked():
+                for sub in ("data", "part"):
+                    with contextlib.suppress(FileNotFoundError):
+                        for e in os.scandir(self.root / sub):
+                            with contextlib.suppress(FileNotFoundError):
+                                total += e.stat().st_size
             self.peak = max(self.peak, total)
             self.samples += 1
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            fd = os.open(self.root / ".lock", os.O_RDWR)
+        except FileNotFoundError:  # no cache yet: nothing to count
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def stop(self) -> None:
         self._stop.set()

@@ -165,8 +165,8 @@ def torchrun(nproc: int, script: Path, args: Sequence[str], log: Path, hf_home: 
 
 
 CRASH = "terminate called without an active exception"
-"""A rare abort of a rank process while it starts (seen once under heavy CPU load)."""
-CRASH_RETRIES = 1
+"""A rare abort of a rank process while it starts (under heavy CPU load; seen twice in a row)."""
+CRASH_RETRIES = 3
 
 
 def _children_cpu() -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
@@ -70,8 +71,16 @@ STACKS: dict[str, Callable[[BaseNode[Any]], BaseNode[Any]]] = {
     "ParallelMapper-thread": lambda n: ParallelMapper(
         n, same, num_workers=2, method="thread", snapshot_frequency=3
     ),
+    # forkserver, not fork: a fork while other threads of a long test session hold locks
+    # (fsspec's IO loop, pools) left workers deadlocked in the full suite. The server imports
+    # this module once (see the preload below), so its forked workers start warm.
     "ParallelMapper-process": lambda n: ParallelMapper(
-        n, same, num_workers=2, method="process", snapshot_frequency=3
+        n,
+        same,
+        num_workers=2,
+        method="process",
+        multiprocessing_context="forkserver",
+        snapshot_frequency=3,
     ),
     "Batcher": lambda n: Prefetcher(Batcher(n, 2, drop_last=False), 2, snapshot_frequency=1),
     "Batcher-Unbatcher": lambda n: Unbatcher(
@@ -134,3 +143,6 @@ STAGE_KINDS: dict[str, Callable[[BaseNode[Any]], BaseNode[Any]]] = {
     "Batcher+Unbatcher": lambda feed: Unbatcher(Batcher(feed, 3, drop_last=False)),
     "user node": WindowNumbered,
 }
+
+
+multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
