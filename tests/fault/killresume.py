@@ -340,6 +340,10 @@ def kill_and_resume(
     return report
 
 
+class VerificationError(Exception):
+    """A trained step, a resume point or a commit that contradicts the uninterrupted run."""
+
+
 def verify(report: Report, reference: dict[int, str], steps: int) -> None:
     """Check the trained steps of all runs against the uninterrupted run."""
     runs = report.runs
@@ -353,29 +357,29 @@ def verify(report: Report, reference: dict[int, str], steps: int) -> None:
         if run.start is not None:
             prev_dp = run.dp
             if run.start != run.committed_before:
-                raise AssertionError(
+                raise VerificationError(
                     f"run {run.run_id} resumed at step {run.start}, but the latest committed "
                     f"checkpoint was step {run.committed_before}"
                 )
         for t, digest in run.steps.items():
             report.steps_logged += 1
             if digest != reference[t]:
-                raise AssertionError(
+                raise VerificationError(
                     f"run {run.run_id} (dp={run.dp}, workers={run.workers}, {run.runner}) "
                     f"step {t}: digest {digest[:16]} != uninterrupted {reference[t][:16]}"
                 )
         end = runs[k + 1].committed_before if k + 1 < len(runs) else steps
         begin = run.committed_before
         if end < begin:
-            raise AssertionError(f"the committed step went back from {begin} to {end}")
+            raise VerificationError(f"the committed step went back from {begin} to {end}")
         missing = [t for t in range(begin + 1, end + 1) if t not in run.steps]
         if missing:
-            raise AssertionError(
+            raise VerificationError(
                 f"run {run.run_id} committed past steps it never logged: {missing}"
             )
         trained.extend(range(begin + 1, end + 1))
     if trained != list(range(1, steps + 1)):
-        raise AssertionError(f"trained steps are not 1..{steps} exactly once: {trained}")
+        raise VerificationError(f"trained steps are not 1..{steps} exactly once: {trained}")
     report.steps_verified = len(trained)
 
 
