@@ -30,7 +30,7 @@ test: lint
 
 # The second supported Python: a small smoke subset in its own venv (CI runs it after `test`).
 # torch for 3.12 comes from PyPI as a CUDA build of several GB; pip's cache keeps the download.
-PY312 ?= $(shell command -v python3.12 2>/dev/null || echo $(HOME)/.pyenv/versions/3.12.1/bin/python)
+PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
 VENV312 ?= .venv312
 SMOKE ?= tests/core/test_recipe.py tests/core/test_elastic_properties.py tests/core/test_state_size.py \
 	tests/core/test_optional_imports.py tests/testing/test_save_load.py tests/commands/test_digest_dump.py
