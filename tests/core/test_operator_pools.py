@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchdata.nodes import Loader, Prefetcher
 
-from tests.core.helpers import digests, texts_recipe
-from tests.strategies import chain_recipes, divisors, operator_assignments
+from tests.core.helpers import check_random_operator_pools, digests, texts_recipe
+from tests.strategies import chain_recipes
 from zephon_nodes import OperatorSpec, Pipeline, Recipe, WorkerPool
 from zephon_nodes.engine.stages import PoolSpec, parse_operator_workers, split_stages
 from zephon_nodes.errors import RecipeError
@@ -100,29 +100,7 @@ def test_random_operator_pools_match_inline_reference(
     pools: dict[str, WorkerPool], recipe: Recipe, data: st.DataObject
 ) -> None:
     """Any runner/worker assignment per operator, any dp size, resumed anywhere: same bytes."""
-    pipeline = Pipeline(recipe)
-    reference = digests(pipeline, 1, 12, num_workers=0)
-    world = data.draw(st.sampled_from(divisors(recipe.num_lanes)))
-    assignment = operator_assignments(data.draw, pipeline, pools)
-    default = pools[data.draw(st.sampled_from(list(pools)))]
-    got = digests(pipeline, world, 12, pool=default, operator_pools=assignment)
-    assert got == reference, (world, assignment)
-    if not reference:
-        return
-    save_at = data.draw(st.integers(1, len(reference)))
-    saved: dict[str, Any] = {}
-    digests(pipeline, world, save_at, pool=default, operator_pools=assignment,
-            save_at=save_at, on_save=saved.update)  # fmt: skip
-    other = data.draw(st.sampled_from(divisors(recipe.num_lanes)))
-    after = digests(
-        pipeline,
-        other,
-        len(reference) - save_at,
-        pool=default,
-        operator_pools=operator_assignments(data.draw, pipeline, pools),
-        resume_state=saved,
-    )
-    assert after == reference[save_at:], (world, other, save_at)
+    check_random_operator_pools(recipe, pools, data.draw, 12)
 
 
 def test_spec_strings_in_simulate_are_created_and_closed() -> None:

@@ -18,9 +18,9 @@ pytest.importorskip("ray")
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.core.helpers import digests as pipeline_digests
+from tests.core.helpers import check_random_operator_pools
 from tests.distributed.ray_cluster import LocalRayCluster
-from tests.strategies import chain_recipes, divisors, operator_assignments
+from tests.strategies import chain_recipes
 from zephon_nodes import (
     DatasetSpec,
     OperatorSpec,
@@ -236,26 +236,4 @@ def test_random_operator_pools_with_ray_match_inline_reference(
     Last in the module: its Ray pool stays open until the module ends (a caller's own
     ``ray.init`` in an earlier test must find Ray not yet connected).
     """
-    pipeline = Pipeline(recipe)
-    reference = pipeline_digests(pipeline, 1, 8, num_workers=0)
-    world = data.draw(st.sampled_from(divisors(recipe.num_lanes)))
-    assignment = operator_assignments(data.draw, pipeline, mixed_pools)
-    default = mixed_pools[data.draw(st.sampled_from(list(mixed_pools)))]
-    got = pipeline_digests(pipeline, world, 8, pool=default, operator_pools=assignment)
-    assert got == reference, (world, assignment)
-    if not reference:
-        return
-    save_at = data.draw(st.integers(1, len(reference)))
-    saved: dict = {}
-    pipeline_digests(pipeline, world, save_at, pool=default, operator_pools=assignment,
-                     save_at=save_at, on_save=saved.update)  # fmt: skip
-    other = data.draw(st.sampled_from(divisors(recipe.num_lanes)))
-    after = pipeline_digests(
-        pipeline,
-        other,
-        len(reference) - save_at,
-        pool=mixed_pools["ray:2"],
-        operator_pools=operator_assignments(data.draw, pipeline, mixed_pools),
-        resume_state=saved,
-    )
-    assert after == reference[save_at:], (world, other, save_at)
+    check_random_operator_pools(recipe, mixed_pools, data.draw, 8, mixed_pools["ray:2"])
