@@ -140,8 +140,9 @@ class BalancedWorkSource(WorkSource):
         self.measure = measure
         self.total = total
         n = inner.dataset.num_work_items
+        epochs = -(-total // n) if n else 0
         stream = np.concatenate(
-            [sizes[inner.permutation(e)] for e in range(-(-total // n))] or [sizes[:0]]
+            [sizes[inner.permutation(e)] for e in range(epochs)] or [sizes[:0]]
         )[:total]
         lane_of = deal(stream, self.num_lanes)
         self.streams = [np.flatnonzero(lane_of == lane) for lane in range(self.num_lanes)]
