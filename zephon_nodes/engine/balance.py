@@ -47,13 +47,11 @@ def item_sizes(
     item's record count.
     """
     n = dataset.num_work_items
+    if dataset.num_records > EXACT_RECORDS:
+        return _record_counts(dataset), "records"
     sizes = np.zeros(n, dtype=np.int64)
-    exact = dataset.num_records <= EXACT_RECORDS
     for k in range(n):
         shard, start, stop = dataset.locate(k)
-        if not exact:
-            sizes[k] = stop - start
-            continue
         work = WorkItem(
             dataset_index,
             dataset.name,
@@ -68,7 +66,21 @@ def item_sizes(
         )
         lengths = np.asarray(chain(work).lengths, dtype=np.int64)
         sizes[k] = int(np.maximum(lengths - 1, 0).sum())
-    return sizes, "tokens" if exact else "records"
+    return sizes, "tokens"
+
+
+def _record_counts(dataset: Dataset) -> np.ndarray:
+    """Records of every work item (``chunk_size``, less for a shard's last), from the index."""
+    c = dataset.chunk_size
+    parts = []
+    for shard in dataset.shards:
+        m = shard.num_records
+        items = -(-m // c)
+        counts = np.full(items, c, dtype=np.int64)
+        if items:
+            counts[-1] = m - (items - 1) * c
+        parts.append(counts)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _refine(lane_of: np.ndarray, sizes: np.ndarray, lanes: int, rounds: int = 200) -> None:
@@ -88,20 +100,21 @@ def _refine(lane_of: np.ndarray, sizes: np.ndarray, lanes: int, rounds: int = 20
         b_sizes = np.where(b_idx >= 0, sizes[np.maximum(b_idx, 0)], 0)
         order = np.argsort(b_sizes, kind="stable")
         b_sorted = b_sizes[order]
-        best: tuple[int, int, int] | None = None  # (new gap, a, b)
-        for a in a_idx.tolist():
-            # moving a against b changes the gap to |gap - 2 (size a - size b)|
-            target = sizes[a] - gap / 2
-            k = int(np.searchsorted(b_sorted, target))
-            for j in (k - 1, k):
-                if 0 <= j < len(b_sorted):
-                    delta = int(sizes[a] - b_sorted[j])
-                    new = abs(gap - 2 * delta)
-                    if delta > 0 and new < gap and (best is None or new < best[0]):
-                        best = (new, a, int(b_idx[order[j]]))
-        if best is None:
+        # Moving a against b changes the gap to |gap - 2 (size a - size b)|: for each a, the
+        # two b closest to size a - gap / 2; the best strict improvement, first a (then the
+        # smaller b) on ties.
+        sa = sizes[a_idx]
+        k = np.searchsorted(b_sorted, sa - gap / 2)
+        js = np.stack([k - 1, k], axis=1)
+        ok = (js >= 0) & (js < len(b_sorted))
+        delta = sa[:, None] - b_sorted[np.clip(js, 0, len(b_sorted) - 1)]
+        new = np.abs(gap - 2 * delta)
+        ok &= (delta > 0) & (new < gap)
+        if not ok.any():
             return
-        _, a, b = best
+        flat = int(np.argmin(np.where(ok, new, np.iinfo(np.int64).max).ravel()))
+        a = int(a_idx[flat // 2])
+        b = int(b_idx[order[int(js.ravel()[flat])]])
         lane_of[a] = lo
         if b >= 0:
             lane_of[b] = hi
