@@ -91,7 +91,7 @@ def startup(items: int, rounds: int = 3) -> dict[str, Any]:
             t0 = time.perf_counter()
             p = Pipeline(recipe.replace(work=WorkSpec(chunk_size=4, epochs=1, deal=deal)))
             best = min(best, time.perf_counter() - t0)
-        res[f"{deal}_s"] = round(best, 3)
+        res[f"{deal}_s"] = round(best, 4)
     res["measure"] = getattr(p.work_source, "measure", None)
     # The dealing alone: sizing every item and dealing them (what the default adds).
     rr = Pipeline(recipe.replace(work=WorkSpec(chunk_size=4, epochs=1, deal="round_robin")))
@@ -102,7 +102,7 @@ def startup(items: int, rounds: int = 3) -> dict[str, Any]:
         t0 = time.perf_counter()
         BalancedWorkSource(inner, *item_sizes(rr.datasets[0], 0, rr.stateless))
         best = min(best, time.perf_counter() - t0)
-    res["deal_s"] = round(best, 3)
+    res["deal_s"] = round(best, 4)
     return res
 
 
