@@ -160,7 +160,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40, help="training steps")
     ap.add_argument("--save-at", type=int, default=20, help="checkpoint interval (resume point)")
     ap.add_argument("--every", type=int, default=4, help="steps between decisions")
-    ap.add_argument("--eta", type=float, default=1.0, help="controller step size")
+    ap.add_argument("--eta", type=float, default=0.3, help="controller step size")
     ap.add_argument("--loss-rtol", type=float, default=1e-4, help="resumed-loss tolerance")
     ap.add_argument("--domain-rtol", type=float, default=1e-2, help="per-domain tolerance")
     ap.add_argument("--json", type=Path, default=None, help="also write the summary here")
