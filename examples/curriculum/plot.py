@@ -39,7 +39,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             bottom.plot(*zip(*points, strict=True), **kw)
     for ax in (top, bottom):
         ax.axvline(summary["save_at"] + 0.5, color="grey", linestyle=":", linewidth=1)
-    top.set_ylabel("weight in force")
+    top.set_ylabel("decided weight (effect: next flush window)", fontsize=8)
     bottom.set_ylabel("per-domain loss (all-reduced)")
     bottom.set_xlabel("step")
     top.legend(loc="upper left")
