@@ -181,10 +181,11 @@ def _show_checkpoint(args: argparse.Namespace) -> None:
     if args.global_batch is None and isinstance(recipe.get("global_batch_size"), int):
         args.global_batch = recipe["global_batch_size"]
     lines = describe_lineage(state.get("lineage"))
-    if args.json and args.dp is None:
-        out = {"num_lanes": state.get("num_lanes"), "step": state.get("step")}
-        out["lineage"] = state.get("lineage")
-        print(json.dumps(out, sort_keys=True))
+    if args.json:  # with --dp, the JSON list of lane counts alone
+        if args.dp is None:
+            out = {"num_lanes": state.get("num_lanes"), "step": state.get("step")}
+            out["lineage"] = state.get("lineage")
+            print(json.dumps(out, sort_keys=True))
         return
     print(
         f"checkpoint {args.checkpoint}: num_lanes={state.get('num_lanes')} at step "
@@ -192,5 +193,5 @@ def _show_checkpoint(args: argparse.Namespace) -> None:
     )
     for line in lines:
         print(f"  {line}")
-    if args.dp is not None and not args.json:
+    if args.dp is not None:
         print()
