@@ -283,3 +283,24 @@ def test_decisions_before_a_relane_keep_their_effect() -> None:
     with WorkerPool(2, "thread") as pool:
         assert drain(p3, new, pool) == drain(p, state, pool)
     assert merge_states([new]) == new
+
+
+def test_balanced_dealing_of_jsonl_shards(tmp_path: Any) -> None:
+    """Size-balanced dealing (lanes of different lengths): the remaining work is kept."""
+    import json
+
+    with open(tmp_path / "data.jsonl", "w", encoding="utf-8") as f:
+        for k in range(150):
+            f.write(json.dumps({"text": "word " * (k * 7 % 23) + str(k)}) + "\n")
+    recipe = _recipe(
+        datasets=(DatasetSpec("a", paths=(str(tmp_path / "data.jsonl"),)),),
+        work=WorkSpec(chunk_size=3, epochs=1, deal="balanced"),
+    )
+    p = Pipeline(recipe)
+    state = _saved(p, 2, 2)
+    for lanes in (2, 6):
+        new = relane_state(p, state, lanes)
+        with WorkerPool(2, "thread") as pool:
+            assert drain(Pipeline(recipe.replace(num_lanes=lanes)), new, pool) == drain(
+                p, state, pool
+            )
