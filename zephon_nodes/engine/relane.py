@@ -60,6 +60,7 @@ __all__ = [
     "check_lineage",
     "describe_lineage",
     "for_state",
+    "pipeline_at",
     "relane_state",
 ]
 
@@ -656,6 +657,25 @@ def _base_source(pipeline: Any, num_lanes: int) -> WorkSource:
     return source
 
 
+def pipeline_at(pipeline: Any, num_lanes: int) -> Any:
+    """The pipeline of the same recipe at ``num_lanes`` lanes, never re-laned (cheap copy).
+
+    Raises:
+        RecipeError: If ``num_lanes`` does not divide the global batch.
+    """
+    if pipeline.num_lanes == num_lanes and getattr(pipeline, "lineage", None) is None:
+        return pipeline
+    out = copy.copy(pipeline)
+    out.recipe = pipeline.recipe.replace(num_lanes=num_lanes)
+    out.canonical = _canonical_at(pipeline, num_lanes)
+    out.fingerprint = _fingerprint_of(out.canonical)
+    out.summary = summary_at(pipeline, num_lanes)
+    out.lineage = None
+    out.work_source = _base_source(pipeline, num_lanes)
+    out._cache_feed = None
+    return out
+
+
 def _install_mixture(source: WorkSource, lineage: Lineage, pipeline: Any) -> None:
     """Install the old checkpoint's decision log into the old work source (all lanes)."""
     if lineage.mixture is None:
@@ -802,16 +822,7 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
             "cannot re-lane a state taken in the middle of a step (micro="
             f"{state.get('micro')!r}); re-lane a step-boundary checkpoint"
         )
-    old_pipeline = pipeline
-    if pipeline.num_lanes != old_lanes or getattr(pipeline, "lineage", None):
-        old_pipeline = copy.copy(pipeline)
-        old_pipeline.recipe = recipe.replace(num_lanes=old_lanes)
-        old_pipeline.canonical = _canonical_at(pipeline, old_lanes)
-        old_pipeline.fingerprint = _fingerprint_of(old_pipeline.canonical)
-        old_pipeline.summary = summary_at(pipeline, old_lanes)
-        old_pipeline.lineage = None
-        old_pipeline.work_source = _base_source(pipeline, old_lanes)
-    old_pipeline = for_state(old_pipeline, state)
+    old_pipeline = for_state(pipeline_at(pipeline, old_lanes), state)
     positions = validate_state(
         state,
         fingerprint=old_pipeline.fingerprint,
@@ -842,19 +853,12 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         mixture=copy.deepcopy(dict(mixture)) if mixture is not None else None,
         parent=Lineage.from_state(parent) if parent is not None else None,
     )
-    new = copy.copy(pipeline)
-    new.recipe = recipe.replace(num_lanes=num_lanes)
-    new.canonical = _canonical_at(pipeline, num_lanes)
-    new.fingerprint = _fingerprint_of(new.canonical)
-    new.summary = summary_at(pipeline, num_lanes)
-    new.lineage = None
-    new.work_source = _base_source(pipeline, num_lanes)
-    relaned = _source_for(new, lineage, num_lanes)  # checks the whole chain now
+    relaned = _source_for(pipeline_at(pipeline, num_lanes), lineage, num_lanes)  # checks all
     assert isinstance(relaned, RelanedWorkSource)
     return {
         "format": state["format"],
-        "fingerprint": new.fingerprint,
-        "recipe": new.summary,
+        "fingerprint": fingerprint_at(pipeline, num_lanes),
+        "recipe": summary_at(pipeline, num_lanes),
         "num_lanes": num_lanes,
         "step": lineage.step,
         "micro": 0,
