@@ -304,3 +304,29 @@ def test_balanced_dealing_of_jsonl_shards(tmp_path: Any) -> None:
             assert drain(Pipeline(recipe.replace(num_lanes=lanes)), new, pool) == drain(
                 p, state, pool
             )
+
+
+def test_relane_in_a_later_pass_and_twice() -> None:
+    """A re-laned stream's next pass is the recipe's; re-laning it again keeps the work."""
+    recipe = _recipe(work=WorkSpec(chunk_size=4, epochs=1))
+    p4, p6, p3 = (Pipeline(recipe.replace(num_lanes=n)) for n in (4, 6, 3))
+    node = p4.rank_node(lanes=[0, 1, 2, 3])
+    node.reset(None)
+    for _ in range(2):
+        next(node)
+    s6 = relane_state(p4, node.get_state(), 6)
+    node6 = for_state(p6, s6).rank_node(lanes=list(range(6)))
+    node6.reset(s6)
+    for _ in node6:  # to the end of the re-laned pass
+        pass
+    node6.reset(None)  # the next pass
+    for _ in range(2):
+        next(node6)
+    s6b = node6.get_state()
+    assert s6b["pass"] == 1 and s6b["lineage"] == s6["lineage"]
+    s3 = relane_state(p6, s6b, 3)
+    assert s3["lineage"]["pass"] == 1 and s3["lineage"]["parent"] == s6["lineage"]
+    with WorkerPool(2, "thread") as pool:
+        assert drain(p3, s3, pool) == drain(p6, s6b, pool)
+    a = [r.digest for r, _ in run(p3, 1, 2, s3)]
+    assert a == [r.digest for r, _ in run(p3, 3, 2, s3)] and len(a) == 2

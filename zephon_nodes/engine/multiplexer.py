@@ -174,7 +174,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def _notify_positions(self) -> None:
         k = self.pipeline.recipe.flush_every
-        positions = {i: w * k for i, (w, _) in self._positions.items()}
+        bounds = None if self._pass else getattr(self.work_source, "window_bounds", None)
+        positions = {
+            i: bounds(i, w)[0] if bounds is not None else w * k  # re-laned windows vary
+            for i, (w, _) in self._positions.items()
+        }
         for hook in self.position_hooks:
             hook(positions)
 
