@@ -34,6 +34,10 @@ def relaned(tmp_path: Path, capsys: Any) -> dict[str, Path]:
     assert zephon("relane", str(recipe), str(ck), "--num-lanes", "6", "--output", str(out)) == 0
     printed = capsys.readouterr().out
     assert "re-laned the checkpoint of step 3 from 4 to 6 lanes" in printed
+    args = ["relane", str(recipe), str(ck), "--num-lanes", "6", "--output", str(out), "--json"]
+    assert zephon(*args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["step"], data["from_lanes"], data["num_lanes"], data["relanes"]) == (3, 4, 6, 1)
     return {"recipe": recipe, "six": six, "ck": ck, "out": out}
 
 

@@ -242,6 +242,18 @@ class TestRefusals:
         with pytest.raises(CheckpointError, match="lineage differs"):
             node.reset(other)
 
+    def test_positions_beyond_the_relaned_streams(self) -> None:
+        recipe = _recipe(work=WorkSpec(chunk_size=4, epochs=1))
+        p = Pipeline(recipe)
+        new = relane_state(p, _saved(p, 1, 2), 6)
+        p6 = Pipeline(recipe.replace(num_lanes=6))
+        bad = dict(new, lanes=dict(new["lanes"], **{"5": [999, 1]}))
+        with pytest.raises(CheckpointError, match="lane 5: window 999 is beyond the end"):
+            run(p6, 1, 1, bad)
+        forged = dict(new, lineage=dict(new["lineage"], lanes=[[0, 10**6]] * 4))
+        with pytest.raises(CheckpointError, match="1000000 samples of window 0 were consumed"):
+            run(p6, 1, 1, forged)
+
     def test_mid_step_state_and_set_mixture_after_a_relane(self) -> None:
         p = Pipeline(_recipe())
         node = p.rank_node(local_batch_size=3)

@@ -248,9 +248,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         has_window = getattr(source, "has_window", None)  # a re-laned pass's windows
         for i in self.lanes:
             w = positions[i][0]
-            if w > 0 and has_window is not None and has_window(i, w - 1):
-                continue
-            if w > 0 and (source is None or source.work(i, (w - 1) * flush_every) is None):
+            if has_window is not None:
+                ends = w > 0 and not has_window(i, w - 1)
+            else:
+                ends = w > 0 and (source is None or source.work(i, (w - 1) * flush_every) is None)
+            if ends:
                 raise CheckpointError(
                     f"checkpoint lane {i}: window {w} is beyond the end of the lane's stream "
                     f"(its work item {(w - 1) * flush_every} does not exist)"
