@@ -11,7 +11,10 @@ the first, then gives new lane ``l'``:
    it (same work items, same operator seeds ``(old lane, old window)``), its first ``c_l``
    samples dropped; a window may be short or, once dropped, empty;
 2. then the untouched items in their old global order ``g = i * L + l``, renumbered
-   ``g' = 0, 1, 2, ...`` and dealt ``g' -> lane g' % L'``, position ``g' // L'``, in flush
+   ``g' = 0, 1, 2, ...``: first a *catch-up* block per new lane, so that every new lane
+   holds as many items (lane ``l'`` with ``A_l'`` leftover items takes the next
+   ``M - A_l'`` ranks, ``M = max A``, lanes in order; ``C`` ranks in all), then round-robin:
+   rank ``C + k * L' + l'`` is lane ``l'``'s ``k``-th item after its block. They form flush
    windows of ``K`` items seeded by ``(salt, l', window)`` with a salt derived from the
    lineage (never one of the old seeds).
 
@@ -356,6 +359,14 @@ class RelanedWorkSource(WorkSource):
                 prefix.append(prefix[-1] + stops[ol] - starts[ol])
             self._olds.append(olds)
             self._prefix.append(prefix)
+        # Catch-up: lane l' first takes a block of ``M - A_l'`` untouched items (``A_l'``: its
+        # leftover items, ``M`` their maximum), so every new lane holds as many items.
+        held = [prefix[-1] for prefix in self._prefix]
+        top = max(held, default=0)
+        self._catch = [top - a for a in held]
+        self._catch_at = [0]
+        for d in self._catch:
+            self._catch_at.append(self._catch_at[-1] + d)
         depth = lineage.depth
         salt_fp = int(lineage.fingerprint[:15], 16)
         self.salt = derive_seed(seed, _RELANE_TAG, salt_fp, lineage.step, L, Ln, depth)
@@ -371,7 +382,20 @@ class RelanedWorkSource(WorkSource):
         T = self.untouched.total
         if T is None:
             return None
-        return max(0, -(-(T - lane) // self.num_lanes))
+        C, at = self._catch_at[-1], self._catch_at[lane]
+        catch = min(self._catch[lane], max(0, T - at))
+        return catch + max(0, -(-(T - C - lane) // self.num_lanes))
+
+    def untouched_rank(self, lane: int, u: int) -> int:
+        """Rank ``g'`` (in the old global order) of new lane ``lane``'s untouched item ``u``.
+
+        Lane ``l'`` first takes its catch-up block (ranks ``[C_l', C_l' + d_l')``), then
+        rank ``C + k * L' + l'`` for its ``k``-th item after it (``C``: all catch-up blocks).
+        """
+        d = self._catch[lane]
+        if u < d:
+            return self._catch_at[lane] + u
+        return self._catch_at[-1] + (u - d) * self.num_lanes + lane
 
     def lane_length(self, lane: int) -> int | None:
         """Work items of new lane ``lane`` in this pass (None: endless)."""
@@ -423,7 +447,7 @@ class RelanedWorkSource(WorkSource):
             ol = self._olds[lane][j]
             item = self.old.work(ol, self._old_starts[ol] + i - prefix[j])
         else:
-            got = self.untouched.locate((i - prefix[-1]) * self.num_lanes + lane)
+            got = self.untouched.locate(self.untouched_rank(lane, i - prefix[-1]))
             if got is None:
                 return None
             item = self.old.work(*got)
