@@ -201,13 +201,10 @@ def lane_length(source: WorkSource, lane: int) -> int | None:
         if total is None:
             return None
         return max(0, -(-(total - lane) // source.num_lanes))
-    end = getattr(source, "lane_end", None)  # MixingWorkSource
+    end = getattr(source, "lane_end", None)  # MixingWorkSource: None when endless
     if callable(end):
         e: int | None = end(lane)
-        if e is None and getattr(source, "epochs", 1) is None:
-            return None
-        if e is not None:
-            return e
+        return e
     # Any other source: work() is None from the lane's end on (probe, then bisect).
     if source.work(lane, 0) is None:
         return 0
