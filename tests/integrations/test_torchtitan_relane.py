@@ -75,6 +75,15 @@ def test_relane_at_load_then_resume_after_it(
         dcp_load(loader, after)
     assert run_ranks(resumed, [iter(x) for x in resumed], 2) == want[2:]
     assert int(union([x.state_dict() for x in resumed])["zephon_format"]) == 3
+    # A flipped bit in the lineage keys is refused, naming them.
+    n = int(after["lineage_len"][0])
+    for key, index, bit in [("lineage", 0, 0), ("lineage", n - 1, 3), ("lineage_len", 0, 1),
+                            ("lineage_len", 1, 60), ("lineage", n + 5, 2)]:  # fmt: skip
+        damaged = {k: v.clone() for k, v in after.items()}
+        flat = damaged[key].view(-1)
+        flat[index] = int(flat[index]) ^ (1 << bit)
+        with pytest.raises(CheckpointError, match=r"dataloader\.lineage"):
+            dcp_load(build(recipes[6], 1, 0, lbs=12, relaned=True), damaged)
 
 
 def test_relane_from_without_a_checkpoint_is_refused(recipes: dict[int, Path]) -> None:

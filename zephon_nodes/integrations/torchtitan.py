@@ -329,10 +329,10 @@ def _lineage_from_dcp(sd: Mapping[str, Any], room: int) -> Any:
     if not 0 <= n <= room:
         raise CheckpointError(f"dataloader.{LINEAGE_LEN_KEY}: length {n} is out of range")
     blob = bytes(data[:n].tolist())
-    if check != _lineage_check(blob):
+    if check != _lineage_check(blob) or bool(data[n:].any()):
         raise CheckpointError(
-            f"dataloader.{LINEAGE_DCP_KEY}: check value mismatch (the re-lane lineage was "
-            f"damaged or edited after saving)"
+            f"dataloader.{LINEAGE_DCP_KEY}: check value mismatch or non-zero padding (the "
+            f"re-lane lineage or {LINEAGE_LEN_KEY} was damaged or edited after saving)"
         )
     if not n:
         return None
