@@ -342,3 +342,19 @@ def test_relane_in_a_later_pass_and_twice() -> None:
         assert drain(p3, s3, pool) == drain(p6, s6b, pool)
     a = [r.digest for r, _ in run(p3, 1, 2, s3)]
     assert a == [r.digest for r, _ in run(p3, 3, 2, s3)] and len(a) == 2
+
+
+def test_loader_state_replay_of_a_relaned_rank() -> None:
+    """rank_state replays a re-laned rank's lanes (the pipeline is re-laned for it)."""
+    from zephon_nodes.engine.loader_state import rank_state
+
+    p = Pipeline(_recipe())
+    new = relane_state(p, _saved(p, 1, 2), 6)
+    p6 = Pipeline(_recipe(6))
+    node = for_state(p6, new).rank_node(2, 1)
+    node.reset(new)
+    start = node.get_state()
+    for _ in range(node.micro_per_step * 2):
+        next(node)
+    # The plain pipeline is enough: rank_state builds the re-laned streams itself.
+    assert rank_state(start, p6, step=start["step"] + 2) == node.get_state()
