@@ -13,6 +13,7 @@ from zephon_nodes import DatasetSpec, Pipeline, Recipe, RecipeError, WorkerPool,
 from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.multiplexer import LANE_KEY
+from zephon_nodes.engine.relane import lane_length
 from zephon_nodes.engine.wrap import WrappedWorkSource
 from zephon_nodes.verification.simulate import simulate
 
@@ -48,6 +49,7 @@ def test_every_sample_of_the_epoch_is_delivered_then_the_next_pass_follows(
     plain = Pipeline(skewed(shard, deal))
     wrapped = Pipeline(wrapping(shard, deal))
     assert isinstance(wrapped.work_source, WrappedWorkSource)
+    assert lane_length(wrapped.work_source, 0) is None  # endless, found without probing
     L, spl = plain.num_lanes, plain.recipe.samples_per_lane
     lanes = [_pass_samples(plain, lane, 0) + _pass_samples(plain, lane, 1) for lane in range(L)]
     first = [len(_pass_samples(plain, lane, 0)) for lane in range(L)]

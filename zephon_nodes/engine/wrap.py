@@ -95,6 +95,10 @@ class WrappedWorkSource(WorkSource):
             return dataclasses.replace(item, position=i)
         return WorkItem(0, "", "", -1, -1, _EMPTY, 0, 0, lane, i)
 
+    def lane_length(self, lane: int) -> int | None:
+        """Items of ``lane``: None (endless) if it has any in the first pass, else 0."""
+        return None if self.work(lane, 0) is not None else 0
+
     def make_pass(self, p: int) -> WrappedWorkSource:
         """Pass ``p`` (a new ``iter()``): a new wrapped stream from base pass ``p * 2**20``."""
         return WrappedWorkSource(self.base, self.flush_every, self.first + p * WRAP_PASS_STRIDE)
