@@ -358,3 +358,53 @@ def test_loader_state_replay_of_a_relaned_rank() -> None:
         next(node)
     # The plain pipeline is enough: rank_state builds the re-laned streams itself.
     assert rank_state(start, p6, step=start["step"] + 2) == node.get_state()
+
+
+SKEWED = [f"d{i} " + "word " * ((i * 37) % 120) for i in range(240)]
+
+
+def _lane_tokens(pipeline: Pipeline, state: dict[str, Any], pool: WorkerPool) -> list[int]:
+    """Label tokens (not padding) each lane still holds at ``state``, counted on its output."""
+    p = for_state(pipeline, state)
+    node = p.rank_node(lanes=list(range(p.num_lanes)), pool=pool)
+    node.reset(state)
+    return [
+        sum(int((s["labels"] != IGNORE_INDEX).sum()) for s in lane) for lane in node.lanes.values()
+    ]
+
+
+def test_relane_of_a_balanced_stream_keeps_the_lanes_balanced() -> None:
+    """Dealt by tokens before a re-lane, the new lanes hold tokens within a quarter item.
+
+    The tolerance comes from the documents alone: work items of 4 records, each record's
+    bytes + bos + eos giving ``len + 1`` input/label pairs; a quarter of the largest item.
+    Dealing the untouched items by count (as for round-robin streams) misses it by ~4x.
+    """
+    recipe = Recipe(
+        datasets=(DatasetSpec("s", records=tuple({"text": t} for t in SKEWED)),),
+        tokenizer=TokenizerSpec(kind="bytes", add_bos=True, add_eos=True),
+        seed=11,
+        num_lanes=4,
+        global_batch_size=12,
+        seq_len=32,
+        flush_every=2,
+        work=WorkSpec(chunk_size=4, epochs=1),
+    )
+    items = [sum(len(t.encode()) + 1 for t in SKEWED[k : k + 4]) for k in range(0, 240, 4)]
+    tolerance = max(items) // 4  # 413 tokens, of ~12,000 per lane at 6 lanes
+    p4 = Pipeline(recipe)
+    state = _saved(p4, 2, 3)
+    with WorkerPool(0) as pool:
+        remaining = sum(drain(p4, state, pool).values())
+        for lanes in (6, 12):
+            new = relane_state(p4, state, lanes)
+            got = _lane_tokens(Pipeline(recipe.replace(num_lanes=lanes)), new, pool)
+            assert sum(got) == remaining
+            assert max(got) - min(got) <= tolerance, (lanes, got, tolerance)
+        # A second re-lane (6 -> 4, some steps later) deals by the same sizes.
+        p6 = Pipeline(recipe.replace(num_lanes=6))
+        later = _saved(p6, 3, 8, relane_state(p4, state, 6))
+        again = relane_state(p6, later, 4)
+        got = _lane_tokens(p4, again, pool)
+        assert sum(got) == sum(drain(p6, later, pool).values())
+        assert max(got) - min(got) <= tolerance, (got, tolerance)

@@ -83,54 +83,117 @@ def _record_counts(dataset: Dataset) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _refine(lane_of: np.ndarray, sizes: np.ndarray, lanes: int, rounds: int = 200) -> None:
+def _refine(
+    lane_of: np.ndarray,
+    sizes: np.ndarray,
+    lanes: int,
+    rounds: int = 200,
+    start: np.ndarray | None = None,
+) -> None:
     """Improve an LPT deal in place.
 
     Swap (or move) items between the fullest and the emptiest lane while that narrows their
-    gap; at most ``rounds`` times. Deterministic (ties go to the first item).
+    gap; at most ``rounds`` times. Deterministic (ties go to the first item). ``start``: the
+    load each lane holds before its items (zeros by default).
     """
     for _ in range(rounds):
         held = np.bincount(lane_of, weights=sizes, minlength=lanes).astype(np.int64)
+        if start is not None:
+            held = held + start
         hi, lo = int(np.argmax(held)), int(np.argmin(held))
         gap = int(held[hi] - held[lo])
         if gap <= 0:
             return
-        a_idx = np.flatnonzero(lane_of == hi)
-        b_idx = np.concatenate([np.flatnonzero(lane_of == lo), [-1]])  # -1: move, no swap
-        b_sizes = np.where(b_idx >= 0, sizes[np.maximum(b_idx, 0)], 0)
-        order = np.argsort(b_sizes, kind="stable")
-        b_sorted = b_sizes[order]
-        # Moving a against b changes the gap to |gap - 2 (size a - size b)|: for each a, the
-        # two b closest to size a - gap / 2; the best strict improvement, first a (then the
-        # smaller b) on ties.
-        sa = sizes[a_idx]
-        k = np.searchsorted(b_sorted, sa - gap / 2)
-        js = np.stack([k - 1, k], axis=1)
-        ok = (js >= 0) & (js < len(b_sorted))
-        delta = sa[:, None] - b_sorted[np.clip(js, 0, len(b_sorted) - 1)]
-        new = np.abs(gap - 2 * delta)
-        ok &= (delta > 0) & (new < gap)
-        if not ok.any():
+        got = _best_move(lane_of, sizes, hi, lo, gap)
+        if got is None:
             return
-        flat = int(np.argmin(np.where(ok, new, np.iinfo(np.int64).max).ravel()))
-        a = int(a_idx[flat // 2])
-        b = int(b_idx[order[int(js.ravel()[flat])]])
+        a, b = got
         lane_of[a] = lo
         if b >= 0:
             lane_of[b] = hi
 
 
-def deal(sizes: np.ndarray, lanes: int) -> np.ndarray:
-    """Lane of each item: largest first to the lane holding the least (LPT), then swaps."""
+def _best_move(
+    lane_of: np.ndarray, sizes: np.ndarray, hi: int, lo: int, gap: int
+) -> tuple[int, int] | None:
+    """The swap that narrows the ``gap`` between lanes ``hi`` and ``lo`` most, or None.
+
+    Returns ``(a, b)``: item ``a`` of ``hi`` goes to ``lo`` and item ``b`` of ``lo`` to ``hi``
+    (``b = -1``: a move, no swap).
+    """
+    a_idx = np.flatnonzero(lane_of == hi)
+    if not len(a_idx):  # the fuller lane holds only its start load
+        return None
+    b_idx = np.concatenate([np.flatnonzero(lane_of == lo), [-1]])  # -1: move, no swap
+    b_sizes = np.where(b_idx >= 0, sizes[np.maximum(b_idx, 0)], 0)
+    order = np.argsort(b_sizes, kind="stable")
+    b_sorted = b_sizes[order]
+    # Moving a against b changes the gap to |gap - 2 (size a - size b)|: for each a, the
+    # two b closest to size a - gap / 2; the best strict improvement, first a (then the
+    # smaller b) on ties.
+    sa = sizes[a_idx]
+    k = np.searchsorted(b_sorted, sa - gap / 2)
+    js = np.stack([k - 1, k], axis=1)
+    ok = (js >= 0) & (js < len(b_sorted))
+    delta = sa[:, None] - b_sorted[np.clip(js, 0, len(b_sorted) - 1)]
+    new = np.abs(gap - 2 * delta)
+    ok &= (delta > 0) & (new < gap)
+    if not ok.any():
+        return None
+    flat = int(np.argmin(np.where(ok, new, np.iinfo(np.int64).max).ravel()))
+    return int(a_idx[flat // 2]), int(b_idx[order[int(js.ravel()[flat])]])
+
+
+def _settle(
+    lane_of: np.ndarray, sizes: np.ndarray, lanes: int, start: np.ndarray, rounds: int = 200
+) -> None:
+    """Narrow a deal with start loads further, in place: pairs beyond fullest/emptiest.
+
+    With start loads (a re-lane's leftovers) and few items, the fullest and the emptiest
+    lane may have no narrowing swap while other pairs do. Each round takes the first pair,
+    fullest lane against the others from the emptiest up, then the emptiest against the
+    others from the fullest down, whose best swap narrows its gap: the sum of squared loads
+    falls every round, so it ends. Deterministic.
+    """
+    for _ in range(rounds):
+        held = np.bincount(lane_of, weights=sizes, minlength=lanes).astype(np.int64) + start
+        order = np.argsort(held, kind="stable").tolist()
+        top, bottom = order[-1], order[0]
+        pairs = [(top, lo) for lo in order[:-1]] + [(hi, bottom) for hi in order[-2:0:-1]]
+        for hi, lo in pairs:
+            gap = int(held[hi] - held[lo])
+            got = _best_move(lane_of, sizes, hi, lo, gap) if gap > 0 else None
+            if got is not None:
+                a, b = got
+                lane_of[a] = lo
+                if b >= 0:
+                    lane_of[b] = hi
+                break
+        else:
+            return
+
+
+def deal(sizes: np.ndarray, lanes: int, start: np.ndarray | None = None) -> np.ndarray:
+    """Lane of each item: largest first to the lane holding the least (LPT), then swaps.
+
+    Args:
+        sizes: Size of each item.
+        lanes: Number of lanes.
+        start: Load each lane already holds before its items (default: none).
+    """
     total = len(sizes)
     order = np.lexsort((np.arange(total), -sizes))  # largest first, then stream order
-    heap = [(0, lane) for lane in range(lanes)]
+    if start is not None:
+        start = np.asarray(start, dtype=np.int64)
+    heap = [(0 if start is None else int(start[lane]), lane) for lane in range(lanes)]
     lane_of = np.empty(total, dtype=np.int64)
     for g in order.tolist():
         held, lane = heapq.heappop(heap)
         lane_of[g] = lane
         heapq.heappush(heap, (held + int(sizes[g]), lane))
-    _refine(lane_of, sizes, lanes)
+    _refine(lane_of, sizes, lanes, start=start)
+    if start is not None:
+        _settle(lane_of, sizes, lanes, start)
     return lane_of
 
 
@@ -158,8 +221,17 @@ class BalancedWorkSource(WorkSource):
             [sizes[inner.permutation(e)] for e in range(epochs)] or [sizes[:0]]
         )[:total]
         lane_of = deal(stream, self.num_lanes)
+        self.stream_sizes = stream
         self.streams = [np.flatnonzero(lane_of == lane) for lane in range(self.num_lanes)]
         self.lane_sizes = [int(stream[s].sum()) for s in self.streams]
+
+    def lane_length(self, lane: int) -> int:
+        """Number of work items of ``lane``."""
+        return len(self.streams[lane])
+
+    def lane_item_sizes(self, lane: int) -> np.ndarray:
+        """Size of each of ``lane``'s items, in its order (re-laning deals by them too)."""
+        return self.stream_sizes[self.streams[lane]]
 
     def work(self, lane: int, i: int) -> WorkItem | None:
         """Return item ``i`` of ``lane`` (in stream order), or None past its last."""

@@ -14,9 +14,13 @@ the first, then gives new lane ``l'``:
    ``g' = 0, 1, 2, ...``: first a *catch-up* block per new lane, so that every new lane
    holds as many items (lane ``l'`` with ``A_l'`` leftover items takes the next
    ``M - A_l'`` ranks, ``M = max A``, lanes in order; ``C`` ranks in all), then round-robin:
-   rank ``C + k * L' + l'`` is lane ``l'``'s ``k``-th item after its block. They form flush
-   windows of ``K`` items seeded by ``(salt, l', window)`` with a salt derived from the
-   lineage (never one of the old seeds).
+   rank ``C + k * L' + l'`` is lane ``l'``'s ``k``-th item after its block. If the old
+   stream was dealt by size (``work.deal = "balanced"``: its items' sizes are known), the
+   untouched items are dealt by those sizes instead, each new lane starting with the
+   estimated size of its leftovers (their items' sizes less ``c_l * seq_len`` each),
+   largest first to the lane holding the least, then swaps; each lane still reads its items
+   in rank order. They form flush windows of ``K`` items seeded by ``(salt, l', window)``
+   with a salt derived from the lineage (never one of the old seeds).
 
 Everything after the change is a function of the recipe, the checkpoint and ``L'``: the
 same global batches at every dp size dividing ``L'``, any worker count, runner or restart.
@@ -236,6 +240,15 @@ def window_bounds(source: WorkSource, lane: int, window: int, flush_every: int) 
     return start, stop
 
 
+def _lane_item_sizes(source: WorkSource, lane: int) -> np.ndarray | None:
+    """Sizes of ``lane``'s items if the source was dealt by size (else None)."""
+    own = getattr(source, "lane_item_sizes", None)
+    if not callable(own):
+        return None
+    got = own(lane)
+    return None if got is None else np.asarray(got, dtype=np.int64)
+
+
 def seed_parts(source: WorkSource, seed: int, lane: int, window: int) -> tuple[int, int, int]:
     """The ``(seed, lane, window)`` a lane's shuffle buffer of ``window`` is seeded with."""
     own = getattr(source, "shuffle_parts", None)
@@ -311,6 +324,9 @@ class RelanedWorkSource(WorkSource):
         flush_every: Work items per window ``K``.
         seed: The recipe's seed.
         base_pass: The recipe pass the old pass is.
+        sample_tokens: Tokens of one sample (``seq_len``): estimates what a leftover window
+            still holds (its items' tokens less ``consumed * sample_tokens``) when the
+            untouched items are dealt by size.
     """
 
     relaned = True
@@ -323,6 +339,7 @@ class RelanedWorkSource(WorkSource):
         flush_every: int,
         seed: int,
         base_pass: int,
+        sample_tokens: int = 0,
     ) -> None:
         super().__init__(base.num_lanes)
         L, Ln, K = old.num_lanes, base.num_lanes, flush_every
@@ -364,11 +381,58 @@ class RelanedWorkSource(WorkSource):
         self._catch_at = [0]
         for d in self._catch:
             self._catch_at.append(self._catch_at[-1] + d)
+        # A stream dealt by size: deal the untouched items by the same sizes instead.
+        self._dealt: list[np.ndarray] | None = None
+        self._sizes: list[np.ndarray] | None = None
+        old_sizes = [_lane_item_sizes(old, lane) for lane in range(L)]
+        if self.untouched.total is not None and all(x is not None for x in old_sizes):
+            self._deal_by_size([x for x in old_sizes if x is not None], sample_tokens)
         depth = lineage.depth
         salt_fp = int(lineage.fingerprint[:15], 16)
         self.salt = derive_seed(seed, _RELANE_TAG, salt_fp, lineage.step, L, Ln, depth)
 
+    def _deal_by_size(self, old_sizes: list[np.ndarray], sample_tokens: int) -> None:
+        """Deal the untouched items balanced by size (the old stream was dealt so).
+
+        Each new lane starts with the estimated size of its leftovers (their items' sizes
+        less ``consumed * sample_tokens`` each); the untouched items go largest first to the
+        lane holding the least, then swaps (:func:`~zephon_nodes.engine.balance.deal`). Each
+        lane reads its items in old global order.
+        """
+        from zephon_nodes.engine.balance import deal
+
+        L = self.old.num_lanes
+        keys, sizes = [], []
+        for lane, (stop, end) in enumerate(
+            zip(self.untouched.stop.tolist(), self.untouched.end.tolist(), strict=True)
+        ):
+            pos = np.arange(stop, end, dtype=np.int64)
+            keys.append(pos * L + lane)
+            sizes.append(old_sizes[lane][stop:end])
+        key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+        order = np.argsort(key, kind="stable")  # rank r: the r-th untouched item in g order
+        ranked = (np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64))[order]
+        assert len(ranked) == self.untouched.total
+        start = np.zeros(self.num_lanes, dtype=np.int64)
+        for nl, olds in enumerate(self._olds):
+            for ol in olds:
+                window = int(old_sizes[ol][self._old_starts[ol] : self._old_stops[ol]].sum())
+                start[nl] += max(0, window - self.lineage.lanes[ol][1] * sample_tokens)
+        lane_of = deal(ranked, self.num_lanes, start=start)
+        self._dealt = [np.flatnonzero(lane_of == nl) for nl in range(self.num_lanes)]
+        self._sizes = [
+            np.concatenate(
+                [old_sizes[ol][self._old_starts[ol] : self._old_stops[ol]] for ol in olds]
+                + [ranked[dealt]]
+            )
+            for olds, dealt in zip(self._olds, self._dealt, strict=True)
+        ]
+
     # -- geometry ----------------------------------------------------------------------------
+
+    def lane_item_sizes(self, lane: int) -> np.ndarray | None:
+        """Size of each item of new lane ``lane`` (None: the old stream was not dealt by size)."""
+        return None if self._sizes is None else self._sizes[lane]
 
     def leftovers(self, lane: int) -> int:
         """Number of leftover windows of new lane ``lane`` (``a``)."""
@@ -376,6 +440,8 @@ class RelanedWorkSource(WorkSource):
 
     def untouched_length(self, lane: int) -> int | None:
         """Untouched items of new lane ``lane`` (None: endless)."""
+        if self._dealt is not None:
+            return len(self._dealt[lane])
         T = self.untouched.total
         if T is None:
             return None
@@ -388,7 +454,11 @@ class RelanedWorkSource(WorkSource):
 
         Lane ``l'`` first takes its catch-up block (ranks ``[C_l', C_l' + d_l')``), then
         rank ``C + k * L' + l'`` for its ``k``-th item after it (``C``: all catch-up blocks).
+        Dealt by size: the lane's ``u``-th rank in ascending order.
         """
+        if self._dealt is not None:
+            dealt = self._dealt[lane]
+            return int(dealt[u]) if u < len(dealt) else int(self.untouched.total or 0) + u
         d = self._catch[lane]
         if u < d:
             return self._catch_at[lane] + u
@@ -743,7 +813,13 @@ def _source_for(pipeline: Any, lineage: Lineage | None, num_lanes: int) -> WorkS
         )
     base_pass = getattr(old_full, "base_pass", 0) + lineage.pass_index
     return RelanedWorkSource(
-        old, base, lineage, pipeline.recipe.flush_every, pipeline.recipe.seed, base_pass
+        old,
+        base,
+        lineage,
+        pipeline.recipe.flush_every,
+        pipeline.recipe.seed,
+        base_pass,
+        sample_tokens=int(getattr(pipeline.recipe, "seq_len", 0) or 0),
     )
 
 
