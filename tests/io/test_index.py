@@ -163,13 +163,14 @@ class TestMismatch:
     """An index that does not match its shard is refused, naming it and the rebuild."""
 
     def test_size_change_is_refused(self, tmp_path):
-        """An appended shard: refused with its name and `zephon index`."""
+        """An appended shard: refused when it is opened, with its name and `zephon index`."""
         write_corpus(tmp_path)
         assert zephon("index", str(tmp_path / "*.jsonl*"), "--quiet") == 0
         with open(tmp_path / "a0.jsonl", "a") as f:
             f.write('{"text": "more"}\n')
+        pipeline = Pipeline(recipe([str(tmp_path / "*.jsonl*")]))  # opens no shard
         with pytest.raises(DataError, match=r"a0\.jsonl: the dataset index says .*zephon index"):
-            Pipeline(recipe([str(tmp_path / "*.jsonl*")]))
+            _drain(pipeline)
 
     def test_copy_with_new_mtime_is_accepted_but_other_content_is_not(self, tmp_path):
         """A copy (new mtime, same bytes) passes; a same-size edit fails naming the file."""
@@ -184,8 +185,16 @@ class TestMismatch:
         f.write_bytes(blob.replace(b"doc 1 ", b"doc 9 "))
         os.utime(f, ns=(1, 1))
         index.forget()
+        pipeline = Pipeline(recipe([str(tmp_path / "dst" / "*.jsonl*")]))
         with pytest.raises(DataError, match=r"a0\.jsonl: content differs from the dataset index"):
-            Pipeline(recipe([str(tmp_path / "dst" / "*.jsonl*")]))
+            _drain(pipeline)
+
+
+def _drain(pipeline: Pipeline) -> int:
+    """Run a finite pipeline to its end (every shard is opened); return the step count."""
+    from zephon_nodes import simulate
+
+    return sum(1 for _ in simulate(pipeline, 1, 10**6))
 
 
 def _steps(pipeline: Pipeline, n: int) -> list[Any]:

@@ -9,15 +9,23 @@ and a remote one is fetched and indexed once (see :mod:`zephon_nodes.io.remote`)
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from zephon_nodes.io import storage
 from zephon_nodes.io.checksum import file_checksum
 
-__all__ = ["MAX_NAMED_FILES", "content_summary", "file_identity", "file_names"]
+__all__ = [
+    "MAX_NAMED_FILES",
+    "FileIdentities",
+    "content_summary",
+    "dataset_identities",
+    "file_identity",
+    "file_names",
+]
 
 # A checkpoint names changed files for datasets up to this many files (one short entry each).
 MAX_NAMED_FILES = 4096
@@ -72,6 +80,69 @@ def _open_remote(uri: str) -> str:
         # A corrupt shard still has an identity (``on_error = "skip"`` leaves it out later).
         with fetched(uri, storage.stat(uri)) as (_, checksum):
             return checksum
+
+
+class FileIdentities(Sequence[dict[str, Any]]):
+    """The ``{"checksum", "bytes"}`` of a dataset's files, read from its index's columns.
+
+    A sequence of dicts like the list :func:`dataset_identities` gives without an index;
+    :meth:`canonical_json_chunks` is its canonical JSON without building them (see
+    :func:`zephon_nodes.recipe.canonical.canonical_json`).
+
+    Args:
+        files: The dataset's rows of its index (:class:`~zephon_nodes.io.table.IndexedFiles`).
+    """
+
+    def __init__(self, files: Any) -> None:
+        self.files = files
+        self._list: list[dict[str, Any]] | None = None
+
+    def canonical_json_chunks(self) -> list[bytes | memoryview]:
+        """The list's JSON (sorted keys, no spaces) as ``json.dumps`` writes it, in pieces."""
+        chunks: list[bytes | memoryview] = self.files.table.identities_json(self.files.rows)
+        return chunks
+
+    def _text(self) -> bytes:
+        return b"".join(bytes(c) for c in self.canonical_json_chunks())
+
+    def _items(self) -> list[dict[str, Any]]:
+        if self._list is None:
+            self._list = json.loads(self._text())
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    @overload
+    def __getitem__(self, k: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, k: int | slice) -> Any:
+        return self._items()[k]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FileIdentities):
+            return self._text() == other._text()
+        return isinstance(other, list) and self._items() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def dataset_identities(spec: Any, lazy: bool = False) -> Sequence[dict[str, Any]]:
+    """The identities of a dataset spec's files, in order (what joins the fingerprint).
+
+    Through the dataset's index when one covers its patterns (no file is listed or read;
+    ``lazy`` keeps them as :class:`FileIdentities`), else one :func:`file_identity` each.
+    """
+    from zephon_nodes.io.table import resolve_indexed
+
+    files = resolve_indexed(spec)
+    if files is None:
+        return [file_identity(p) for p in spec.files()]
+    identities = FileIdentities(files)
+    return identities if lazy else list(identities)
 
 
 def file_names(files: Sequence[str | os.PathLike[str]]) -> list[str]:

@@ -138,6 +138,9 @@ def route_whole_shards(datasets: Sequence[Dataset]) -> list[Dataset]:
         return list(datasets)
     out = []
     for d in datasets:
+        if hasattr(d.shards, "whole"):
+            out.append(d)  # LazyShards route each shard when they open it
+            continue
         if not any(_whole(s) for s in d.shards):
             out.append(d)
             continue
