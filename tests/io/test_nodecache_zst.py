@@ -120,3 +120,47 @@ def test_random_corpora_and_limits(
             set_cache_limit(None)
         assert stats is not None and 0 < stats["peak_bytes"] <= limit
         assert stats["fetches"] >= len(sizes)  # every shard went through the cache
+
+
+def test_unindexed_zst_through_node_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a dataset index too: same digests, the node cache within its limit, and no
+    decompressed copy outside it (only the small record indexes)."""
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    monkeypatch.setenv("ZEPHON_NO_INDEX", "1")
+    corpus = write_zst_corpus(tmp_path / "data")
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "plain"))
+    reference = digests(Pipeline(recipe(tmp_path / "data")))
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zc"))
+    limit = corpus // 10
+    set_cache_limit(limit)
+    try:
+        for build in range(2):  # the second build reuses the record indexes: reads nothing
+            pipeline = Pipeline(recipe(tmp_path / "data"))
+            shards = pipeline.datasets[0].shards
+            assert all(isinstance(s, NodeCachedShard) for s in shards)
+            assert sum(s.num_records for s in shards) == SHARDS * 24
+            assert digests(pipeline) == reference
+            stats = pipeline.cache_stats()
+            assert stats is not None and 0 < stats["peak_bytes"] <= limit, build
+    finally:
+        set_cache_limit(None)
+    assert not list((tmp_path / "zc").glob("*.jsonl"))  # no copy outside the node cache
+    kept = {f.name.partition(".")[2] for f in (tmp_path / "zc").iterdir() if f.is_file()}
+    assert kept <= {"index.npy", "index.size"}  # record indexes only
+
+
+def test_stream_line_index_matches_file_index(tmp_path: Path) -> None:
+    """The streaming record index equals the file one, blank and CRLF lines included."""
+    from zephon_nodes.io.shards import _index_file
+    from zephon_nodes.io.wholeshard import _LineCounter
+
+    text = b'{"a":1}\r\n\r\n\n{"b":2}\n\r\n{"c":3}\r\n\r'
+    (tmp_path / "f.jsonl").write_bytes(text)
+    for cut in range(len(text) + 1):
+        counter = _LineCounter()
+        counter.write(text[:cut])
+        counter.write(text[cut:])
+        assert counter.index().tolist() == [[0, 8], [12, 19], [22, 30]], cut
+    assert _index_file(tmp_path / "f.jsonl").tolist() == [[0, 8], [12, 19], [22, 30]]
