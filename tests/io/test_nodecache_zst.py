@@ -164,3 +164,33 @@ def test_stream_line_index_matches_file_index(tmp_path: Path) -> None:
         counter.write(text[cut:])
         assert counter.index().tolist() == [[0, 8], [12, 19], [22, 30]], cut
     assert _index_file(tmp_path / "f.jsonl").tolist() == [[0, 8], [12, 19], [22, 30]]
+
+
+def test_process_workers_counters_are_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With process workers, their node-cache fetches reach cache_stats() and metrics()."""
+    from zephon_nodes import WorkerPool
+
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zc"))
+    corpus = write_zst_corpus(tmp_path / "data")
+    assert main(["index", str(tmp_path / "data" / "*.jsonl.zst"), "--quiet"]) == 0
+    # Room for the whole corpus and no prefetch in the rank: the workers fetch every shard.
+    set_cache_limit(corpus, prefetch=0)
+    pool = WorkerPool(2, "process")
+    try:
+        pipeline = Pipeline(recipe(tmp_path / "data"))
+        node = pipeline.rank_node(1, 0, pool=pool)
+        node.reset(None)
+        steps = sum(1 for _ in node)
+        metrics = node.metrics()
+        stats = pipeline.cache_stats()
+    finally:
+        pool.close()
+        set_cache_limit(None)
+        monkeypatch.delenv("ZEPHON_CACHE_PREFETCH", raising=False)
+    assert steps > 0 and stats is not None
+    assert stats["fetches"] == SHARDS and stats["bytes_fetched"] == corpus
+    assert stats["hits"] + stats["misses"] >= SHARDS and stats["evictions"] == 0
+    assert metrics["node_cache"] == stats

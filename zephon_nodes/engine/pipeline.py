@@ -400,9 +400,13 @@ class Pipeline:
     def cache_stats(self) -> dict[str, int] | None:
         """Return this process's node-cache counters (hits, misses, bytes_fetched, ...).
 
+        Counters of its process workers (``runner="process"``) are included: they come back
+        with each result (see :mod:`zephon_nodes.io.workercounts`).
+
         None when no cache limit is set (``ZEPHON_CACHE_LIMIT`` / ``--cache-limit``).
         """
         from zephon_nodes.io.nodecache import node_cache
+        from zephon_nodes.io.workercounts import merged
 
         cache = node_cache()
-        return cache.stats() if cache is not None else None
+        return merged(cache.stats()) if cache is not None else None
