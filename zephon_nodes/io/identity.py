@@ -169,7 +169,10 @@ def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[
         files = canon.get("files")
         if not files or len(files) > MAX_NAMED_FILES:
             continue
-        names = file_names(spec.files())
+        # An indexed dataset's files come from its index (its folders are not listed).
+        names = file_names(
+            files.files.uris() if isinstance(files, FileIdentities) else spec.files()
+        )
         out[spec.name] = {
             n: f["checksum"].partition(":")[2][:16] for n, f in zip(names, files, strict=True)
         }

@@ -173,7 +173,7 @@ class ShardTable:
             pass
         rx = re.compile(_glob_regex(pattern).encode("utf-8"), re.M)
         text = bytes(self.names)
-        hits = np.fromiter((m.start() for m in rx.finditer(text)), dtype=np.int64)
+        hits = np.fromiter((m.start() for m in rx.finditer(text) if m.end() > m.start()), np.int64)
         rows = np.searchsorted(self.name_starts, hits).astype(np.int64)
         with contextlib.suppress(OSError):  # a read-only cache only costs the match next time
             _save(path, rows)
@@ -188,7 +188,7 @@ def _glob_regex(pattern: str) -> str:
         last = i == len(parts) - 1
         if part == "**":
             # Zero or more folders (and, last, any file below), none hidden.
-            out.append(r"(?:(?!\.)[^/\n]*(?:/(?!\.)[^/\n]*)*)" if last else r"(?:(?!\.)[^/\n]+/)*")
+            out.append(r"(?!\.)[^/\n]+(?:/(?!\.)[^/\n]+)*" if last else r"(?:(?!\.)[^/\n]+/)*")
             continue
         text = r"(?!\.)" if part[:1] in ("*", "?", "[") else ""
         j = 0
