@@ -102,6 +102,14 @@ class FileIdentities(Sequence[dict[str, Any]]):
         chunks: list[bytes | memoryview] = self.files.table.identities_json(self.files.rows)
         return chunks
 
+    def content_token(self) -> str:
+        """A string naming this list's exact text: the index's cache key and the rows."""
+        import xxhash
+
+        rows = self.files.rows
+        digest = xxhash.xxh3_128_hexdigest(rows.astype("<i8").tobytes())
+        return f"{self.files.table.folder}|{len(rows)}|{digest}"
+
     def _text(self) -> bytes:
         return b"".join(bytes(c) for c in self.canonical_json_chunks())
 
@@ -151,8 +159,12 @@ def file_names(files: Sequence[str | os.PathLike[str]]) -> list[str]:
     if len(texts) < 2:
         return [t.rsplit("/", 1)[-1] for t in texts]
     parts = [t.split("/") for t in texts]
+    # The common leading folders of all are those of the first and last in sorted order;
+    # a file's own name is never dropped.
+    lo, hi = min(parts), max(parts)
+    limit = min(len(p) for p in parts) - 1
     n = 0
-    while all(len(p) > n + 1 and p[n] == parts[0][n] for p in parts):
+    while n < limit and lo[n] == hi[n]:
         n += 1
     return ["/".join(p[n:]) for p in parts]
 
@@ -170,9 +182,9 @@ def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[
         if not files or len(files) > MAX_NAMED_FILES:
             continue
         # An indexed dataset's files come from its index (its folders are not listed).
-        names = file_names(
-            files.files.uris() if isinstance(files, FileIdentities) else spec.files()
-        )
+        # Names below the common folder: the same from the index's names as from the paths.
+        indexed = isinstance(files, FileIdentities)
+        names = file_names(files.files.names() if indexed else spec.files())
         out[spec.name] = {
             n: f["checksum"].partition(":")[2][:16] for n, f in zip(names, files, strict=True)
         }

@@ -375,6 +375,16 @@ class IndexedFiles:
     def __len__(self) -> int:
         return int(self.rows.shape[0])
 
+    def names(self) -> list[str]:
+        """Every file's name relative to the index's directory (for small datasets)."""
+        rows = self.rows
+        span = int(rows[-1]) - int(rows[0]) + 1 if len(rows) else -1
+        if span == len(rows) and bool(np.all(np.diff(rows) == 1)):
+            starts = self.table.name_starts
+            a, b = int(starts[int(rows[0])]), int(starts[int(rows[-1]) + 1]) - 1
+            return bytes(self.table.names[a:b]).decode("utf-8").split("\n")
+        return [self.table.name(k) for k in rows.tolist()]
+
     def uris(self) -> list[str]:
         """Every file's full path or URI (one string per file: for small datasets)."""
         return [self.table.uri(k) for k in self.rows.tolist()]

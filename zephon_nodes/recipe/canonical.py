@@ -10,6 +10,7 @@ dicts: a recipe's fingerprint does not depend on whether its data is indexed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -57,9 +58,66 @@ def canonical_json(value: Any) -> str:
     return "".join(out)
 
 
+_MEMO: dict[str, str] = {}
+
+
+def _memo_key(blob: str, spans: list[tuple[int, int, Any]]) -> str | None:
+    """A key naming the whole text, when every lazy part names its content (else None)."""
+    pieces, pos = [], 0
+    for start, end, lazy in spans:
+        token = getattr(lazy, "content_token", None)
+        if token is None:
+            return None
+        pieces += [blob[pos:start], "\x00", str(token()), "\x00"]
+        pos = end
+    text = "".join([*pieces, blob[pos:]])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:40]
+
+
 def canonical_sha256(value: Any) -> str:
-    """The SHA-256 (hex) of :func:`canonical_json` of ``value``, hashed piece by piece."""
+    """The SHA-256 (hex) of :func:`canonical_json` of ``value``, hashed piece by piece.
+
+    When every lazy part has a ``content_token()`` (a string naming its exact text, such as
+    a dataset index's cache key and the rows selected), the result is remembered under the
+    rest of the text and those tokens, in this process and in ``$ZEPHON_CACHE_DIR``, so the
+    next build does not hash a 100,000-shard list again.
+    """
     blob, spans = _split(value)
+    key = _memo_key(blob, spans) if spans else None
+    if key is not None:
+        hit = _MEMO.get(key) or _read_memo(key)
+        if hit is not None:
+            _MEMO[key] = hit
+            return hit
+    digest = _hash(blob, spans)
+    if key is not None:
+        _MEMO[key] = digest
+        _write_memo(key, digest)
+    return digest
+
+
+def _memo_path(key: str) -> Any:
+    from zephon_nodes.io.cache import cache_dir
+
+    return cache_dir() / f"canonical-{key}.sha256"
+
+
+def _read_memo(key: str) -> str | None:
+    try:
+        text = _memo_path(key).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if re.fullmatch(r"[0-9a-f]{64}", text) else None
+
+
+def _write_memo(key: str, digest: str) -> None:
+    from zephon_nodes.io.cache import atomic_write
+
+    with contextlib.suppress(OSError):  # a read-only cache only costs the hash next time
+        atomic_write(_memo_path(key), lambda f: f.write(digest.encode("ascii")))
+
+
+def _hash(blob: str, spans: list[tuple[int, int, Any]]) -> str:
     h = hashlib.sha256()
     pos = 0
     for start, end, lazy in spans:
