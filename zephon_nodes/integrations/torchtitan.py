@@ -20,7 +20,9 @@ uint8 tensors, never pickled objects (keys below live under ``dataloader.``):
 * the decision log of a dynamic mixture (:meth:`ZephonDataLoader.set_mixture`), with room
   for ``max_decisions`` entries: ``mixture_count`` (int64[1]) and ``mixture_log``
   (float64[max_decisions, 1 + D]: the step, then the weights in recipe order; replicated) and
-  one ``mixture_lane_00003 -> int64[max_decisions]`` per lane (its effect windows, -1 unused).
+  one ``mixture_lane_00003 -> int64[max_decisions]`` per lane (its effect windows, -1 unused);
+  once a decision is made, each lane's check value also covers the decisions it reads (the
+  used log rows and its effect windows, :func:`mixture_digest`).
 
 On load, DCP first calls :meth:`ZephonDataLoader.state_dict` on the *new* loader to learn
 which keys to read: it lists exactly the lanes this rank owns in the new layout, so a
@@ -72,6 +74,7 @@ __all__ = [
     "lane_check",
     "lane_key",
     "loader_metrics",
+    "mixture_digest",
     "mixture_lane_key",
     "to_dcp_state",
 ]
@@ -153,7 +156,12 @@ def _encode_field(value: Any) -> tuple[int, int]:
 
 
 def lane_check(
-    fingerprint: str, lane: int, position: tuple[int, int], replicated: tuple[int, ...]
+    fingerprint: str,
+    lane: int,
+    position: tuple[int, int],
+    replicated: tuple[int, ...],
+    *,
+    mixture: str = "",
 ) -> int:
     """The check value stored with a lane: 62 bits of a SHA-256 (a non-negative int64).
 
@@ -162,9 +170,29 @@ def lane_check(
         lane: The lane.
         position: The lane's ``(window, consumed)``.
         replicated: ``(num_lanes, step, micro, dp_world_size, local_batch_size)``.
+        mixture: :func:`mixture_digest` of the decision log and the lane's effect windows
+            ("" when the checkpoint holds no decision).
     """
     text = f"{fingerprint}:{lane}:{position[0]}:{position[1]}:" + ":".join(map(str, replicated))
+    if mixture:
+        text += f":mixture:{mixture}"
     return int.from_bytes(hashlib.sha256(text.encode("ascii")).digest()[:8], "little") >> 2
+
+
+def mixture_digest(count: int, table: torch.Tensor, windows: torch.Tensor) -> str:
+    """SHA-256 (hex) of the ``count`` decisions a lane reads: log rows and effect windows.
+
+    Covers ``mixture_count``, the first ``count`` rows of ``mixture_log`` (their float64
+    bytes) and the first ``count`` entries of the lane's ``mixture_lane_NNNNN``; the unused
+    rows are never read. Empty (``""``) when ``count`` is 0, so a checkpoint without
+    decisions keeps the check value it had before decisions existed.
+    """
+    if count <= 0:
+        return ""
+    h = hashlib.sha256(count.to_bytes(8, "little", signed=True))
+    h.update(table[:count].to(torch.float64).contiguous().numpy().tobytes())
+    h.update(windows[:count].to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _decode_field(kind: int, value: int) -> Any:
@@ -226,9 +254,7 @@ def to_dcp_state(
         dp_world_size,
         local_batch_size,
     )
-    for key, (window, consumed) in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
-        check = lane_check(fp, int(key), (window, consumed), replicated)
-        out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
+    digests: dict[int, str] = {}
     if max_decisions > 0:
         names = list(dataset_names or [])
         mixture = state.get(MIXTURE_KEY) or {"log": [], "effects": {}}
@@ -250,6 +276,11 @@ def to_dcp_state(
             eff = mixture["effects"].get(str(key), [])
             windows[: len(eff)] = torch.tensor(eff, dtype=torch.int64)
             out[mixture_lane_key(int(key))] = windows
+            digests[int(key)] = mixture_digest(len(log), table, windows)
+    for key, (window, consumed) in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
+        mix = digests.get(int(key), "")
+        check = lane_check(fp, int(key), (window, consumed), replicated, mixture=mix)
+        out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
     return out
 
 
@@ -285,6 +316,20 @@ def _mixture_from_dcp(
     for lane in lanes:
         effects[str(lane)] = _as_ints(sd, mixture_lane_key(lane), max_decisions)[:count]
     return {"log": log, "effects": effects}
+
+
+def _stored_mixture_digest(sd: Mapping[str, Any], lane: int, max_decisions: int) -> str:
+    """:func:`mixture_digest` of the loaded ``mixture_*`` tensors, for ``lane``'s check."""
+    (count,) = _as_ints(sd, MIXTURE_COUNT_KEY, 1)
+    if not 0 <= count <= max_decisions:
+        raise CheckpointError(f"dataloader.{MIXTURE_COUNT_KEY}={count} is out of range")
+    table = sd.get(MIXTURE_LOG_KEY)
+    if not isinstance(table, torch.Tensor) or table.dtype != torch.float64:
+        raise CheckpointError(
+            f"dataloader.{MIXTURE_LOG_KEY}: expected a float64 tensor, got {table!r:.80}"
+        )
+    windows = torch.tensor(_as_ints(sd, mixture_lane_key(lane), max_decisions), dtype=torch.int64)
+    return mixture_digest(count, table, windows)
 
 
 def _as_ints(sd: Mapping[str, Any], key: str, n: int) -> list[int]:
@@ -372,6 +417,7 @@ def from_dcp_state(
     (micro,) = _as_ints(sd, MICRO_KEY, 1)
     (saved_dp,) = _as_ints(sd, DP_KEY, 1)
     (saved_lbs,) = _as_ints(sd, LBS_KEY, 1)
+    stored_mixture = max_decisions > 0 and MIXTURE_COUNT_KEY in sd
     positions: dict[str, list[int]] = {}
     for lane in lanes:
         key = lane_key(lane)
@@ -383,11 +429,24 @@ def from_dcp_state(
                 f"lane {lane} was saved at step {lane_step}, the checkpoint is at step {step}"
             )
         replicated = (num_lanes, step, micro, saved_dp, saved_lbs)
-        if check != lane_check(fingerprint, lane, (window, consumed), replicated):
+        mix = _stored_mixture_digest(sd, lane, max_decisions) if stored_mixture else ""
+        if check != lane_check(fingerprint, lane, (window, consumed), replicated, mixture=mix):
+            if mix:
+                what = (
+                    f", or the decision log ({MIXTURE_COUNT_KEY}, {MIXTURE_LOG_KEY}, "
+                    f"{mixture_lane_key(lane)})"
+                )
+            elif stored_mixture:
+                what = f" (or {MIXTURE_COUNT_KEY}, now 0)"
+            else:
+                what = (
+                    " (if the checkpoint holds set_mixture decisions: this loader has "
+                    "dataloader.max_decisions=0 and does not read them)"
+                )
             raise CheckpointError(
                 f"dataloader.{key}: check value mismatch: the lane's position [{window}, "
                 f"{consumed}] or the replicated num_lanes/step/micro/dp_world_size/"
-                f"local_batch_size {list(replicated)} were damaged or edited after saving"
+                f"local_batch_size {list(replicated)}{what} were damaged or edited after saving"
             )
         positions[str(lane)] = [window, consumed]
     state: dict[str, Any] = {
