@@ -21,6 +21,7 @@ shards: a file added to the folders later joins the dataset when the index is re
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -337,7 +338,11 @@ def load_table(location: str) -> ShardTable | None:
         return table
     folder = cache_dir() / f"index-{key}"
     if not (folder / "directory.txt").exists():
-        _build(location, folder)
+        # One process of the node converts the index; the node's other ranks wait for it.
+        with open(folder.with_suffix(".lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (folder / "directory.txt").exists():
+                _build(location, folder)
     arrays = {c: np.load(folder / f"{c}.npy", mmap_mode="r", allow_pickle=False) for c in _COLUMNS}
     directory = (folder / "directory.txt").read_text(encoding="utf-8")
     table = ShardTable(
