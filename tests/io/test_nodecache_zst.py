@@ -178,7 +178,7 @@ def test_process_workers_counters_are_collected(
     assert main(["index", str(tmp_path / "data" / "*.jsonl.zst"), "--quiet"]) == 0
     # Room for the whole corpus and no prefetch in the rank: the workers fetch every shard.
     set_cache_limit(corpus, prefetch=0)
-    pool = WorkerPool(2, "process")
+    pool = WorkerPool(1, "process")
     try:
         pipeline = Pipeline(recipe(tmp_path / "data"))
         node = pipeline.rank_node(1, 0, pool=pool)
