@@ -60,6 +60,7 @@ _COLUMNS = (
     "identity_starts",
 )
 _LOCK = threading.Lock()
+_PLAIN = re.compile(r"[A-Za-z0-9_:]*")
 # Table key -> loaded table (a key names one manifest content, so it never goes stale).
 _TABLES: dict[str, ShardTable] = {}
 
@@ -267,6 +268,7 @@ def _build(location: str, folder: Path) -> None:
     frames = np.zeros(n, dtype=np.int32)
     entries = []
     identities = []
+    encode = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
     for k, name in enumerate(names):
         e = shards[name]
         if not isinstance(e, dict) or "\n" in name:
@@ -276,14 +278,17 @@ def _build(location: str, folder: Path) -> None:
             sizes[k] = int(e["bytes"])
             kinds[k] = KINDS.index(str(e["kind"]))
             frames[k] = len(e.get("frames", ()))
-            identity = {"bytes": int(e["bytes"]), "checksum": str(e["checksum"])}
+            size, checksum = int(e["bytes"]), str(e["checksum"])
         except (KeyError, TypeError, ValueError):
             raise DataError(
                 f"{storage.redact(location)}: malformed entry for {name!r} (needs records, "
                 f"bytes, kind and checksum); {_hint(location)}"
             ) from None
-        entries.append(json.dumps(e, sort_keys=True, separators=(",", ":")))
-        identities.append(json.dumps(identity, sort_keys=True, separators=(",", ":")))
+        entries.append(encode(e))
+        if _PLAIN.fullmatch(checksum):  # as json.dumps writes it, without its per-call cost
+            identities.append(f'{{"bytes":{size},"checksum":"{checksum}"}}')
+        else:
+            identities.append(encode({"bytes": size, "checksum": checksum}))
     blobs = {
         "names": np.frombuffer("".join(x + "\n" for x in names).encode("utf-8"), np.uint8),
         "entries": np.frombuffer("".join(x + "\n" for x in entries).encode("utf-8"), np.uint8),
