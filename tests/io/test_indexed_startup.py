@@ -12,7 +12,7 @@ import pytest
 
 from tests.commands.run import zephon
 from tests.io.test_remote_digests import recipe, write_corpus
-from zephon_nodes import DatasetSpec, Pipeline, simulate
+from zephon_nodes import DatasetSpec, Pipeline, WorkSpec, simulate
 from zephon_nodes.errors import DataError
 from zephon_nodes.io import index, storage
 from zephon_nodes.io.identity import dataset_identities, file_identity
@@ -51,7 +51,9 @@ class TestNoShardTouched:
         """Lazy shards, opened only when read; digests and fingerprint as without an index."""
         write_corpus(tmp_path / "d" / "x", (9, 0, 11))
         write_corpus(tmp_path / "d" / "y", (8, 5))
-        r = recipe([str(tmp_path / "d" / "*" / "*.jsonl*")])
+        # Round-robin dealing: balanced dealing by tokens (the default for a finite dataset
+        # of at most 65,536 records) reads every work item when the pipeline is built.
+        r = recipe([str(tmp_path / "d" / "*" / "*.jsonl*")], work=WorkSpec(4, deal="round_robin"))
         monkeypatch.setenv("ZEPHON_NO_INDEX", "1")
         plain = Pipeline(r)
         reference = _drain(r)
@@ -90,9 +92,8 @@ class TestNoShardTouched:
             f.write('{"text": "late"}\n')
         spec = DatasetSpec("web", paths=(str(tmp_path / "*.jsonl*"),), on_error="skip")
         r = recipe([str(tmp_path / "*.jsonl*")]).replace(datasets=(spec,))
-        pipeline = Pipeline(r)
         with pytest.raises(DataError, match=r"b0\.jsonl: the dataset index says .*zephon index"):
-            list(simulate(pipeline, 1, 10**6))
+            list(simulate(Pipeline(r), 1, 10**6))  # at build under balanced dealing
 
     def test_deleted_shard_refused_when_opened(self, tmp_path: Path):
         """A shard the index lists but the folder lost: refused when read, named."""
@@ -174,3 +175,17 @@ def test_index_deeper_than_the_pattern_falls_back(tmp_path: Path):
     pipeline = Pipeline(r)
     assert not isinstance(pipeline.datasets[0].shards, LazyShards)
     assert _drain(r) == reference
+
+
+def test_relaned_fingerprint_of_an_indexed_dataset(tmp_path: Path):
+    """Re-laning copies a canonical form holding the index's lazy file list: same hash."""
+    from zephon_nodes.engine.relane import pipeline_at
+
+    write_corpus(tmp_path, (9, 8, 12))
+    assert zephon("index", str(tmp_path / "*.jsonl*"), "--quiet") == 0
+    r = recipe([str(tmp_path / "*.jsonl*")])
+    pipeline = Pipeline(r)
+    assert isinstance(pipeline.datasets[0].shards, LazyShards)
+    moved = pipeline_at(pipeline, 2)
+    assert moved.fingerprint == Pipeline(r.replace(num_lanes=2)).fingerprint
+    assert moved.fingerprint != pipeline.fingerprint

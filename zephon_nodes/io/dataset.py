@@ -59,6 +59,12 @@ class Dataset:
         return int(ends[-1]) if len(ends) else 0
 
     @property
+    def shard_records(self) -> np.ndarray:
+        """Records of each shard (int64), without opening any."""
+        counts: np.ndarray = self._counts  # type: ignore[attr-defined]
+        return counts
+
+    @property
     def num_records(self) -> int:
         """Number of records over all shards."""
         counts: np.ndarray = self._counts  # type: ignore[attr-defined]

@@ -137,6 +137,9 @@ class FileIdentities(Sequence[dict[str, Any]]):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> FileIdentities:
+        return self  # immutable: a copied canonical form shares the index's columns
+
 
 def dataset_identities(spec: Any, lazy: bool = False) -> Sequence[dict[str, Any]]:
     """The identities of a dataset spec's files, in order (what joins the fingerprint).
