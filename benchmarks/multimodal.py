@@ -303,6 +303,18 @@ def main() -> None:
     print("|---|---:|---:|")
     for k, v in stages.items():
         print(f"| {k} | {1000 * v / images:.2f} | {v / total:.1%} |")
+    # The decode limit: the pool's workers (cores) kept busy decoding and nothing else.
+    decode_ms = 1000 * stages["decode"] / images
+    limit = args.workers * 1000 / decode_ms
+    print(
+        f"\nDecode limit: {args.workers} workers / {decode_ms:.2f} ms per image = {limit:,.0f} "
+        f"images/s (beyond decode: a run's CPU ms per image minus the decode's)\n"
+    )
+    print("| pipeline | of the decode limit | CPU ms per image | beyond decode |")
+    print("|---|---:|---:|---:|")
+    for x in results:
+        cpu_ms = 1000 * x.cpu_s / x.images
+        print(f"| {x.name} | {x.images_s / limit:.2f} | {cpu_ms:.2f} | {cpu_ms - decode_ms:+.2f} |")
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -314,11 +326,14 @@ def main() -> None:
                             "tokens_s": x.tokens_s,
                             "cpu_s_per_s": x.cpu_s / x.seconds,
                             "images_per_cpu_s": x.images / x.cpu_s,
+                            "of_decode_limit": x.images_s / limit,
+                            "cpu_ms_per_image": 1000 * x.cpu_s / x.images,
                         }
                         for x in results
                     ],
                     "stages": stages,
                     "decode_share": stages["decode"] / total,
+                    "decode_limit_images_s": limit,
                     "load_average": load,
                 },
                 indent=1,
