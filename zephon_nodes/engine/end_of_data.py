@@ -28,6 +28,9 @@ def unused_samples(
     Raises:
         CheckpointError: If the data does not end at ``state`` (a full step still fits).
     """
+    from zephon_nodes.engine.relane import for_state
+
+    pipeline = for_state(pipeline, state)  # a re-laned checkpoint's streams
     own = pool is None
     pool = pool if pool is not None else WorkerPool(0, "thread")
     try:
