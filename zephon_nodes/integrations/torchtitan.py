@@ -52,6 +52,7 @@ from zephon_nodes.engine.decisions import (
     parse_mixture_state,
     with_decision,
 )
+from zephon_nodes.engine.end_of_data import all_ranks_continue
 from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
@@ -834,6 +835,12 @@ class ZephonDataLoader(BaseDataLoader):
         self._steps = StepMetrics()
         self._step_batches: list[dict[str, torch.Tensor]] = []
         self._step_wait = 0.0
+        # A finite stream ends where some rank's lane runs dry: ranks agree on that step.
+        self._finite = (
+            recipe.work.epochs is not None
+            and any(d.on_exhausted == "end" for d in recipe.datasets)
+            and not recipe.wraps
+        )
         self.serial = next(_SERIAL)
         _LIVE_LOADERS.add(self)
 
@@ -937,9 +944,16 @@ class ZephonDataLoader(BaseDataLoader):
             if not self._started or self._restore is not None:
                 self._start()  # at the start, after a load, or after set_mixture
             t0 = time.perf_counter()
+            step_start = self._state["micro"] == 0
             try:
-                batch = next(self._node)
+                batch: dict[str, torch.Tensor] | None = next(self._node)
             except StopIteration:
+                batch = None
+            if step_start and self._finite and not all_ranks_continue(batch is not None):
+                # Another rank's lanes ran dry: every rank stops after the same step.
+                logger.info("the data ended after step %d (on every rank)", self._state["step"])
+                return
+            if batch is None:
                 return
             self._state = self._current_state()
             if "dataset_ids" in batch:
