@@ -54,7 +54,7 @@ def main() -> None:
         global_batch_size=1,
         seq_len=4096,
         flush_every=4,
-        work=WorkSpec(chunk_size=1, epochs=1),
+        work=WorkSpec(chunk_size=1, epochs=1, deal="round_robin"),  # one lane: no sizing pass
         shuffle=ShuffleSpec(0),
     )
     base, t0, tokens = _rss_mib(), time.monotonic(), 0
