@@ -178,7 +178,11 @@ def run_grain(shards: list[TarShard], processes: bool, workers: int, seconds: fl
 
 
 def stage_times(r: Recipe, items: int) -> dict[str, float]:
-    """Seconds per stage over the first ``items`` work items of lane 0..7, inline."""
+    """CPU seconds per stage over the first ``items`` work items of lane 0..7, inline.
+
+    CPU time (this thread's), not wall time: other processes on the machine do not inflate it,
+    so the decode limit derived from it holds under load too.
+    """
     pipeline = Pipeline(r)
     parse, decode, tok = pipeline.stateless.operators
     work = [pipeline.work_source.work(lane, i) for i in range(items // 8 + 1) for lane in range(8)][
@@ -188,15 +192,15 @@ def stage_times(r: Recipe, items: int) -> dict[str, float]:
     packer = MultimodalPacker(r.seq_len, pipeline.pad_id, SPEC, pipeline.placeholder_id)
     images = 0
     for item in work:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         a = parse(item)
-        t1 = time.perf_counter()
+        t1 = time.thread_time()
         b = decode(a)
-        t2 = time.perf_counter()
+        t2 = time.thread_time()
         c = tok(b)
-        t3 = time.perf_counter()
+        t3 = time.thread_time()
         packer.feed(c)
-        t4 = time.perf_counter()
+        t4 = time.thread_time()
         for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
             out[k] += v
         images += sum(len(i) for i in c.images)
@@ -298,11 +302,23 @@ def main() -> None:
     stages = stage_times(r, 16 if args.tiny else 64)
     images = stages.pop("images")
     total = sum(stages.values())
-    print(f"\nInline, one core, {int(images)} images: time per stage\n")
+    print(f"\nInline, one core, {int(images)} images: CPU time per stage\n")
     print("| stage | ms per image | share |")
     print("|---|---:|---:|")
     for k, v in stages.items():
         print(f"| {k} | {1000 * v / images:.2f} | {v / total:.1%} |")
+    # The decode limit: the pool's workers (cores) kept busy decoding and nothing else.
+    decode_ms = 1000 * stages["decode"] / images
+    limit = args.workers * 1000 / decode_ms
+    print(
+        f"\nDecode limit: {args.workers} workers / {decode_ms:.2f} ms per image = {limit:,.0f} "
+        f"images/s (beyond decode: a run's CPU ms per image minus the decode's)\n"
+    )
+    print("| pipeline | of the decode limit | CPU ms per image | beyond decode |")
+    print("|---|---:|---:|---:|")
+    for x in results:
+        cpu_ms = 1000 * x.cpu_s / x.images
+        print(f"| {x.name} | {x.images_s / limit:.2f} | {cpu_ms:.2f} | {cpu_ms - decode_ms:+.2f} |")
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -314,11 +330,14 @@ def main() -> None:
                             "tokens_s": x.tokens_s,
                             "cpu_s_per_s": x.cpu_s / x.seconds,
                             "images_per_cpu_s": x.images / x.cpu_s,
+                            "of_decode_limit": x.images_s / limit,
+                            "cpu_ms_per_image": 1000 * x.cpu_s / x.images,
                         }
                         for x in results
                     ],
                     "stages": stages,
                     "decode_share": stages["decode"] / total,
+                    "decode_limit_images_s": limit,
                     "load_average": load,
                 },
                 indent=1,

@@ -37,3 +37,36 @@ def test_below_is_in_range_and_deterministic():
     xs = [r1.below(7) for _ in range(200)]
     assert xs == [r2.below(7) for _ in range(200)]
     assert set(xs) == set(range(7))
+
+
+class TestRememberedPermutations:
+    """Long permutations come back from the cache directory unchanged, or are recomputed."""
+
+    def test_cache_hit_and_corrupt_file(self, tmp_path, monkeypatch):
+        """The second call loads the first's result; a damaged file is recomputed, not used."""
+        import numpy as np
+
+        from zephon_nodes.engine import seeding
+
+        monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path))
+        n = seeding._REMEMBER + 17
+        first = seeding.permutation(n, 3, 4)
+        assert sorted(first.tolist()) == list(range(n))
+        files = list(tmp_path.glob("perm-*.npy"))
+        assert len(files) == 1
+        real = np.argsort
+
+        def no_sort(*a, **k):
+            raise AssertionError("sorted again despite the remembered permutation")
+
+        monkeypatch.setattr(np, "argsort", no_sort)
+        assert np.array_equal(seeding.permutation(n, 3, 4), first)
+        monkeypatch.setattr(np, "argsort", real)
+        blob = bytearray(files[0].read_bytes())
+        blob[-8:] = bytes(8)  # a flipped tail: the checksum no longer matches
+        files[0].write_bytes(bytes(blob))
+        sorts = []
+        monkeypatch.setattr(np, "argsort", lambda *a, **k: sorts.append(1) or real(*a, **k))
+        assert np.array_equal(seeding.permutation(n, 3, 4), first)
+        assert sorts == [1]
+        assert not np.array_equal(seeding.permutation(n, 3, 5), first)

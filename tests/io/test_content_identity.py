@@ -15,6 +15,7 @@ import pytest
 import zstandard
 
 from zephon_nodes.errors import DataError
+from zephon_nodes.io.arrow import open_arrow_shard
 from zephon_nodes.io.parquet import open_parquet_shard
 from zephon_nodes.io.shards import open_shard
 from zephon_nodes.io.tar import open_tar_shard
@@ -36,6 +37,12 @@ def write_zst(p: Path, words: list[str]) -> None:
 
 def write_parquet(p: Path, words: list[str]) -> None:
     pq.write_table(pa.table({"text": words}), p, compression="none")
+
+
+def write_arrow(p: Path, words: list[str]) -> None:
+    table = pa.table({"text": words})
+    with pa.OSFile(str(p), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
 
 
 def write_tar(p: Path, words: list[str]) -> None:
@@ -67,6 +74,7 @@ FORMATS: list[tuple[str, Callable[[Path, list[str]], None], Callable[[Path], Any
     ("d.jsonl.zst", write_zst, open_shard),
     ("d.parquet", write_parquet, lambda p: open_parquet_shard(p, "text")),
     ("d.tar", write_tar, open_tar_shard),
+    ("d.arrow", write_arrow, lambda p: open_arrow_shard(p, ["text"])),
 ]
 
 

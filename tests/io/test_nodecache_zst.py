@@ -120,3 +120,77 @@ def test_random_corpora_and_limits(
             set_cache_limit(None)
         assert stats is not None and 0 < stats["peak_bytes"] <= limit
         assert stats["fetches"] >= len(sizes)  # every shard went through the cache
+
+
+def test_unindexed_zst_through_node_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a dataset index too: same digests, the node cache within its limit, and no
+    decompressed copy outside it (only the small record indexes)."""
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    monkeypatch.setenv("ZEPHON_NO_INDEX", "1")
+    corpus = write_zst_corpus(tmp_path / "data")
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "plain"))
+    reference = digests(Pipeline(recipe(tmp_path / "data")))
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zc"))
+    limit = corpus // 10
+    set_cache_limit(limit)
+    try:
+        for build in range(2):  # the second build reuses the record indexes: reads nothing
+            pipeline = Pipeline(recipe(tmp_path / "data"))
+            shards = pipeline.datasets[0].shards
+            assert all(isinstance(s, NodeCachedShard) for s in shards)
+            assert sum(s.num_records for s in shards) == SHARDS * 24
+            assert digests(pipeline) == reference
+            stats = pipeline.cache_stats()
+            assert stats is not None and 0 < stats["peak_bytes"] <= limit, build
+    finally:
+        set_cache_limit(None)
+    assert not list((tmp_path / "zc").glob("*.jsonl"))  # no copy outside the node cache
+    kept = {f.name.partition(".")[2] for f in (tmp_path / "zc").iterdir() if f.is_file()}
+    assert kept <= {"index.npy", "index.size"}  # record indexes only
+
+
+def test_stream_line_index_matches_file_index(tmp_path: Path) -> None:
+    """The streaming record index equals the file one, blank and CRLF lines included."""
+    from zephon_nodes.io.shards import _index_file
+    from zephon_nodes.io.wholeshard import _LineCounter
+
+    text = b'{"a":1}\r\n\r\n\n{"b":2}\n\r\n{"c":3}\r\n\r'
+    (tmp_path / "f.jsonl").write_bytes(text)
+    for cut in range(len(text) + 1):
+        counter = _LineCounter()
+        counter.write(text[:cut])
+        counter.write(text[cut:])
+        assert counter.index().tolist() == [[0, 8], [12, 19], [22, 30]], cut
+    assert _index_file(tmp_path / "f.jsonl").tolist() == [[0, 8], [12, 19], [22, 30]]
+
+
+def test_process_workers_counters_are_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With process workers, their node-cache fetches reach cache_stats() and metrics()."""
+    from zephon_nodes import WorkerPool
+
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zc"))
+    corpus = write_zst_corpus(tmp_path / "data")
+    assert main(["index", str(tmp_path / "data" / "*.jsonl.zst"), "--quiet"]) == 0
+    # Room for the whole corpus and no prefetch in the rank: the workers fetch every shard.
+    set_cache_limit(corpus, prefetch=0)
+    pool = WorkerPool(1, "process")
+    try:
+        pipeline = Pipeline(recipe(tmp_path / "data"))
+        node = pipeline.rank_node(1, 0, pool=pool)
+        node.reset(None)
+        steps = sum(1 for _ in node)
+        metrics = node.metrics()
+        stats = pipeline.cache_stats()
+    finally:
+        pool.close()
+        set_cache_limit(None)
+        monkeypatch.delenv("ZEPHON_CACHE_PREFETCH", raising=False)
+    assert steps > 0 and stats is not None
+    assert stats["fetches"] == SHARDS and stats["bytes_fetched"] == corpus
+    assert stats["hits"] + stats["misses"] >= SHARDS and stats["evictions"] == 0
+    assert metrics["node_cache"] == stats

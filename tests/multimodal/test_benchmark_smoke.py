@@ -28,3 +28,8 @@ def test_tiny_run_prints_tables(tmp_path: Path) -> None:
     assert "| zephon-nodes decode=process:2, rest inline |" in out
     decode = next(line for line in out.splitlines() if line.startswith("| decode |"))
     assert float(decode.split("|")[3].strip().rstrip("%")) > 0
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Decode limit: 2 workers"))
+    assert float(lines[at].split(" = ")[1].split()[0].replace(",", "")) > 0
+    row = next(line for line in lines[at:] if line.startswith("| zephon-nodes thread x2 |"))
+    assert float(row.split("|")[3]) > 0  # CPU ms per image

@@ -76,11 +76,12 @@ def recipe_summary(canonical: Mapping[str, Any]) -> dict[str, Any]:
     Stored in every checkpoint (a few hundred bytes) so a refused resume can name the field
     that changed (``seq_len: checkpoint has 128, recipe has 256``).
     """
+    from zephon_nodes.recipe.canonical import canonical_sha256
+
     out: dict[str, Any] = {}
     for key, value in sorted(canonical.items()):
         if isinstance(value, (dict, list)):
-            blob = json.dumps(value, sort_keys=True, separators=(",", ":"))
-            out[key] = "sha256:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+            out[key] = "sha256:" + canonical_sha256(value)[:16]
         else:
             out[key] = value
     return out

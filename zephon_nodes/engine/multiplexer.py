@@ -200,6 +200,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         """Return this rank's run metrics as a plain dict (see ``docs/cli.md``, Metrics)."""
         out = rank_metrics(self._metrics, self.lanes.values())
         out["step"] = self._step
+        cache = getattr(self.pipeline, "cache_stats", lambda: None)()
+        if cache is not None:  # with a node-cache limit; process workers' counters included
+            out["node_cache"] = cache
         return out
 
     def _restore(self, initial_state: dict[str, Any] | None) -> None:

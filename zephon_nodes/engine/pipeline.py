@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,7 +50,12 @@ def _refuse_tar(datasets: Sequence[Dataset]) -> None:
     from zephon_nodes.io.tar import TarShard
 
     for d in datasets:
-        tars = [s.path for s in d.shards if isinstance(s, TarShard)]
+        first_tar = getattr(d.shards, "first_of_kind", None)  # LazyShards: from the index
+        if first_tar is not None:
+            tar = first_tar("tar")
+            tars = [tar] if tar is not None else []
+        else:
+            tars = [s.path for s in d.shards if isinstance(s, TarShard)]
         if tars:
             raise RecipeError(
                 f"dataset {d.name!r}: {tars[0]} is a tar shard (images); a recipe reading "
@@ -124,11 +127,12 @@ class Pipeline:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
         from zephon_nodes.io.identity import content_summary
         from zephon_nodes.io.sources import open_dataset
+        from zephon_nodes.recipe.canonical import canonical_sha256
 
         self.recipe = recipe
         self.provenance = provenance
         self.stages = tuple(stages)
-        self.canonical = recipe.canonical()
+        self.canonical = recipe.canonical(lazy=True)
         tok = load_tokenizer(recipe.tokenizer)
         if recipe.pack.pad_id is not None:
             vocab = int(getattr(tok, "vocab_size", 0) or 0)
@@ -180,8 +184,7 @@ class Pipeline:
                 f"the recipe's datasets hold no records, so it can produce no batch (files "
                 f"skipped: {self.skipped_files})"
             )
-        blob = json.dumps(self.canonical, sort_keys=True, separators=(",", ":"))
-        self.fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        self.fingerprint = canonical_sha256(self.canonical)
         self.summary = recipe_summary(self.canonical)
         contents = content_summary(recipe.datasets, self.canonical)
         if contents:
@@ -395,7 +398,12 @@ class Pipeline:
             from zephon_nodes.io.nodecache import node_cache, prefetch_depth
 
             cache = node_cache()
-            cached = any(cacheable(s) for d in self.datasets for s in d.shards)
+            cached = any(
+                d.shards.whole()  # LazyShards: single-frame .zst, from the index
+                if hasattr(d.shards, "whole")
+                else any(cacheable(s) for s in d.shards)
+                for d in self.datasets
+            )
             if cache is not None and cached:
                 self._cache_feed = CacheFeed(cache, self.work_source, prefetch=prefetch_depth())
         return self._cache_feed
@@ -403,9 +411,13 @@ class Pipeline:
     def cache_stats(self) -> dict[str, int] | None:
         """Return this process's node-cache counters (hits, misses, bytes_fetched, ...).
 
+        Counters of its process workers (``runner="process"``) are included: they come back
+        with each result (see :mod:`zephon_nodes.io.workercounts`).
+
         None when no cache limit is set (``ZEPHON_CACHE_LIMIT`` / ``--cache-limit``).
         """
         from zephon_nodes.io.nodecache import node_cache
+        from zephon_nodes.io.workercounts import merged
 
         cache = node_cache()
-        return cache.stats() if cache is not None else None
+        return merged(cache.stats()) if cache is not None else None

@@ -141,6 +141,8 @@ def _close_live_executors() -> None:
 def _via_shared_memory(inner: cf.Future[Any]) -> cf.Future[Any]:
     """A future of ``inner``'s result, its shared-memory part mapped (and unlinked) on arrival.
 
+    A process worker's node-cache counters that came with it are collected on arrival too.
+
     The mapping happens as soon as the worker's result arrives, whether or not anyone reads
     it (a cancelled or abandoned result leaves no file behind).
     """
@@ -153,7 +155,9 @@ def _via_shared_memory(inner: cf.Future[Any]) -> cf.Future[Any]:
         exc = f.exception()
         result: Any = None
         if exc is None:
-            result = f.result()
+            from zephon_nodes.io.workercounts import collect
+
+            result = collect(f.result())
             if isinstance(result, shm.ShmResult):
                 try:
                     result = result.load()
@@ -239,8 +243,12 @@ class WorkerPool:
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> cf.Future[Any]:
         """Schedule ``fn(arg)``; inline pools run it now and return a finished future."""
         executor = self._get_executor()
-        if executor is not None and self._prefix:
-            return _via_shared_memory(executor.submit(shm.ShmCall(fn, self._prefix), arg))
+        if executor is not None and self.runner == "process":
+            # The worker's node-cache counters come back with the result (io/workercounts).
+            from zephon_nodes.io.workercounts import CountedCall
+
+            call = shm.ShmCall(fn, self._prefix) if self._prefix else fn
+            return _via_shared_memory(executor.submit(CountedCall(call), arg))
         if executor is not None:
             return executor.submit(fn, arg)
         fut: cf.Future[Any] = cf.Future()

@@ -43,8 +43,6 @@ from __future__ import annotations
 import bisect
 import copy
 import dataclasses
-import hashlib
-import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -709,8 +707,10 @@ def _canonical_at(pipeline: Any, num_lanes: int) -> dict[str, Any]:
 
 
 def _fingerprint_of(canonical: Mapping[str, Any]) -> str:
-    blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    # An indexed dataset's file list is lazy (recipe/canonical.py): same hash, no dict per file.
+    from zephon_nodes.recipe.canonical import canonical_sha256
+
+    return canonical_sha256(canonical)
 
 
 def fingerprint_at(pipeline: Any, num_lanes: int) -> str:

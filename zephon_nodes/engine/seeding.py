@@ -84,6 +84,20 @@ def permutation(n: int, *parts: int) -> np.ndarray:
     if n <= 0:
         return np.zeros(0, dtype=np.int64)
     key = np.uint64(derive_seed(*parts))
+    if n >= _REMEMBER:
+        from zephon_nodes.engine._permcache import recall, remember
+
+        known = recall(n, int(key))
+        if known is not None:
+            return known
     with np.errstate(over="ignore"):
         idx = np.arange(n, dtype=np.uint64) * np.uint64(_GAMMA) + key
-    return np.argsort(_mix64_array(idx), kind="stable").astype(np.int64)
+    perm = np.argsort(_mix64_array(idx), kind="stable").astype(np.int64)
+    if n >= _REMEMBER:
+        remember(n, int(key), perm)
+    return perm
+
+
+# Permutations at least this long are remembered in the cache directory (sorting 100,000
+# keys costs milliseconds at every start-up; loading the result, a fraction of one).
+_REMEMBER = 1 << 16

@@ -61,12 +61,10 @@ def _read_table(path: str) -> Any:
         raise DataError(f"{path}: unreadable Arrow file: {e}") from None
 
 
-def _table(path: str) -> Any:
-    try:
-        st = Path(path).stat()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e}") from None
-    key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+def _table(path: str, checksum: str) -> Any:
+    # Keyed by content checksum (as Parquet and jsonl): a same-size edit with its mtime
+    # restored is a new key on a warm cache.
+    key = f"{path}|{checksum}"
     tables: dict[str, Any] | None = getattr(_LOCAL, "tables", None)
     if tables is None:
         tables = _LOCAL.tables = {}
@@ -88,11 +86,13 @@ class ArrowShard:
         columns: The columns read (the dataset's ``text_field``, and an image column in
             multimodal recipes), those the file has.
         num_records: Rows in the file.
+        checksum: Content checksum of the file (``xxh3_128:...``): the key of its table.
     """
 
     path: str
     columns: tuple[str, ...]
     num_records: int
+    checksum: str = ""
 
     def read(self, start: int, stop: int) -> list[tuple[int, Any]]:
         """Return rows ``[start, stop)`` as ``(row number, {column: value})`` pairs.
@@ -104,7 +104,7 @@ class ArrowShard:
             raise DataError(f"{self.path}: rows [{start}, {stop}) out of range")
         if start == stop:
             return []
-        table = _table(self.path)
+        table = _table(self.path, self.checksum)
         if table.num_rows != self.num_records:
             raise DataError(
                 f"{self.path}: file changed since it was opened ({self.num_records} rows "
@@ -124,18 +124,24 @@ class ArrowShard:
 
 
 def open_arrow_shard(path: str | Path, columns: Sequence[str | None]) -> ArrowShard:
-    """Open an Arrow file (once per thread) and return a shard of ``columns``.
+    """Open an Arrow file (once per thread and content) and return a shard of ``columns``.
+
+    The file's memory-mapped table is cached under its content checksum, not its path, size
+    and modification time: a same-size edit with the time restored is a new table.
 
     Raises:
         DataError: If pyarrow is missing or the file is not a readable Arrow file.
     """
+    from zephon_nodes.io.checksum import file_checksum
+
     p = str(path)
     if not Path(p).is_file():
         raise DataError(f"{p}: data file not found")
-    table = _table(p)
+    checksum = file_checksum(p)  # hashed once per build (the fingerprint hashed it already)
+    table = _table(p, checksum)
     names = set(table.schema.names)
     present = tuple(dict.fromkeys(c for c in columns if c is not None and c in names))
-    return ArrowShard(path=p, columns=present, num_records=int(table.num_rows))
+    return ArrowShard(p, present, int(table.num_rows), checksum)
 
 
 def _save_to_disk_files(folder: Path) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,9 @@ class Dataset:
 
     Work item ``k`` of the dataset is found in O(log shards) through cumulative counts, so
     any item can be reached without reading the items before it. An empty shard contributes
-    no work items.
+    no work items. ``shards`` may be a :class:`~zephon_nodes.io.lazyshards.LazyShards` (from
+    a dataset index): its record counts come from the index, and a shard is opened when a
+    work item of it is first read.
 
     Attributes:
         name: Dataset name.
@@ -29,7 +32,7 @@ class Dataset:
 
     name: str
     text_field: str
-    shards: tuple[Shard, ...]
+    shards: Sequence[Shard]
     chunk_size: int
 
     @classmethod
@@ -42,8 +45,12 @@ class Dataset:
         return cls(spec.name, spec.text_field, shards, chunk_size)
 
     def __post_init__(self) -> None:
-        per_shard = [-(-s.num_records // self.chunk_size) for s in self.shards]
-        object.__setattr__(self, "_ends", np.cumsum(np.asarray(per_shard, dtype=np.int64)))
+        counts = getattr(self.shards, "records", None)
+        if not isinstance(counts, np.ndarray):
+            counts = np.asarray([s.num_records for s in self.shards], dtype=np.int64)
+        per_shard = -(-counts.astype(np.int64) // self.chunk_size)
+        object.__setattr__(self, "_counts", counts.astype(np.int64))
+        object.__setattr__(self, "_ends", np.cumsum(per_shard, dtype=np.int64))
 
     @property
     def num_work_items(self) -> int:
@@ -52,9 +59,16 @@ class Dataset:
         return int(ends[-1]) if len(ends) else 0
 
     @property
+    def shard_records(self) -> np.ndarray:
+        """Records of each shard (int64), without opening any."""
+        counts: np.ndarray = self._counts  # type: ignore[attr-defined]
+        return counts
+
+    @property
     def num_records(self) -> int:
         """Number of records over all shards."""
-        return sum(s.num_records for s in self.shards)
+        counts: np.ndarray = self._counts  # type: ignore[attr-defined]
+        return int(counts.sum())
 
     def locate(self, item: int) -> tuple[int, int, int]:
         """Return ``(shard index, first record, end record)`` of work item ``item``."""
@@ -64,5 +78,6 @@ class Dataset:
         shard = int(np.searchsorted(ends, item, side="right"))
         first_item = int(ends[shard - 1]) if shard else 0
         start = (item - first_item) * self.chunk_size
-        stop = min(start + self.chunk_size, self.shards[shard].num_records)
+        counts: np.ndarray = self._counts  # type: ignore[attr-defined]
+        stop = min(start + self.chunk_size, int(counts[shard]))
         return shard, start, stop

@@ -9,15 +9,23 @@ and a remote one is fetched and indexed once (see :mod:`zephon_nodes.io.remote`)
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from zephon_nodes.io import storage
 from zephon_nodes.io.checksum import file_checksum
 
-__all__ = ["MAX_NAMED_FILES", "content_summary", "file_identity", "file_names"]
+__all__ = [
+    "MAX_NAMED_FILES",
+    "FileIdentities",
+    "content_summary",
+    "dataset_identities",
+    "file_identity",
+    "file_names",
+]
 
 # A checkpoint names changed files for datasets up to this many files (one short entry each).
 MAX_NAMED_FILES = 4096
@@ -74,14 +82,92 @@ def _open_remote(uri: str) -> str:
             return checksum
 
 
+class FileIdentities(Sequence[dict[str, Any]]):
+    """The ``{"checksum", "bytes"}`` of a dataset's files, read from its index's columns.
+
+    A sequence of dicts like the list :func:`dataset_identities` gives without an index;
+    :meth:`canonical_json_chunks` is its canonical JSON without building them (see
+    :func:`zephon_nodes.recipe.canonical.canonical_json`).
+
+    Args:
+        files: The dataset's rows of its index (:class:`~zephon_nodes.io.table.IndexedFiles`).
+    """
+
+    def __init__(self, files: Any) -> None:
+        self.files = files
+        self._list: list[dict[str, Any]] | None = None
+
+    def canonical_json_chunks(self) -> list[bytes | memoryview]:
+        """The list's JSON (sorted keys, no spaces) as ``json.dumps`` writes it, in pieces."""
+        chunks: list[bytes | memoryview] = self.files.table.identities_json(self.files.rows)
+        return chunks
+
+    def content_token(self) -> str:
+        """A string naming this list's exact text: the index's cache key and the rows."""
+        import xxhash
+
+        rows = self.files.rows
+        digest = xxhash.xxh3_128_hexdigest(rows.astype("<i8").tobytes())
+        return f"{self.files.table.folder}|{len(rows)}|{digest}"
+
+    def _text(self) -> bytes:
+        return b"".join(bytes(c) for c in self.canonical_json_chunks())
+
+    def _items(self) -> list[dict[str, Any]]:
+        if self._list is None:
+            self._list = json.loads(self._text())
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    @overload
+    def __getitem__(self, k: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, k: int | slice) -> Any:
+        return self._items()[k]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FileIdentities):
+            return self._text() == other._text()
+        return isinstance(other, list) and self._items() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FileIdentities:
+        return self  # immutable: a copied canonical form shares the index's columns
+
+
+def dataset_identities(spec: Any, lazy: bool = False) -> Sequence[dict[str, Any]]:
+    """The identities of a dataset spec's files, in order (what joins the fingerprint).
+
+    Through the dataset's index when one covers its patterns (no file is listed or read;
+    ``lazy`` keeps them as :class:`FileIdentities`), else one :func:`file_identity` each.
+    """
+    from zephon_nodes.io.table import resolve_indexed
+
+    files = resolve_indexed(spec)
+    if files is None:
+        return [file_identity(p) for p in spec.files()]
+    identities = FileIdentities(files)
+    return identities if lazy else list(identities)
+
+
 def file_names(files: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Short names of a dataset's files for messages: paths below their common directory."""
     texts = [storage.redact(str(f)) for f in files]
     if len(texts) < 2:
         return [t.rsplit("/", 1)[-1] for t in texts]
     parts = [t.split("/") for t in texts]
+    # The common leading folders of all are those of the first and last in sorted order;
+    # a file's own name is never dropped.
+    lo, hi = min(parts), max(parts)
+    limit = min(len(p) for p in parts) - 1
     n = 0
-    while all(len(p) > n + 1 and p[n] == parts[0][n] for p in parts):
+    while n < limit and lo[n] == hi[n]:
         n += 1
     return ["/".join(p[n:]) for p in parts]
 
@@ -98,7 +184,10 @@ def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[
         files = canon.get("files")
         if not files or len(files) > MAX_NAMED_FILES:
             continue
-        names = file_names(spec.files())
+        # An indexed dataset's files come from its index (its folders are not listed).
+        # Names below the common folder: the same from the index's names as from the paths.
+        indexed = isinstance(files, FileIdentities)
+        names = file_names(files.files.names() if indexed else spec.files())
         out[spec.name] = {
             n: f["checksum"].partition(":")[2][:16] for n, f in zip(names, files, strict=True)
         }

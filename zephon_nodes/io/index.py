@@ -368,6 +368,28 @@ def build_entry(uri: str, every: int = EVERY) -> dict[str, Any]:
     return {"bytes": st.size, "version": st.version, "checksum": checksum, **entry}
 
 
+def literal_dir(pattern: str) -> str | None:
+    """The folders of ``pattern`` before its first wildcard; None without a wildcard."""
+    parts = pattern.split("/")
+    for i, part in enumerate(parts):
+        if any(c in part for c in "*?["):
+            return "/".join(parts[:i]) if i else None
+    return None
+
+
+def _pattern_dirs(patterns: Sequence[str]) -> list[str]:
+    """Each wildcard pattern's folder before its first wildcard.
+
+    A pipeline looks for the index there (:func:`zephon_nodes.io.table.resolve_indexed`).
+    """
+    out = []
+    for pattern in patterns:
+        literal = literal_dir(_normal(pattern))
+        if literal:
+            out.append(literal)
+    return out
+
+
 def build_index(
     patterns: Sequence[str],
     *,
@@ -377,7 +399,9 @@ def build_index(
 ) -> tuple[str, dict[str, Any]]:
     """Index every file matched by ``patterns`` (in parallel); return ``(directory, manifest)``.
 
-    The manifest's names are relative to the common directory of the files.
+    The manifest's names are relative to the common directory of the files and of each
+    pattern's folder before its first wildcard (so ``data/*/*.jsonl`` gives ``data`` even if
+    every file is in ``data/a``: a pipeline finds the index there without listing folders).
 
     Raises:
         DataError: If no file matches, or a shard cannot be read.
@@ -389,7 +413,7 @@ def build_index(
             raise DataError(f"pattern {storage.redact(pattern)!r} matches no file")
         files.extend(_normal(m) for m in matches)
     files = sorted(set(files))
-    directory = _common_dir([_dirname(f) for f in files])
+    directory = _common_dir([_dirname(f) for f in files] + _pattern_dirs(patterns))
 
     def one(f: str) -> dict[str, Any]:
         entry = build_entry(f, every)

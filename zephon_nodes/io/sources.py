@@ -60,6 +60,14 @@ def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) ->
         from zephon_nodes.io.tar import open_tar_shard
 
         return open_tar_shard(path)
+    if path.endswith(".zst"):
+        from zephon_nodes.io.nodecache import node_cache
+
+        if node_cache() is not None:
+            # Under a cache limit, its decompressed copy lives in the bounded node cache.
+            from zephon_nodes.io.wholeshard import open_whole_shard
+
+            return open_whole_shard(path)  # type: ignore[return-value]
     return open_shard(path)
 
 
@@ -83,6 +91,22 @@ def _hint(spec: DatasetSpec, files: list[Any]) -> None:
         )
 
 
+def _open_indexed(
+    spec: DatasetSpec, chunk_size: int, image_column: str | None
+) -> OpenedDataset | None:
+    """The dataset from its index's columns, opening no shard (None: no index covers it)."""
+    from zephon_nodes.io.lazyshards import LazyShards
+    from zephon_nodes.io.table import resolve_indexed
+
+    files = resolve_indexed(spec)
+    if files is None:
+        return None
+    shards = LazyShards(files, spec.name, spec.text_field, image_column)
+    empty = int((shards.records == 0).sum())
+    skipped = {"empty_file": empty} if empty else {}
+    return OpenedDataset(Dataset(spec.name, spec.text_field, shards, chunk_size), skipped)
+
+
 def open_dataset(
     spec: DatasetSpec, chunk_size: int, image_column: str | None = None
 ) -> OpenedDataset:
@@ -96,6 +120,12 @@ def open_dataset(
     only on the files, so every rank and restart agrees. ``image_column`` (multimodal
     recipes) names a Parquet binary image column to read with the text.
 
+    When a dataset index covers the dataset's patterns
+    (:func:`~zephon_nodes.io.table.resolve_indexed`), no file is listed or opened here: the
+    shards are :class:`~zephon_nodes.io.lazyshards.LazyShards`, each checked against its
+    entry when a work item of it is first read, and a shard that no longer matches is
+    refused then (``on_error = "skip"`` cannot leave it out: the work items are laid out).
+
     Raises:
         DataError: A bad file under ``"raise"``, or no readable record at all.
     """
@@ -104,6 +134,9 @@ def open_dataset(
     if spec.records is not None:
         shards: list[Shard] = [memory_shard(spec.name, spec.records)]
         return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size))
+    lazy = _open_indexed(spec, chunk_size, image_column)
+    if lazy is not None:
+        return lazy
     shards = []
     skipped: dict[str, int] = {}
     files = spec.files()

@@ -25,7 +25,7 @@ from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.nodecache import node_cache
 from zephon_nodes.io.shards import FileShard
 
-__all__ = ["NodeCachedShard", "route_whole_shards"]
+__all__ = ["NodeCachedShard", "open_whole_shard", "route_whole_shards"]
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,13 @@ class NodeCachedShard:
     """A single-frame ``.zst`` shard whose decompressed copy lives in the node cache.
 
     Attributes:
-        shard: The shard (opened from a dataset index, not yet decompressed).
+        shard: The shard (opened from a dataset index, or indexed by
+            :func:`open_whole_shard`; not decompressed).
+        plain_size: Bytes of the decompressed copy, when known (else its records' end).
     """
 
     shard: FileShard
+    plain_size: int = 0
 
     @property
     def path(self) -> str:
@@ -57,7 +60,7 @@ class NodeCachedShard:
     @property
     def cache_size(self) -> int:
         """Bytes reserved for the decompressed copy (its records end at ``shard.end``)."""
-        return self.shard.end + 1
+        return self.plain_size or self.shard.end + 1
 
     def cache_fetch(self, dest: Path) -> None:
         """Fetch (if remote), check the checksum and decompress the shard into ``dest``."""
@@ -138,6 +141,9 @@ def route_whole_shards(datasets: Sequence[Dataset]) -> list[Dataset]:
         return list(datasets)
     out = []
     for d in datasets:
+        if hasattr(d.shards, "whole"):
+            out.append(d)  # LazyShards route each shard when they open it
+            continue
         if not any(_whole(s) for s in d.shards):
             out.append(d)
             continue
@@ -146,3 +152,93 @@ def route_whole_shards(datasets: Sequence[Dataset]) -> list[Dataset]:
         )
         out.append(Dataset(d.name, d.text_field, shards, d.chunk_size))
     return out
+
+
+class _LineCounter:
+    """A file-like sink that finds record byte ranges in a stream (as ``_index_file``)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.newlines: list[np.ndarray] = []
+        self.cr_before: list[np.ndarray] = []  # per newline: the byte before it is "\r"
+        self.last = -1
+
+    def write(self, block: bytes) -> int:
+        arr = np.frombuffer(block, dtype=np.uint8)
+        nl = np.flatnonzero(arr == 10)
+        before = np.where(nl > 0, arr[np.maximum(nl - 1, 0)], self.last)
+        self.newlines.append(nl.astype(np.int64) + self.size)
+        self.cr_before.append(before == 13)
+        if len(arr):
+            self.last = int(arr[-1])
+            self.size += len(arr)
+        return len(block)
+
+    def index(self) -> np.ndarray:
+        """``(n, 2)`` start and end offsets of the non-blank lines."""
+        nl = np.concatenate(self.newlines) if self.newlines else np.zeros(0, np.int64)
+        cr = np.concatenate(self.cr_before) if self.cr_before else np.zeros(0, bool)
+        starts = np.concatenate([[0], nl + 1])
+        ends = np.concatenate([nl, [self.size]])
+        # A line is "\r" alone when it is one byte long and that byte is "\r".
+        lone_cr = np.concatenate([cr, [self.last == 13]]) & (ends - starts == 1)
+        keep = (ends > starts) & ~lone_cr
+        return np.stack([starts[keep], ends[keep]], axis=1).astype(np.int64)
+
+
+def open_whole_shard(uri: str) -> NodeCachedShard:
+    """Open a ``.jsonl.zst`` that has no dataset index, under a node-cache limit.
+
+    The shard is hashed and decompressed once as a stream to count its records (its small
+    record index is kept in the ordinary cache, keyed by its checksum, so a later build
+    reads nothing); the decompressed copy is never kept outside the node cache, which makes
+    it again when a work item reads the shard. A remote shard is fetched for this once.
+
+    Raises:
+        DataError: A missing, unreadable, corrupt or truncated shard (naming it).
+    """
+    from zephon_nodes.io import storage
+    from zephon_nodes.io.checksum import file_checksum
+    from zephon_nodes.io.shards import _artifacts, _decompress_to, _load_index
+
+    def counted(src: Path, checksum: str) -> tuple[np.ndarray, int]:
+        size_path = _artifacts(checksum)[1].with_suffix(".size")
+        index_path = _artifacts(checksum)[1]
+        if index_path.exists() and size_path.exists():
+            return _load_index(str(index_path)), int(size_path.read_text())
+        counter = _LineCounter()
+        try:
+            _decompress_to(src, counter)
+        except DataError as e:
+            raise DataError(f"{storage.redact(uri)}: {str(e).partition(': ')[2]}") from None
+        index = counter.index()
+        atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
+        atomic_write(size_path, lambda f: f.write(str(counter.size).encode()))
+        return index, counter.size
+
+    st = storage.stat(uri)
+    if storage.is_remote(uri):
+        from zephon_nodes.io.remote import fetched, known_checksum
+
+        checksum = known_checksum(uri, st)
+        ready = checksum is not None and _artifacts(checksum)[1].with_suffix(".size").exists()
+        if checksum is not None and ready:
+            index, plain = counted(Path(), checksum)
+        else:
+            with fetched(uri, st) as (tmp, checksum):
+                index, plain = counted(tmp, checksum)
+    else:
+        local = Path(storage.local_path(uri))
+        checksum = file_checksum(local)
+        index, plain = counted(local, checksum)
+    shard = FileShard(
+        path=storage.redact(uri),
+        data_path="",
+        index_path="",
+        num_records=int(index.shape[0]),
+        checksum=checksum,
+        size=st.size,
+        uri=uri,
+        end=int(index[-1, 1]) if len(index) else 0,
+    )
+    return NodeCachedShard(shard, plain_size=plain)

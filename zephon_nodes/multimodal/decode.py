@@ -100,12 +100,15 @@ def decode_image(data: bytes, spec: ImageSpec) -> DecodedImage:
                     else spec.patch_size * int(math.isqrt(spec.max_patches) + 1)
                 )
                 im.draft("RGB", (need, need))
-            upright = ImageOps.exif_transpose(im)
+            # In place: the copy exif_transpose makes of an upright image costs ~3% of a
+            # decode, and so does convert("RGB") of an RGB image (both are plain copies).
+            ImageOps.exif_transpose(im, in_place=True)
+            upright: Image.Image = im
             if upright.mode.startswith("I"):
                 # 16-bit grayscale: keep the high byte (Pillow's convert would clip at 255).
                 wide = np.asarray(upright).astype(np.int64)
                 upright = Image.fromarray(np.clip(wide >> 8, 0, 255).astype(np.uint8), "L")
-            rgb = upright.convert("RGB")
+            rgb = upright if upright.mode == "RGB" else upright.convert("RGB")
             width, height = rgb.size
             rows, cols = patch_grid(width, height, spec)
             p = spec.patch_size

@@ -43,7 +43,10 @@ class OrderedParallelMap(BaseNode[Any]):
         source: Upstream node.
         fn: Stateless, picklable (for the process runner) function of one item.
         pool: The rank's shared worker pool.
-        lookahead: Items submitted ahead of the consumer.
+        lookahead: Items submitted ahead of the consumer. An inline pool (no workers)
+            computes one item at a time: looking ahead there gains nothing and, after a
+            stage on a real pool, would make the consumer wait for that stage's newest
+            items instead of its oldest (a decode in processes between inline stages).
     """
 
     SOURCE_KEY = "source"
@@ -62,6 +65,7 @@ class OrderedParallelMap(BaseNode[Any]):
         self.fn = fn
         self.pool = pool
         self.lookahead = lookahead
+        self._depth = lookahead if pool.num_workers else 1
         self._queue: deque[tuple[dict[str, Any], Any, Any]] = deque()
         self._source_done = False
         self._error: BaseException | None = None
@@ -82,7 +86,7 @@ class OrderedParallelMap(BaseNode[Any]):
         self._next_state = None
 
     def _fill(self) -> None:
-        while not self._source_done and len(self._queue) < self.lookahead:
+        while not self._source_done and len(self._queue) < self._depth:
             state = self.source.get_state()
             try:
                 item = next(self.source)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,7 +35,9 @@ class Tokenizer(Protocol):
     also have ``encode_pieces(text) -> Iterator[np.ndarray]``, the ids of one text as
     consecutive int32 arrays (it may be called twice for a text of several pieces):
     :class:`Tokenize` then never holds a Python list, or two copies, of a huge document's
-    ids (the byte tokenizer does this).
+    ids (the byte tokenizer does this). With an int attribute ``piece_threshold``, only a
+    batch holding a text longer than that many characters is encoded that way (the
+    sentencepiece and HF tokenizers: ``encode_batch`` is faster for ordinary documents).
     """
 
     bos_id: int
@@ -50,6 +52,52 @@ class Tokenizer(Protocol):
 
 # Characters encoded at a time by tokenizers that work in pieces (the byte tokenizer).
 PIECE_CHARS = 1 << 20
+# Sentencepiece and HF tokenizers: a text longer than PIECE_CHARS is cut into pieces of about
+# that size, each cut checked on CUT_WINDOW characters either side (see _cut_pieces).
+CUT_WINDOW = 1000
+_CUT_TRIES = 16
+
+
+def _cut_pieces(
+    text: str, encode: Callable[[str], list[int]], divisor: int = 1
+) -> Iterator[np.ndarray]:
+    """Yield the ids of ``text`` as int32 arrays, encoding pieces of ~``PIECE_CHARS / divisor``.
+
+    A cut goes just before or after a newline (else a space) near the end of the piece, and
+    only where the tokenizer agrees: the ``2 x CUT_WINDOW`` characters around the cut give
+    the same ids encoded whole as encoded in two parts (so a cut never splits a word, a
+    whitespace run, a normalization or a pre-token, and a tokenizer that prefixes every
+    call's text, as some do, is never cut). Where no such place is found the rest of the
+    text is encoded whole: the ids are those of the whole text, pieces only bound memory.
+    """
+    size = max(1, PIECE_CHARS // divisor)
+    lo, n = 0, len(text)
+    while n - lo > size:
+        cut = _find_cut(text, lo, size, encode)
+        if cut is None:
+            break
+        yield np.asarray(encode(text[lo:cut]), dtype=np.int32)
+        lo = cut
+    yield np.asarray(encode(text[lo:]), dtype=np.int32)
+
+
+def _find_cut(text: str, lo: int, size: int, encode: Callable[[str], list[int]]) -> int | None:
+    end = lo + size
+    floor = lo + size // 2
+    tries = 0
+    for sep in ("\n", " "):
+        at = end
+        while tries < _CUT_TRIES:
+            at = text.rfind(sep, floor, at)
+            if at < 0:
+                break
+            for cut in (at + 1, at):
+                tries += 1
+                left = text[max(lo, cut - CUT_WINDOW) : cut]
+                right = text[cut : cut + CUT_WINDOW]
+                if left and right and encode(left) + encode(right) == encode(left + right):
+                    return cut
+    return None
 
 
 class ByteTokenizer:
@@ -98,9 +146,19 @@ class SentencePieceTokenizer:
         if self.bos_id < 0 or self.eos_id < 0:
             raise RecipeError(f"{self.path}: the sentencepiece model needs bos and eos pieces")
 
+    # Texts longer than this go through encode_pieces (a batch of them holds no huge list).
+    piece_threshold = PIECE_CHARS
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Return the ids of each text."""
         return self.sp.encode(texts, out_type=int, num_threads=1)
+
+    def encode_pieces(self, text: str) -> Iterator[np.ndarray]:
+        """Yield the ids of ``text`` as int32 arrays, a long text in pieces (see ``Tokenize``)."""
+        return _cut_pieces(text, self._encode_one)
+
+    def _encode_one(self, text: str) -> list[int]:
+        return self.sp.encode(text, out_type=int)
 
 
 # Special tokens looked up (first match wins) in a tokenizer.json without bos/eos settings.
@@ -144,9 +202,23 @@ class HFTokenizer:
         self.pad_id = find(_PAD_NAMES)
         self.vocab_size = int(self.tok.get_vocab_size(with_added_tokens=True))
 
+    # Texts longer than this go through encode_pieces (a batch of them holds no huge list).
+    piece_threshold = PIECE_CHARS
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Return the ids of each text (no special tokens added)."""
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_pieces(self, text: str) -> Iterator[np.ndarray]:
+        """Yield the ids of ``text`` as int32 arrays, a long text in pieces (see ``Tokenize``).
+
+        Pieces are a quarter of the other tokenizers': an ``Encoding`` holds ~100 bytes per
+        token (the token strings, offsets and masks) until its ids are copied out.
+        """
+        return _cut_pieces(text, self._encode_one, divisor=4)
+
+    def _encode_one(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False).ids)
 
 
 def _custom_tokenizer(name: str) -> Tokenizer:
@@ -223,7 +295,11 @@ class Tokenize:
         """Tokenize every text of the batch."""
         tok = self.tokenizer if self.tokenizer is not None else load_tokenizer(self.spec)
         if getattr(tok, "encode_pieces", None) is not None:
-            return self._by_pieces(tok, batch)
+            # Sentencepiece and HF tokenizers encode a batch faster as a whole; only a batch
+            # with a huge text goes piece by piece (the byte tokenizer always does).
+            limit = getattr(tok, "piece_threshold", 0)
+            if not limit or any(len(t) > limit for t in batch.texts):
+                return self._by_pieces(tok, batch)
         ids = tok.encode_batch(batch.texts) if batch.texts else []
         extra = int(self.spec.add_bos) + int(self.spec.add_eos)
         lengths = np.fromiter((len(x) + extra for x in ids), dtype=np.int64, count=len(ids))

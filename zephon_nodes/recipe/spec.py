@@ -231,12 +231,14 @@ class DatasetSpec:
             memo[("files", id(self))] = list(unique)
         return unique
 
-    def canonical(self) -> dict[str, Any]:
+    def canonical(self, *, lazy: bool = False) -> dict[str, Any]:
         """Data-defining fields, with each file's content checksum and size, in order.
 
         Paths are not part of it: the same bytes elsewhere are the same data. A local file
         is read once to hash it unless a dataset index covers it (see
-        :mod:`zephon_nodes.io.identity`).
+        :mod:`zephon_nodes.io.identity`). ``lazy``: an indexed dataset's files stay a
+        :class:`~zephon_nodes.io.identity.FileIdentities` (serialize the result with
+        :func:`~zephon_nodes.recipe.canonical.canonical_json`).
         """
         out: dict[str, Any] = {
             "name": self.name,
@@ -248,9 +250,9 @@ class DatasetSpec:
             out["records_sha256"] = hashlib.sha256(blob.encode("utf-8")).hexdigest()
             out["num_records"] = len(self.records)
         else:
-            from zephon_nodes.io.identity import file_identity
+            from zephon_nodes.io.identity import dataset_identities
 
-            out["files"] = [file_identity(p) for p in self.files()]
+            out["files"] = dataset_identities(self, lazy)
         # New fields join the canonical form only when set, so older recipes keep their
         # fingerprint.
         if self.on_exhausted != "end":
@@ -601,8 +603,13 @@ class Recipe:
         """Return a copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
-    def canonical(self) -> dict[str, Any]:
-        """Return the canonical, JSON-safe description of every data-defining field."""
+    def canonical(self, *, lazy: bool = False) -> dict[str, Any]:
+        """Return the canonical, JSON-safe description of every data-defining field.
+
+        ``lazy``: the file lists of indexed datasets stay in their index's columns (see
+        :meth:`DatasetSpec.canonical`); serialize with
+        :func:`~zephon_nodes.recipe.canonical.canonical_json`.
+        """
         return {
             "format": RECIPE_FORMAT,
             "seed": self.seed,
@@ -611,7 +618,7 @@ class Recipe:
             "seq_len": self.seq_len,
             "flush_every": self.flush_every,
             "tokenizer": self.tokenizer.canonical(),
-            "datasets": [d.canonical() for d in self.datasets],
+            "datasets": [d.canonical(lazy=lazy) for d in self.datasets],
             "work": {
                 "chunk_size": self.work.chunk_size,
                 "epochs": self.work.epochs,
@@ -637,8 +644,9 @@ class Recipe:
 
     def fingerprint(self) -> str:
         """Return the SHA-256 (hex) of the canonical JSON of :meth:`canonical`."""
-        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        from zephon_nodes.recipe.canonical import canonical_sha256
+
+        return canonical_sha256(self.canonical(lazy=True))
 
     @classmethod
     def from_toml(cls, path: str | os.PathLike[str]) -> Recipe:

@@ -1,0 +1,153 @@
+"""A dataset's shards from its index, each opened when a work item of it is first read.
+
+:class:`LazyShards` is the ``shards`` sequence of a
+:class:`~zephon_nodes.io.dataset.Dataset` built from a dataset index
+(:func:`~zephon_nodes.io.table.resolve_indexed`): its length and record counts come from
+the index's columns, and shard ``k`` is built on first access. That is also when the file
+is checked against its index entry (size and version tag; a local copy with a new
+modification time is re-hashed; ``ZEPHON_VERIFY_DATA=1`` hashes every local shard): a
+changed shard is refused then, naming the file, whatever the dataset's ``on_error``, since
+the dataset's work items were laid out from the index.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+from zephon_nodes.errors import DataError
+from zephon_nodes.io.table import KINDS, IndexedFiles
+
+__all__ = ["LazyShards"]
+
+
+class LazyShards(Sequence[Any]):
+    """Shards of an indexed dataset, built on first access.
+
+    Args:
+        files: The dataset's rows of its index.
+        name: The dataset's name (for messages).
+        text_field: The field holding the text (Parquet shards).
+        image_column: A Parquet binary image column to read too (multimodal recipes).
+    """
+
+    def __init__(
+        self, files: IndexedFiles, name: str, text_field: str, image_column: str | None = None
+    ) -> None:
+        self.files = files
+        self.name = name
+        self.text_field = text_field
+        self.image_column = image_column
+        rows = files.rows
+        self.records: np.ndarray = files.table.records[rows]
+        self.kinds: np.ndarray = files.table.kinds[rows]
+        self.frames: np.ndarray = files.table.frames[rows]
+        self._built: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self.records.shape[0])
+
+    @overload
+    def __getitem__(self, k: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[Any]: ...
+
+    def __getitem__(self, k: int | slice) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        n = len(self)
+        if not -n <= k < n:
+            raise IndexError(f"shard {k} out of range for {n} shards")
+        k %= n
+        shard = self._built.get(k)
+        if shard is None:
+            with self._lock:
+                shard = self._built.get(k)
+                if shard is None:
+                    shard = self._open(k)
+                    self._built[k] = shard
+        return shard
+
+    def __iter__(self) -> Iterator[Any]:
+        for k in range(len(self)):
+            yield self[k]
+
+    def has_kind(self, kind: str) -> bool:
+        """Whether any shard is of ``kind`` (see :data:`~zephon_nodes.io.table.KINDS`)."""
+        return bool(np.any(self.kinds == KINDS.index(kind)))
+
+    def first_of_kind(self, kind: str) -> str | None:
+        """The path of the first shard of ``kind``, if any (for messages)."""
+        hits = np.flatnonzero(self.kinds == KINDS.index(kind))
+        return self.files.table.uri(int(self.files.rows[hits[0]])) if len(hits) else None
+
+    def whole(self) -> bool:
+        """Whether any shard is a single-frame ``.zst`` (read whole, via the node cache)."""
+        zst = self.kinds == KINDS.index("jsonl.zst")
+        return bool(np.any(zst & (self.frames < 2)))
+
+    def _open(self, k: int) -> Any:
+        from zephon_nodes.io import storage
+        from zephon_nodes.io.index import _check
+
+        table = self.files.table
+        row = int(self.files.rows[k])
+        uri = table.uri(row)
+        entry = table.entry(row)
+        try:
+            _check(uri, entry, table.directory)
+            if _verify(uri):
+                _verify_checksum(uri, entry, table.directory)
+            shard = _from_entry(uri, entry, self.text_field, self.image_column)
+        except DataError as e:
+            raise DataError(f"dataset {self.name!r}: {e}") from None
+        if int(shard.num_records) != int(self.records[k]):
+            raise DataError(
+                f"dataset {self.name!r}: {storage.redact(uri)}: {shard.num_records} records, "
+                f"the dataset index says {int(self.records[k])}"
+            )
+        from zephon_nodes.io.nodecache import node_cache
+        from zephon_nodes.io.wholeshard import NodeCachedShard, _whole
+
+        if node_cache() is not None and _whole(shard):
+            return NodeCachedShard(shard)
+        return shard
+
+
+def _verify(uri: str) -> bool:
+    from zephon_nodes.io import storage
+    from zephon_nodes.io.table import verify_data
+
+    return verify_data() and not storage.is_remote(uri)
+
+
+def _verify_checksum(uri: str, entry: dict[str, Any], directory: str) -> None:
+    from zephon_nodes.io.checksum import file_checksum
+    from zephon_nodes.io.index import rebuild_hint
+
+    got = file_checksum(uri)
+    if got != entry.get("checksum"):
+        raise DataError(
+            f"{uri}: content differs from the dataset index (checksum {got}, the index says "
+            f"{entry.get('checksum')}); {rebuild_hint(directory)}"
+        )
+
+
+def _from_entry(uri: str, entry: dict[str, Any], text_field: str, image_column: str | None) -> Any:
+    """A shard from its index entry (as :func:`zephon_nodes.io.sources` opens one)."""
+    if entry["kind"] == "parquet":
+        from zephon_nodes.io.parquet import indexed_parquet_shard
+
+        return indexed_parquet_shard(uri, entry, text_field, image_column)
+    if entry["kind"] == "tar":
+        from zephon_nodes.io.tar import indexed_tar_shard
+
+        return indexed_tar_shard(uri, entry)
+    from zephon_nodes.io.shards import indexed_shard
+
+    return indexed_shard(uri, entry)
