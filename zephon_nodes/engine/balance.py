@@ -152,8 +152,9 @@ def _settle(
     With start loads (a re-lane's leftovers) and few items, the fullest and the emptiest
     lane may have no narrowing swap while other pairs do. Each round takes the first pair,
     fullest lane against the others from the emptiest up, then the emptiest against the
-    others from the fullest down, whose best swap narrows its gap: the sum of squared loads
-    falls every round, so it ends. Deterministic.
+    others from the fullest down, whose best swap narrows its gap; if none has one, the first
+    such pair with an exchange of up to two items each way that does (lanes of at most 64
+    items). The sum of squared loads falls every round, so it ends. Deterministic.
     """
     for _ in range(rounds):
         held = np.bincount(lane_of, weights=sizes, minlength=lanes).astype(np.int64) + start
@@ -170,7 +171,60 @@ def _settle(
                     lane_of[b] = hi
                 break
         else:
-            return
+            for hi, lo in pairs:  # no single swap narrows a gap: try two items for one or two
+                gap = int(held[hi] - held[lo])
+                swap = _best_exchange(lane_of, sizes, hi, lo, gap) if gap > 0 else None
+                if swap is not None:
+                    lane_of[swap[0]] = lo
+                    lane_of[swap[1]] = hi
+                    break
+            else:
+                return
+
+
+def _options(items: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every set of at most two of ``items`` (the empty set first): ``(first, second, sum)``.
+
+    ``-1`` marks an absent member; sets in a fixed order (singles, then pairs ``i < j``).
+    """
+    n = len(items)
+    i, j = np.triu_indices(n, k=1)
+    first = np.concatenate([[-1], items, items[i]]).astype(np.int64)
+    second = np.concatenate([[-1], np.full(n, -1), items[j]]).astype(np.int64)
+    total = np.where(first >= 0, sizes[np.maximum(first, 0)], 0) + np.where(
+        second >= 0, sizes[np.maximum(second, 0)], 0
+    )
+    return first, second, total
+
+
+def _best_exchange(
+    lane_of: np.ndarray, sizes: np.ndarray, hi: int, lo: int, gap: int, limit: int = 64
+) -> tuple[list[int], list[int]] | None:
+    """The exchange of up to two items each way that narrows the gap of ``hi`` and ``lo`` most.
+
+    Only for lanes of at most ``limit`` items (a re-lane's few untouched items per lane, where
+    single swaps get stuck); None if none narrows the gap. Returns ``(from hi, from lo)``.
+    """
+    a_items, b_items = np.flatnonzero(lane_of == hi), np.flatnonzero(lane_of == lo)
+    if not len(a_items) or len(a_items) > limit or len(b_items) > limit:
+        return None
+    a1, a2, sa = _options(a_items, sizes)
+    b1, b2, sb = _options(b_items, sizes)
+    order = np.argsort(sb, kind="stable")
+    b_sorted = sb[order]
+    k = np.searchsorted(b_sorted, sa - gap / 2)
+    js = np.stack([k - 1, k], axis=1)
+    ok = (js >= 0) & (js < len(b_sorted))
+    delta = sa[:, None] - b_sorted[np.clip(js, 0, len(b_sorted) - 1)]
+    new = np.abs(gap - 2 * delta)
+    ok &= (delta > 0) & (new < gap)
+    if not ok.any():
+        return None
+    flat = int(np.argmin(np.where(ok, new, np.iinfo(np.int64).max).ravel()))
+    a, b = flat // 2, int(order[int(js.ravel()[flat])])
+    give = [int(x) for x in (a1[a], a2[a]) if x >= 0]
+    take = [int(x) for x in (b1[b], b2[b]) if x >= 0]
+    return give, take
 
 
 def deal(sizes: np.ndarray, lanes: int, start: np.ndarray | None = None) -> np.ndarray:
