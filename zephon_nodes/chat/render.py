@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from zephon_nodes.chat.template import ChatTemplate, TemplateFailure
 from zephon_nodes.engine.work import WorkItem
 from zephon_nodes.errors import DataError, RecipeError
 from zephon_nodes.operators.documents import DocBatch, Skipped, add_skipped
-from zephon_nodes.operators.parse import classify_file_error
+from zephon_nodes.operators.parse import classify_file_error, record_object
 from zephon_nodes.operators.tokenize import (
     ByteTokenizer,
     HFTokenizer,
@@ -36,18 +35,9 @@ def conversation_of(
     raw: Any, messages_field: str, roles: Sequence[str]
 ) -> tuple[list[dict[str, Any]] | None, str, str]:
     """Return ``(messages, "", "")`` or ``(None, reason, message)`` for one raw record."""
-    record: Any = raw
-    if isinstance(raw, bytes):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return None, "invalid_utf8", f"invalid UTF-8 at byte {e.start}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            return None, "invalid_json", f"invalid JSON: {e.msg} (column {e.colno})"
-    if not isinstance(record, dict):
-        return None, "not_an_object", f"a record must be a JSON object, got {type(record).__name__}"
+    record, reason, message = record_object(raw)
+    if record is None:
+        return None, reason, message
     if messages_field not in record:
         return (
             None,

@@ -10,7 +10,7 @@ from zephon_nodes.engine.work import WorkItem
 from zephon_nodes.errors import DataError
 from zephon_nodes.operators.documents import Skipped, TextBatch, add_skipped
 
-__all__ = ["ParseJsonl", "classify_file_error"]
+__all__ = ["ParseJsonl", "classify_file_error", "record_object"]
 
 
 def classify_file_error(message: str, path: str = "") -> str:
@@ -35,9 +35,14 @@ def classify_file_error(message: str, path: str = "") -> str:
     return "unreadable_file"
 
 
-def _text_of(raw: Any, field_name: str) -> tuple[str | None, str, str]:
-    """Return ``(text, "", "")`` or ``(None, reason, message)`` for one raw record."""
-    record: Any
+def record_object(raw: Any) -> tuple[dict[str, Any] | None, str, str]:
+    """Decode one raw record (a JSON line as bytes, or an already decoded value) to an object.
+
+    Returns:
+        ``(record, "", "")``, or ``(None, reason, message)`` for invalid UTF-8, invalid JSON
+        or a value that is not a JSON object (reasons as counted by ``on_error = "skip"``).
+    """
+    record: Any = raw
     if isinstance(raw, bytes):
         try:
             line = raw.decode("utf-8")
@@ -47,10 +52,16 @@ def _text_of(raw: Any, field_name: str) -> tuple[str | None, str, str]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             return None, "invalid_json", f"invalid JSON: {e.msg} (column {e.colno})"
-    else:
-        record = raw
     if not isinstance(record, dict):
         return None, "not_an_object", f"a record must be a JSON object, got {type(record).__name__}"
+    return record, "", ""
+
+
+def _text_of(raw: Any, field_name: str) -> tuple[str | None, str, str]:
+    """Return ``(text, "", "")`` or ``(None, reason, message)`` for one raw record."""
+    record, reason, message = record_object(raw)
+    if record is None:
+        return None, reason, message
     if field_name not in record:
         return (
             None,
