@@ -26,6 +26,11 @@ from pathlib import Path
 
 RAY = str(Path(sys.executable).with_name("ray"))
 MARKER = "ZEPHON_TEST_RAY_CLUSTER"
+# Ray 2.60 starts an OpenTelemetry metrics reader thread per ray.init that ray.shutdown does
+# not stop; once the cluster is stopped its exports fail and it logs, and a log while the
+# process exits (static destructors) segfaults in spdlog (exit status 139 after the tests
+# passed; core dump: OpenTelemetryMetricExporter::Export -> RayLog). The tests need no metrics.
+NO_METRICS = {"RAY_enable_open_telemetry": "0"}
 # A lost node is noticed within ~2 s instead of Ray's default ~30 s.
 FAST_HEALTH = {
     "RAY_health_check_initial_delay_ms": "0",
@@ -116,7 +121,11 @@ class LocalRayCluster:
         self.nodes: list[RayNode] = []
         self.cpus = cpus
         self.env = dict(
-            os.environ, **FAST_HEALTH, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled"
+            os.environ,
+            **FAST_HEALTH,
+            **NO_METRICS,
+            RAY_USAGE_STATS_ENABLED="0",
+            RAY_AUTH_MODE="disabled",
         )
         self.env["PYTHONPATH"] = os.pathsep.join(
             p for p in (os.getcwd(), self.env.get("PYTHONPATH", "")) if p

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.core.helpers import check_random_operator_pools
-from tests.distributed.ray_cluster import LocalRayCluster
+from tests.distributed.ray_cluster import NO_METRICS, LocalRayCluster
 from tests.strategies import chain_recipes
 from zephon_nodes import (
     DatasetSpec,
@@ -48,10 +48,11 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
-    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", *NO_METRICS)}
     c = LocalRayCluster(extra_nodes=1, cpus=1)
     os.environ["RAY_ADDRESS"] = c.address
     os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ.update(NO_METRICS)  # this process is the Ray driver (see NO_METRICS)
     try:
         yield c
     finally:
