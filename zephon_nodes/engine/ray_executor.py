@@ -90,6 +90,10 @@ def _connect(num_cpus: int, address: str | None, object_store_mb: int) -> None:
                     num_cpus=max(1, num_cpus),
                     include_dashboard=False,
                     object_store_memory=object_store_mb * 1024 * 1024,
+                    # Ray 2.60 leaks a metrics reader thread per ray.init; once the local
+                    # cluster is shut down it logs failed exports, and a log during process
+                    # exit segfaults (exit status 139 after a successful run).
+                    _system_config={"enable_open_telemetry": False},
                     **common,
                 )
             _owned = True
