@@ -25,6 +25,7 @@ COMMANDS = {
     "explain": "explain",
     "index": "index",
     "recompress": "recompress",
+    "relane": "relane",
 }
 
 

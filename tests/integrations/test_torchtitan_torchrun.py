@@ -236,3 +236,43 @@ def test_default_loader_without_its_state_gives_other_batches(
     for t in range(SAVE_AT + 1, STEPS + 1):
         assert resumed["digests"][t] != base["digests"][t]
         assert resumed["contents"][t] != base["contents"][t], f"step {t}: same rows"
+
+
+# ---------------------------------------------------------------- re-lane at load (4 -> 8 lanes)
+
+
+def test_mini_relane_at_load(
+    assets: Assets, recipe_path: Path, mini_base: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """dp 2 with 4 lanes, checkpoint, re-lane to 8 at load on 2 and 4 ranks: same batches."""
+    import shutil
+
+    from tests.integrations.assets import write_recipe
+    from zephon_nodes.engine.relane import relane_state
+
+    root, _ = mini_base
+    work = tmp_path_factory.mktemp("relane")
+    eight = write_recipe(work / "recipe8.toml", assets, num_lanes=8)
+    four = Pipeline(Recipe.from_toml(recipe_path), provenance=False)
+    saved: list[dict[str, Any]] = []
+    for _ in simulate(four, 2, SAVE_AT, num_workers=1, save_at=SAVE_AT, on_save=saved.append):
+        pass
+    new = relane_state(four, saved[0], 8)
+    p8 = Pipeline(Recipe.from_toml(eight), provenance=False)
+    want = [r.digest for r, _ in simulate(p8, 1, STEPS - SAVE_AT, num_workers=1, resume_state=new)]
+    runs = {}
+    for world in (2, 4):
+        ckpt = work / f"ckpt{world}"
+        shutil.copytree(root / "ckpt", ckpt)
+        out = work / f"dp{world}"
+        args = mini_args(assets, eight, ckpt, out, "--resume-step", str(SAVE_AT))
+        runs[world] = run_ok(world, "tt_mini.py", [*args, "--relane-from", "4"], out)
+        assert "re-laned the checkpoint of step 3 from 4 to 8 lanes" in tail(out / "log.txt", 10**6)
+        rows = [load_rows(out / f"rows_rank{r}.npz") for r in range(world)]
+        steps = sorted(rows[0])
+        assert steps == list(range(SAVE_AT + 1, STEPS + 1))
+        # 8 lanes, G = 8: one sample per lane per step.
+        assert [step_digest([rr[t] for rr in rows], 1) for t in steps] == want, world
+    for t in range(SAVE_AT + 1, STEPS + 1):
+        a, b = runs[2]["losses"][t], runs[4]["losses"][t]
+        assert abs(a - b) <= LOSS_RTOL * abs(a), f"step {t}: loss {b} at dp 4 vs {a} at dp 2"

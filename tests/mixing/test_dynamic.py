@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.commands.run import zephon
@@ -25,6 +26,7 @@ from zephon_nodes import Pipeline, WorkSpec, simulate
 from zephon_nodes.commands.stats import compute_stats
 from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.decisions import updates_after
+from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.operators.pack import IGNORE_INDEX
 
@@ -125,6 +127,14 @@ class TestEffectPoint:
         assert label_counts_by_alphabet(early)[0] > 0
 
 
+@pytest.fixture(scope="module")
+def process_pool() -> Iterator[WorkerPool]:
+    """Two spawned worker processes shared by the property's examples (started once)."""
+    pool = WorkerPool(2, "process", timeout_s=120)
+    yield pool
+    pool.close()
+
+
 class TestElastic:
     """Digests with decisions are the dp 1, inline reference at every layout and resume."""
 
@@ -141,11 +151,17 @@ class TestElastic:
             max_size=4,
         ),
         world=st.sampled_from([2, 4]),
-        workers=st.sampled_from([0, 2]),
         save_at=st.integers(1, 7),
         resume_world=st.sampled_from([1, 2, 4]),
+        runners=st.tuples(*[st.sampled_from(["inline", "thread", "process"])] * 2),
     )
-    def test_random_logs(self, n, seed, log, world, workers, save_at, resume_world):
+    @example(
+        n=3, seed=5, log=[(2, [0.0, 1.0, 3.0, 0.0]), (5, [0.5, 0.0, 0.1, 0.0])], world=4,
+        save_at=3, resume_world=2, runners=("process", "process"),
+    )  # fmt: skip
+    def test_random_logs(self, process_pool, n, seed, log, world, save_at, resume_world, runners):
+        """Inline, 2 worker threads or 2 worker processes for the uninterrupted run and,
+        drawn again, for the resume (the explicit example pauses datasets under processes)."""
         recipe = mixed_recipe(n, seed)
         names = [d.name for d in recipe.datasets]
         updates = []
@@ -156,9 +172,12 @@ class TestElastic:
         pipeline = Pipeline(recipe)
         reference = digests(pipeline, 1, steps, num_workers=0, mixture_updates=updates)
         assert len(reference) == steps
-        assert digests(pipeline, world, steps, num_workers=workers, mixture_updates=updates) == (
-            reference
+        pools = [process_pool if r == "process" else None for r in runners]
+        workers = [0 if r == "inline" else 2 for r in runners]
+        got = digests(
+            pipeline, world, steps, num_workers=workers[0], pool=pools[0], mixture_updates=updates
         )
+        assert got == reference
         saved: dict[str, Any] = {}
         before = digests(
             pipeline, world, save_at, save_at=save_at, on_save=saved.update, mixture_updates=updates
@@ -169,7 +188,8 @@ class TestElastic:
             Pipeline(recipe),
             resume_world,
             steps - save_at,
-            num_workers=workers,
+            num_workers=workers[1],
+            pool=pools[1],
             resume_state=saved,
             mixture_updates=later,
         )
@@ -202,13 +222,6 @@ class TestElastic:
         )  # fmt: skip
         assert resumed == full[save_at:]
         assert full[:8] == reference[:8]  # a decision after step 8 changes no earlier batch
-
-
-def test_process_runner_gives_the_same_batches():
-    recipe = two_length_recipe(0.5)
-    reference = digests(Pipeline(recipe), 1, 8, num_workers=0, mixture_updates=UPDATES)
-    got = digests(Pipeline(recipe), 2, 8, runner="process", num_workers=1, mixture_updates=UPDATES)
-    assert got == reference
 
 
 class TestLog:

@@ -130,7 +130,10 @@ def test_single_dataset_recipes_keep_their_fingerprint_and_batches():
     """The issue-2 format: fingerprint and digests pinned from the version before mixing.
 
     Batches now carry ``dataset_ids`` by default (a new digested field); without it the
-    batches are byte for byte those of the pinned version.
+    batches are byte for byte those of the pinned version. Finite streams are now dealt by
+    tokens by default (``work.deal = "auto"``): the pinned version's round-robin dealing is
+    ``work.deal = "round_robin"``, and a recipe left at the default gets a new fingerprint
+    (so a checkpoint of the old batches is refused, never silently resumed).
     """
     recs = tuple({"text": "word " * (i % 7 + 1)} for i in range(300))
     r = Recipe(
@@ -141,9 +144,11 @@ def test_single_dataset_recipes_keep_their_fingerprint_and_batches():
         global_batch_size=8,
         seq_len=32,
         flush_every=3,
-        work=WorkSpec(chunk_size=7, epochs=1),
+        work=WorkSpec(chunk_size=7, epochs=1, deal="round_robin"),
         shuffle=ShuffleSpec(4),
     )
+    default = Pipeline(r.replace(work=WorkSpec(chunk_size=7, epochs=1)), provenance=False)
+    assert default.fingerprint != "9b6ad73cae351c576aa3a94708d87fd8b54b3c4f3390b0c6c220ed9a2dd93d91"
     p = Pipeline(r, provenance=False)
     assert p.fingerprint == "9b6ad73cae351c576aa3a94708d87fd8b54b3c4f3390b0c6c220ed9a2dd93d91"
     for (_, mbs), (_, with_ids) in zip(

@@ -67,8 +67,8 @@ def test_the_policy_is_read_from_toml_and_checked(tmp_path: Path) -> None:
     path = write_recipe(tmp_path, RECIPE.replace("epochs = 1", 'epochs = 1\nend_of_data = "error"'))
     assert Recipe.from_toml(path).work.end_of_data == "error"
     assert Recipe.from_toml(write_recipe(tmp_path)).work.end_of_data == "drop_report"
-    with pytest.raises(RecipeError, match=r"work.end_of_data='wrap' must be one of"):
-        WorkSpec(end_of_data="wrap")
+    with pytest.raises(RecipeError, match=r"work.end_of_data='pad' must be one of"):
+        WorkSpec(end_of_data="pad")
 
 
 def test_digest_and_stats_report_the_unused_samples(

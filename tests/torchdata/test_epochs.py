@@ -161,3 +161,68 @@ def test_the_torchtitan_layout_refuses_a_later_pass() -> None:
     assert state["pass"] == 1
     with pytest.raises(CheckpointError, match="stores pass 0 only"):
         to_dcp_state(state, dp_world_size=1, local_batch_size=16)
+
+
+def _mixed() -> Pipeline:
+    return Pipeline(
+        recipe(
+            60,
+            datasets=(
+                DatasetSpec("a", records=tuple({"text": t} for t in texts(60)), weight=1.0),
+                DatasetSpec("b", records=tuple({"text": t} for t in texts(60, 5)), weight=1.0),
+            ),
+        )
+    )
+
+
+def test_decisions_belong_to_their_pass() -> None:
+    """A second pass starts with the recipe's weights and an empty decision log.
+
+    The reference is a rank node that never decided: its second pass is what any node's
+    second pass must be. Decisions made in pass 1 then work, and a state in pass 1 with its
+    log resumes at another dp size.
+    """
+    p = _mixed()
+    with WorkerPool(0) as pool:
+        plain = Loader(p.rank_node(pool=pool))
+        first_plain = _digests(list(plain))
+        second_plain = _digests(list(plain))
+        node = p.rank_node(pool=pool)
+        node.reset(None)
+        head = _digests([next(node) for _ in range(3)])
+        node.set_mixture({"a": 0.0, "b": 1.0})  # keeps the pass and the step
+        decided = _digests(list(node))
+        assert head == first_plain[:3] and head + decided != first_plain
+        assert node.mixture_log == [(3, {"a": 0.0, "b": 1.0})]
+        node.reset(None)  # the next pass
+        assert node.pass_index == 1 and node.mixture_log == []
+        second = [digest_microbatches([b]) for b in node]
+        assert second == second_plain and second != first_plain[: len(second)]
+        # deciding in pass 1, saved on dp 2 and resumed on dp 4
+        node.reset(None)  # pass 2 on this node; pass 1 again on fresh ranks below
+        ranks = [p.rank_node(2, r, pool=pool) for r in range(2)]
+        for r in ranks:
+            r.reset(None)
+            list(r)  # through pass 0
+            r.reset(None)
+            for _ in range(2):
+                next(r)
+            r.set_mixture({"a": 1.0, "b": 0.0})
+        saved = merge_states([r.get_state() for r in ranks])
+        assert saved["pass"] == 1 and saved["mixture"]["log"][0]["step"] == 2
+        ref = _steps(ranks)
+        resumed = [p.rank_node(4, r, pool=pool) for r in range(4)]
+        for r in resumed:
+            r.reset(saved)
+        assert _steps(resumed) == ref
+        assert ref != second_plain[2:]  # the decision changed pass 1's batches
+
+
+def _steps(ranks: list[Any]) -> list[str]:
+    """Digests of the global batches the ranks yield until the data ends."""
+    out = []
+    while True:
+        try:
+            out.append(digest_microbatches([next(r) for r in ranks]))
+        except StopIteration:
+            return out

@@ -135,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     mixture = state.get("mixture")
     if isinstance(mixture, dict) and isinstance(mixture.get("log"), list):
         out["mixture_log"] = mixture["log"]  # decisions of a dynamic mixture
+    if state.get("lineage") is not None:
+        out["lineage"] = state["lineage"]  # a re-laned checkpoint (zephon relane)
     status = 0
     if args.recipe is not None:
         ok, message, diffs = resume_check(state, Recipe.from_toml(args.recipe))
@@ -154,6 +156,11 @@ def run(args: argparse.Namespace) -> int:
     print("lane positions [window, consumed]:")
     for k, v in positions.items():
         print(f"  lane {k:>4}: {v}")
+    if "lineage" in out:
+        from zephon_nodes.engine.relane import describe_lineage
+
+        for line in describe_lineage(out["lineage"]):
+            print(f"lineage:      {line}")
     for entry in out.get("mixture_log", []):
         print(f"mixture decision after step {entry.get('step')}: {entry.get('weights')}")
     if "resume" in out:

@@ -91,8 +91,23 @@ def add_parser(sub: Any) -> None:
             "on the lane count."
         ),
     )
-    p.add_argument("--dp", required=True, help="dp sizes, comma-separated, e.g. 8,16,32")
-    p.add_argument("--global-batch", type=int, required=True, help="samples per step G")
+    p.add_argument(
+        "--dp",
+        default=None,
+        help="dp sizes, comma-separated, e.g. 8,16,32 (required without --checkpoint)",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="samples per step G (required without --checkpoint, which records it)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="also show this checkpoint's lane count and lineage (re-lanes); its global batch "
+        "is the default --global-batch, so --dp lists the lane counts it can be re-laned to",
+    )
     p.add_argument("--flush-every", type=int, default=8, help="work items per window K")
     p.add_argument("--chunk-size", type=int, default=64, help="records per work item")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -101,6 +116,12 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon lanes``; exit status 1 when no lane count fits."""
+    if args.checkpoint is not None:
+        _show_checkpoint(args)
+        if args.dp is None:
+            return 0
+    if args.dp is None or args.global_batch is None:
+        raise RecipeError("--dp and --global-batch are required (or give --checkpoint)")
     try:
         dp_sizes = sorted({int(x) for x in args.dp.split(",") if x.strip()})
     except ValueError:
@@ -147,3 +168,30 @@ def run(args: argparse.Namespace) -> int:
         f"choose a larger multiple of {base} if the run may grow beyond dp={max(dp_sizes)}."
     )
     return 0
+
+
+def _show_checkpoint(args: argparse.Namespace) -> None:
+    """Print a checkpoint's lane count and lineage; default ``--global-batch`` from it."""
+    from zephon_nodes.commands.inspect import load_any
+    from zephon_nodes.engine.relane import describe_lineage
+
+    state = load_any(args.checkpoint)
+    recipe = state.get("recipe") if isinstance(state.get("recipe"), dict) else {}
+    assert isinstance(recipe, dict)
+    if args.global_batch is None and isinstance(recipe.get("global_batch_size"), int):
+        args.global_batch = recipe["global_batch_size"]
+    lines = describe_lineage(state.get("lineage"))
+    if args.json:  # with --dp, the JSON list of lane counts alone
+        if args.dp is None:
+            out = {"num_lanes": state.get("num_lanes"), "step": state.get("step")}
+            out["lineage"] = state.get("lineage")
+            print(json.dumps(out, sort_keys=True))
+        return
+    print(
+        f"checkpoint {args.checkpoint}: num_lanes={state.get('num_lanes')} at step "
+        f"{state.get('step')}" + ("" if lines else " (never re-laned)")
+    )
+    for line in lines:
+        print(f"  {line}")
+    if args.dp is not None:
+        print()

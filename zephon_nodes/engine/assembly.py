@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from zephon_nodes.engine.balance import BalancedWorkSource
+from zephon_nodes.engine.balance import BalancedWorkSource, item_sizes
 from zephon_nodes.engine.mixing import MixingWorkSource, estimate_tokens_per_record
 from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
+from zephon_nodes.engine.wrap import WrappedWorkSource
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.chain import Chain
@@ -41,29 +42,55 @@ def stateless_chain(recipe: Recipe, tokenizer: Tokenizer) -> Chain:
     return Chain(ops)
 
 
+def _no_wrap(recipe: Recipe) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(recipe.work, end_of_data="drop_report")
+
+
 def work_source(
-    recipe: Recipe, datasets: Sequence[Dataset], chain: Chain
+    recipe: Recipe, datasets: Sequence[Dataset], chain: Any
 ) -> tuple[WorkSource, dict[str, float] | None]:
     """Return the recipe's WorkSource and the token estimate it was planned with.
 
-    One dataset: :class:`DatasetWorkSource` (``on_exhausted = "repeat"`` makes it endless).
-    Several: :class:`MixingWorkSource`, planned with ``mixture.tokens_per_record`` or, when
-    absent, an estimate from a seeded sample (returned, so it can join the fingerprint).
+    One dataset: :class:`DatasetWorkSource` (``on_exhausted = "repeat"`` makes it endless),
+    re-dealt by size (:class:`BalancedWorkSource`) when the recipe deals a finite stream
+    balanced (the default). Several: :class:`MixingWorkSource`, planned with
+    ``mixture.tokens_per_record`` or, when absent, an estimate from a seeded sample
+    (returned, so it can join the fingerprint).
     """
+    if recipe.wraps:
+        if len(datasets) > 1:
+            from zephon_nodes.errors import RecipeError
+
+            raise RecipeError(
+                "work.end_of_data='wrap' applies to single-dataset recipes; in a mixture, "
+                "give the datasets on_exhausted='repeat' (or use 'drop_report')"
+            )
+        base, _ = work_source(recipe.replace(work=_no_wrap(recipe)), datasets, chain)
+        return WrappedWorkSource(base, recipe.flush_every), None
     epochs = recipe.work.epochs
     if len(datasets) == 1:
         if recipe.datasets[0].on_exhausted == "repeat":
             epochs = None
         single = DatasetWorkSource(datasets[0], recipe.seed, recipe.num_lanes, epochs)
+        if recipe.balanced_dealing and recipe.image is not None:
+            from zephon_nodes.errors import RecipeError
+
+            raise RecipeError(
+                "work.deal='balanced' applies to text recipes; an image recipe's items are "
+                "dealt round-robin: use work.deal='round_robin' (or 'auto')"
+            )
         if recipe.balanced_dealing and single.total_items is not None:
-            return BalancedWorkSource(single, single.total_items), None
+            sizes, measure = item_sizes(datasets[0], 0, chain)
+            return BalancedWorkSource(single, sizes, measure), None
         return single, None
     if recipe.balanced_dealing:
         from zephon_nodes.errors import RecipeError
 
         raise RecipeError(
             "work.deal='balanced' applies to single-dataset recipes; a mixture deals its items "
-            "by its per-lane plans: use work.deal='round_robin'"
+            "by its per-lane plans: use work.deal='round_robin' (or 'auto')"
         )
     stored = recipe.mixture.tokens_per_record
     estimate: dict[str, float] | None = None

@@ -61,6 +61,7 @@ _KEYS = {
     "layout",
     "mixture",  # the decision log of a dynamic mixture (zephon_nodes.engine.decisions)
     "pass",  # the pass of the recipe's stream, after the first (docs/torchdata.md)
+    "lineage",  # where a re-laned stream came from (zephon_nodes.engine.relane)
 }
 _MAX_STATE_BYTES = 16 << 20
 CHECKSUM_KEY = "checksum"
@@ -183,7 +184,8 @@ def validate_state(
     absent = sorted(set(lanes) - set(parsed))
     if absent:
         raise CheckpointError(f"checkpoint has no state for lane(s) {absent} owned by this rank")
-    if samples_per_lane is not None:
+    if samples_per_lane is not None and state.get("lineage") is None:
+        # (A re-laned lane's position also counts the samples its leftovers drop.)
         _check_positions(parsed, state["step"], samples_per_lane)
     return parsed
 
@@ -307,7 +309,7 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         bad = [k for k in s["lanes"] if not (isinstance(k, str) and k.isascii() and k.isdigit())]
         if bad:
             raise CheckpointError(f"checkpoint lane key(s) {bad[:4]} are not lane numbers")
-        for key in ("format", "fingerprint", "num_lanes", "step", "pass"):
+        for key in ("format", "fingerprint", "num_lanes", "step", "pass", "lineage"):
             if s.get(key) != first.get(key):
                 raise CheckpointError(
                     f"ranks disagree on {key}: {first.get(key)!r} vs {s.get(key)!r}"

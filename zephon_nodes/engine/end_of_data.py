@@ -9,7 +9,7 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import CheckpointError
 
-__all__ = ["format_unused", "unused_samples"]
+__all__ = ["all_ranks_continue", "format_unused", "unused_samples"]
 
 
 def unused_samples(
@@ -28,6 +28,9 @@ def unused_samples(
     Raises:
         CheckpointError: If the data does not end at ``state`` (a full step still fits).
     """
+    from zephon_nodes.engine.relane import for_state
+
+    pipeline = for_state(pipeline, state)  # a re-laned checkpoint's streams
     own = pool is None
     pool = pool if pool is not None else WorkerPool(0, "thread")
     try:
@@ -51,3 +54,24 @@ def format_unused(unused: Mapping[int, int], delivered: int) -> str:
     share = total / (total + delivered) if total + delivered else 0.0
     per_lane = ", ".join(f"{lane}: {n}" for lane, n in sorted(unused.items()))
     return f"{total} of {total + delivered} samples unused ({share:.2%}); per lane: {{{per_lane}}}"
+
+
+def all_ranks_continue(has_next: bool, group: Any = None) -> bool:
+    """Agree across the ranks of ``group`` whether the next step exists on every rank.
+
+    A finite stream ends, on each rank, when one of its own lanes cannot fill the next step;
+    lanes end at different steps, so without agreement one rank could stop while another
+    goes on into a collective and hangs. One ``all_reduce`` (MIN) of one integer: True only
+    if every rank has the step. Returns ``has_next`` unchanged when ``torch.distributed`` is
+    not initialized or the group has one rank. Call it once per step, on every rank.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return has_next
+    flag = torch.tensor([1 if has_next else 0], dtype=torch.int64)
+    if dist.get_backend(group) == "nccl":
+        flag = flag.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())

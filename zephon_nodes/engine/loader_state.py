@@ -107,8 +107,10 @@ def rank_state(
     # The lane positions are those at the start of step s: restart there, run step - s steps.
     start = {k: v for k, v in inner.items() if k != "layout"}
     start["micro"] = 0
+    from zephon_nodes.engine.relane import for_state
+
     with WorkerPool(num_workers, "thread") as pool:
-        node = pipeline.rank_node(lanes=owned, pool=pool)
+        node = for_state(pipeline, start).rank_node(lanes=owned, pool=pool)
         node.reset(start)
         for _ in range(step - s):
             try:

@@ -305,6 +305,8 @@ class MixingWorkSource(WorkSource):
         self._decisions = plans
         self._starts = {int(lane): [int(b) for b in s] for lane, s in starts.items()}
         self._reset_caches()
+        # A later pass is a copy made by for_pass: drop it, so it is made with this log.
+        self.__dict__.pop("_pass_cache", None)
 
     def _segment_starts(self, lane: int) -> list[int]:
         if not self._decisions:

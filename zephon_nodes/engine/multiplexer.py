@@ -174,7 +174,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def _notify_positions(self) -> None:
         k = self.pipeline.recipe.flush_every
-        positions = {i: w * k for i, (w, _) in self._positions.items()}
+        bounds = None if self._pass else getattr(self.work_source, "window_bounds", None)
+        positions = {
+            i: bounds(i, w)[0] if bounds is not None else w * k  # re-laned windows vary
+            for i, (w, _) in self._positions.items()
+        }
         for hook in self.position_hooks:
             hook(positions)
 
@@ -227,6 +231,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             lanes=self.lanes,
             samples_per_lane=self.samples_per_lane,
         )
+        from zephon_nodes.engine.relane import check_lineage
+
+        check_lineage(initial_state, p)
         self._install(
             parse_mixture_state(
                 initial_state.get(MIXTURE_KEY),
@@ -238,9 +245,14 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         flush_every = p.recipe.flush_every
         pass_index = initial_state.get("pass", 0)
         source = self.work_source.for_pass(pass_index)
+        has_window = getattr(source, "has_window", None)  # a re-laned pass's windows
         for i in self.lanes:
             w = positions[i][0]
-            if w > 0 and (source is None or source.work(i, (w - 1) * flush_every) is None):
+            if has_window is not None:
+                ends = w > 0 and not has_window(i, w - 1)
+            else:
+                ends = w > 0 and (source is None or source.work(i, (w - 1) * flush_every) is None)
+            if ends:
                 raise CheckpointError(
                     f"checkpoint lane {i}: window {w} is beyond the end of the lane's stream "
                     f"(its work item {(w - 1) * flush_every} does not exist)"
@@ -298,6 +310,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             RecipeError: If a dataset is unknown or missing, a weight is invalid, or the
                 call comes in the middle of a step.
         """
+        refuse = getattr(self.work_source, "refuse_decisions", None)  # after a re-lane
+        if refuse is not None:
+            refuse()
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="set_mixture")
         self.reset(with_decision(self.get_state(), normalized))
@@ -405,4 +420,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             state[MIXTURE_KEY] = self._mixture.to_state(list(self.lanes))
         if self._pass:
             state["pass"] = self._pass
+        lineage = getattr(p, "lineage", None)  # a re-laned stream (engine/relane.py)
+        if lineage is not None:
+            state["lineage"] = lineage
         return state

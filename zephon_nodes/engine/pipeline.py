@@ -231,7 +231,14 @@ class Pipeline:
                 :meth:`operator_stages`).
         """
         r = self.recipe
-        node: BaseNode[Any] = WorkItemNode(self.work_source, lane, r.flush_every)
+        # A re-laned checkpoint's streams (engine/relane.py) bring their own lane nodes.
+        relaned: Any = self.work_source if getattr(self.work_source, "relaned", False) else None
+        items: Any = (
+            relaned.item_node(lane, r.flush_every)
+            if relaned is not None
+            else WorkItemNode(self.work_source, lane, r.flush_every)
+        )
+        node: BaseNode[Any] = items
         fused = [(self.stateless, pool)]
         for fn, stage_pool in chain_stages if chain_stages is not None else fused:
             node = OrderedParallelMap(node, fn, stage_pool, lookahead=lookahead)
@@ -249,11 +256,15 @@ class Pipeline:
             node = AccumulatorNode(node, lambda w: ConcatPacker(seq_len, pad_id, prov, docs))
         if r.shuffle.buffer_size > 0:
             size, seed = r.shuffle.buffer_size, r.seed
-            node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, seed, lane, w))
+            if relaned is not None:
+                parts = relaned.lane_seed
+                node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, *parts(lane, items, w)))
+            else:
+                node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, seed, lane, w))
         for k, make in enumerate(self.stages):
             name = getattr(make, "__name__", type(make).__name__)
             node = TorchdataStage(node, make, name=f"stage {k} ({name})")
-        return Lane(node, lane)
+        return relaned.lane_node(node, lane) if relaned is not None else Lane(node, lane)
 
     def rank_node(
         self,

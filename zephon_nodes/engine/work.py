@@ -103,7 +103,7 @@ class WorkSource(ABC):
 class DatasetWorkSource(WorkSource):
     """Work items of one dataset: a seeded permutation per epoch, dealt round-robin to lanes.
 
-    (``work.deal = "balanced"`` re-deals a finite stream by size: see
+    (A finite stream is re-dealt by tokens by default, ``work.deal = "auto"``: see
     :class:`~zephon_nodes.engine.balance.BalancedWorkSource`.)
 
     Global item ``g`` is item ``perm_e[g mod N]`` of epoch ``e = g // N``; lane ``l`` takes

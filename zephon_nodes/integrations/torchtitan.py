@@ -20,7 +20,9 @@ uint8 tensors, never pickled objects (keys below live under ``dataloader.``):
 * the decision log of a dynamic mixture (:meth:`ZephonDataLoader.set_mixture`), with room
   for ``max_decisions`` entries: ``mixture_count`` (int64[1]) and ``mixture_log``
   (float64[max_decisions, 1 + D]: the step, then the weights in recipe order; replicated) and
-  one ``mixture_lane_00003 -> int64[max_decisions]`` per lane (its effect windows, -1 unused).
+  one ``mixture_lane_00003 -> int64[max_decisions]`` per lane (its effect windows, -1 unused);
+  once a decision is made, each lane's check value also covers the decisions it reads (the
+  used log rows and its effect windows, :func:`mixture_digest`).
 
 On load, DCP first calls :meth:`ZephonDataLoader.state_dict` on the *new* loader to learn
 which keys to read: it lists exactly the lanes this rank owns in the new layout, so a
@@ -50,6 +52,7 @@ from zephon_nodes.engine.decisions import (
     parse_mixture_state,
     with_decision,
 )
+from zephon_nodes.engine.end_of_data import all_ranks_continue
 from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
@@ -72,6 +75,7 @@ __all__ = [
     "lane_check",
     "lane_key",
     "loader_metrics",
+    "mixture_digest",
     "mixture_lane_key",
     "to_dcp_state",
 ]
@@ -83,6 +87,10 @@ DCP_FORMAT = 2
 
 2: lane tensors carry a check value (``[window, consumed, step, check]``).
 """
+
+DCP_FORMAT_RELANED = 3
+"""``zephon_format`` of a checkpoint written after a re-lane: layout 2 plus the lineage keys
+``lineage_len`` (int64[2]: bytes, check) and ``lineage`` (uint8[max_lineage_bytes], JSON)."""
 
 FORMAT_KEY = "zephon_format"
 NUM_LANES_KEY = "num_lanes"
@@ -96,6 +104,8 @@ LANE_PREFIX = "lane_"
 MIXTURE_COUNT_KEY = "mixture_count"
 MIXTURE_LOG_KEY = "mixture_log"
 MIXTURE_LANE_PREFIX = "mixture_lane_"
+LINEAGE_LEN_KEY = "lineage_len"
+LINEAGE_DCP_KEY = "lineage"
 
 _KIND_INT, _KIND_HASH, _KIND_OTHER = 0, 1, 2
 
@@ -153,7 +163,12 @@ def _encode_field(value: Any) -> tuple[int, int]:
 
 
 def lane_check(
-    fingerprint: str, lane: int, position: tuple[int, int], replicated: tuple[int, ...]
+    fingerprint: str,
+    lane: int,
+    position: tuple[int, int],
+    replicated: tuple[int, ...],
+    *,
+    mixture: str = "",
 ) -> int:
     """The check value stored with a lane: 62 bits of a SHA-256 (a non-negative int64).
 
@@ -162,9 +177,29 @@ def lane_check(
         lane: The lane.
         position: The lane's ``(window, consumed)``.
         replicated: ``(num_lanes, step, micro, dp_world_size, local_batch_size)``.
+        mixture: :func:`mixture_digest` of the decision log and the lane's effect windows
+            ("" when the checkpoint holds no decision).
     """
     text = f"{fingerprint}:{lane}:{position[0]}:{position[1]}:" + ":".join(map(str, replicated))
+    if mixture:
+        text += f":mixture:{mixture}"
     return int.from_bytes(hashlib.sha256(text.encode("ascii")).digest()[:8], "little") >> 2
+
+
+def mixture_digest(count: int, table: torch.Tensor, windows: torch.Tensor) -> str:
+    """SHA-256 (hex) of the ``count`` decisions a lane reads: log rows and effect windows.
+
+    Covers ``mixture_count``, the first ``count`` rows of ``mixture_log`` (their float64
+    bytes) and the first ``count`` entries of the lane's ``mixture_lane_NNNNN``; the unused
+    rows are never read. Empty (``""``) when ``count`` is 0, so a checkpoint without
+    decisions keeps the check value it had before decisions existed.
+    """
+    if count <= 0:
+        return ""
+    h = hashlib.sha256(count.to_bytes(8, "little", signed=True))
+    h.update(table[:count].to(torch.float64).contiguous().numpy().tobytes())
+    h.update(windows[:count].to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _decode_field(kind: int, value: int) -> Any:
@@ -181,6 +216,7 @@ def to_dcp_state(
     local_batch_size: int,
     dataset_names: list[str] | None = None,
     max_decisions: int = 0,
+    lineage_bytes: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Convert a :class:`~zephon_nodes.engine.multiplexer.Multiplexer` state to DCP tensors.
 
@@ -190,6 +226,8 @@ def to_dcp_state(
         local_batch_size: The rank's micro-batch size (stored for mid-step states).
         dataset_names: The recipe's datasets (order of the stored weights).
         max_decisions: Room for decisions (0: no mixture keys).
+        lineage_bytes: Room for a re-lane's lineage (0: no lineage keys; a state with a
+            lineage needs room, and is written as ``DCP_FORMAT_RELANED``).
 
     Returns:
         ``{key: tensor}``: one ``lane_NNNNN`` per lane in ``state`` plus the replicated keys.
@@ -205,8 +243,9 @@ def to_dcp_state(
             f"checkpoint layout stores pass 0 only"
         )
     step = int(state["step"])
+    lineage = state.get("lineage")
     out: dict[str, torch.Tensor] = {
-        FORMAT_KEY: _scalar(DCP_FORMAT),
+        FORMAT_KEY: _scalar(DCP_FORMAT if lineage is None else DCP_FORMAT_RELANED),
         NUM_LANES_KEY: _scalar(int(state["num_lanes"])),
         STEP_KEY: _scalar(step),
         MICRO_KEY: _scalar(int(state["micro"])),
@@ -226,9 +265,7 @@ def to_dcp_state(
         dp_world_size,
         local_batch_size,
     )
-    for key, (window, consumed) in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
-        check = lane_check(fp, int(key), (window, consumed), replicated)
-        out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
+    digests: dict[int, str] = {}
     if max_decisions > 0:
         names = list(dataset_names or [])
         mixture = state.get(MIXTURE_KEY) or {"log": [], "effects": {}}
@@ -250,7 +287,60 @@ def to_dcp_state(
             eff = mixture["effects"].get(str(key), [])
             windows[: len(eff)] = torch.tensor(eff, dtype=torch.int64)
             out[mixture_lane_key(int(key))] = windows
+            digests[int(key)] = mixture_digest(len(log), table, windows)
+    for key, (window, consumed) in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
+        mix = digests.get(int(key), "")
+        check = lane_check(fp, int(key), (window, consumed), replicated, mixture=mix)
+        out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
+    if lineage is not None or lineage_bytes > 0:
+        out.update(_lineage_to_dcp(lineage, lineage_bytes))
     return out
+
+
+def _lineage_check(blob: bytes) -> int:
+    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 2
+
+
+def _lineage_to_dcp(lineage: Any, room: int) -> dict[str, torch.Tensor]:
+    """The lineage keys: its JSON bytes (zero-padded to ``room``) and [length, check]."""
+    blob = b""
+    if lineage is not None:
+        blob = json.dumps(lineage, sort_keys=True, separators=(",", ":")).encode("ascii")
+    if len(blob) > room:
+        raise CheckpointError(
+            f"the re-lane lineage takes {len(blob)} bytes, more than dataloader."
+            f"max_lineage_bytes={room}; raise it (and keep it for every later resume)"
+        )
+    data = torch.zeros(room, dtype=torch.uint8)
+    if blob:
+        data[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    meta = torch.tensor([len(blob), _lineage_check(blob)], dtype=torch.int64)
+    return {LINEAGE_LEN_KEY: meta, LINEAGE_DCP_KEY: data}
+
+
+def _lineage_from_dcp(sd: Mapping[str, Any], room: int) -> Any:
+    """Read (and check) the lineage keys; None when they hold no lineage."""
+    n, check = _as_ints(sd, LINEAGE_LEN_KEY, 2)
+    data = sd.get(LINEAGE_DCP_KEY)
+    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.numel() != room:
+        raise CheckpointError(
+            f"dataloader.{LINEAGE_DCP_KEY}: expected uint8[{room}] (dataloader."
+            f"max_lineage_bytes), got {data!r:.80}"
+        )
+    if not 0 <= n <= room:
+        raise CheckpointError(f"dataloader.{LINEAGE_LEN_KEY}: length {n} is out of range")
+    blob = bytes(data[:n].tolist())
+    if check != _lineage_check(blob) or bool(data[n:].any()):
+        raise CheckpointError(
+            f"dataloader.{LINEAGE_DCP_KEY}: check value mismatch or non-zero padding (the "
+            f"re-lane lineage or {LINEAGE_LEN_KEY} was damaged or edited after saving)"
+        )
+    if not n:
+        return None
+    try:
+        return json.loads(blob.decode("ascii"))
+    except ValueError as e:
+        raise CheckpointError(f"dataloader.{LINEAGE_DCP_KEY}: not a lineage ({e})") from None
 
 
 def mixture_lane_key(lane: int) -> str:
@@ -285,6 +375,20 @@ def _mixture_from_dcp(
     for lane in lanes:
         effects[str(lane)] = _as_ints(sd, mixture_lane_key(lane), max_decisions)[:count]
     return {"log": log, "effects": effects}
+
+
+def _stored_mixture_digest(sd: Mapping[str, Any], lane: int, max_decisions: int) -> str:
+    """:func:`mixture_digest` of the loaded ``mixture_*`` tensors, for ``lane``'s check."""
+    (count,) = _as_ints(sd, MIXTURE_COUNT_KEY, 1)
+    if not 0 <= count <= max_decisions:
+        raise CheckpointError(f"dataloader.{MIXTURE_COUNT_KEY}={count} is out of range")
+    table = sd.get(MIXTURE_LOG_KEY)
+    if not isinstance(table, torch.Tensor) or table.dtype != torch.float64:
+        raise CheckpointError(
+            f"dataloader.{MIXTURE_LOG_KEY}: expected a float64 tensor, got {table!r:.80}"
+        )
+    windows = torch.tensor(_as_ints(sd, mixture_lane_key(lane), max_decisions), dtype=torch.int64)
+    return mixture_digest(count, table, windows)
 
 
 def _as_ints(sd: Mapping[str, Any], key: str, n: int) -> list[int]:
@@ -325,6 +429,7 @@ def from_dcp_state(
     dp_world_size: int,
     local_batch_size: int,
     max_decisions: int = 0,
+    lineage_bytes: int = 0,
 ) -> dict[str, Any]:
     """Convert loaded DCP tensors back to a JSON-safe multiplexer state for ``lanes``.
 
@@ -335,6 +440,7 @@ def from_dcp_state(
         dp_world_size: This job's data-parallel size.
         local_batch_size: This job's micro-batch size.
         max_decisions: Room for decisions in the mixture keys (0: none stored).
+        lineage_bytes: Room of the lineage keys (0: the checkpoint must have none).
 
     Raises:
         CheckpointError: If the checkpoint is not a zephon-nodes one, was written with
@@ -347,7 +453,13 @@ def from_dcp_state(
             "written by ZephonDataLoader (was it TorchTitan's default loader?)"
         )
     (fmt,) = _as_ints(sd, FORMAT_KEY, 1)
-    if fmt != DCP_FORMAT:
+    if fmt == DCP_FORMAT_RELANED and not lineage_bytes:
+        raise CheckpointError(
+            f"the checkpoint was written after a re-lane (zephon_format={fmt}: it carries the "
+            f"lineage of its data stream); resume it with dataloader.relaned = true and the "
+            f"job's dataloader.max_lineage_bytes"
+        )
+    if fmt not in (DCP_FORMAT, DCP_FORMAT_RELANED):
         raise CheckpointError(f"dataloader state has zephon_format={fmt}, expected {DCP_FORMAT}")
     fp = sd.get(FINGERPRINT_KEY)
     if not isinstance(fp, torch.Tensor) or fp.dtype != torch.uint8 or fp.numel() != 32:
@@ -363,6 +475,12 @@ def from_dcp_state(
                 "was altered (a damaged or edited checkpoint)"
             )
         )
+        (saved_lanes,) = _as_ints(sd, NUM_LANES_KEY, 1)
+        if saved_lanes != pipeline.recipe.num_lanes:
+            detail += (
+                f" (to re-lane this checkpoint to num_lanes={pipeline.recipe.num_lanes}, "
+                f"every document still used once: dataloader.relane_from = {saved_lanes})"
+            )
         raise CheckpointError(
             f"the checkpoint was written with a different recipe (fingerprint "
             f"{fingerprint_pair(fingerprint, pipeline.fingerprint)}): {detail}"
@@ -372,6 +490,7 @@ def from_dcp_state(
     (micro,) = _as_ints(sd, MICRO_KEY, 1)
     (saved_dp,) = _as_ints(sd, DP_KEY, 1)
     (saved_lbs,) = _as_ints(sd, LBS_KEY, 1)
+    stored_mixture = max_decisions > 0 and MIXTURE_COUNT_KEY in sd
     positions: dict[str, list[int]] = {}
     for lane in lanes:
         key = lane_key(lane)
@@ -383,11 +502,24 @@ def from_dcp_state(
                 f"lane {lane} was saved at step {lane_step}, the checkpoint is at step {step}"
             )
         replicated = (num_lanes, step, micro, saved_dp, saved_lbs)
-        if check != lane_check(fingerprint, lane, (window, consumed), replicated):
+        mix = _stored_mixture_digest(sd, lane, max_decisions) if stored_mixture else ""
+        if check != lane_check(fingerprint, lane, (window, consumed), replicated, mixture=mix):
+            if mix:
+                what = (
+                    f", or the decision log ({MIXTURE_COUNT_KEY}, {MIXTURE_LOG_KEY}, "
+                    f"{mixture_lane_key(lane)})"
+                )
+            elif stored_mixture:
+                what = f" (or {MIXTURE_COUNT_KEY}, now 0)"
+            else:
+                what = (
+                    " (if the checkpoint holds set_mixture decisions: this loader has "
+                    "dataloader.max_decisions=0 and does not read them)"
+                )
             raise CheckpointError(
                 f"dataloader.{key}: check value mismatch: the lane's position [{window}, "
                 f"{consumed}] or the replicated num_lanes/step/micro/dp_world_size/"
-                f"local_batch_size {list(replicated)} were damaged or edited after saving"
+                f"local_batch_size {list(replicated)}{what} were damaged or edited after saving"
             )
         positions[str(lane)] = [window, consumed]
     state: dict[str, Any] = {
@@ -403,6 +535,10 @@ def from_dcp_state(
         "micro": micro,
         "lanes": positions,
     }
+    if lineage_bytes > 0:
+        lineage = _lineage_from_dcp(sd, lineage_bytes)
+        if lineage is not None:
+            state["lineage"] = lineage
     if max_decisions > 0:
         names = [d.name for d in pipeline.recipe.datasets]
         mixture = _mixture_from_dcp(sd, names, lanes, max_decisions)
@@ -593,6 +729,15 @@ class ZephonDataLoader(BaseDataLoader):
         dump_batches: str = ""
         """Folder for this rank's rows of every step (step-S.rank-R.npz; zephon digest-dump)."""
 
+        relane_from: int = 0
+        """Lane count of the checkpoint to re-lane at load (0: never; docs/lanes.md)."""
+
+        relaned: bool = False
+        """The checkpoint to load was written after a re-lane (it carries a lineage)."""
+
+        max_lineage_bytes: int = 65536
+        """Room for a re-lane's lineage in the checkpoint (about 12 bytes per old lane)."""
+
         def __post_init__(self) -> None:
             for name in ("num_workers", "lookahead", "prefetch", "worker_timeout_s"):
                 check_setting(f"dataloader.{name}", getattr(self, name), bound=SETTINGS[name])
@@ -613,6 +758,11 @@ class ZephonDataLoader(BaseDataLoader):
                     raise RecipeError(f"dataloader.cache_limit: {e}") from None
             if self.max_decisions < 0:
                 raise RecipeError(f"dataloader.max_decisions={self.max_decisions} must be >= 0")
+            if self.relane_from < 0 or self.max_lineage_bytes < 0:
+                raise RecipeError(
+                    f"dataloader.relane_from={self.relane_from} and dataloader."
+                    f"max_lineage_bytes={self.max_lineage_bytes} must be >= 0"
+                )
             if not self.worker_timeout_s > 0:
                 raise RecipeError(
                     f"dataloader.worker_timeout_s={self.worker_timeout_s} must be > 0"
@@ -670,10 +820,37 @@ class ZephonDataLoader(BaseDataLoader):
         self.pipeline = Pipeline(recipe)
         self.lanes = lanes_for_rank(recipe.num_lanes, dp_world_size, dp_rank)
         self.pool = WorkerPool(config.num_workers, config.runner, config.worker_timeout_s)
+        self._build_node()
+        self._dumper = (
+            StepDumper(config.dump_batches, dp_rank, self.multiplexer.micro_per_step)
+            if config.dump_batches
+            else None
+        )
+        self._state: dict[str, Any] = self._fresh_state()
+        self._restore: dict[str, Any] | None = None
+        self._started = False
+        self._loaded = False
+        self._dataset_ids: list[torch.Tensor] = []
+        # What the trainer got and how long it waited, per step (after the prefetcher).
+        self._steps = StepMetrics()
+        self._step_batches: list[dict[str, torch.Tensor]] = []
+        self._step_wait = 0.0
+        # A finite stream ends where some rank's lane runs dry: ranks agree on that step.
+        self._finite = (
+            recipe.work.epochs is not None
+            and any(d.on_exhausted == "end" for d in recipe.datasets)
+            and not recipe.wraps
+        )
+        self.serial = next(_SERIAL)
+        _LIVE_LOADERS.add(self)
+
+    def _build_node(self) -> None:
+        """Build this rank's multiplexer (and prefetcher) over ``self.pipeline``."""
+        config = self.config
         self.multiplexer: Multiplexer = self.pipeline.rank_node(
-            dp_world_size,
-            dp_rank,
-            local_batch_size=local_batch_size,
+            self.dp_world_size,
+            self.dp_rank,
+            local_batch_size=self.local_batch_size,
             pool=self.pool,
             lanes=self.lanes,
             lookahead=config.lookahead,
@@ -685,21 +862,38 @@ class ZephonDataLoader(BaseDataLoader):
             if config.prefetch > 0
             else self.multiplexer
         )
-        self._dumper = (
-            StepDumper(config.dump_batches, dp_rank, self.multiplexer.micro_per_step)
-            if config.dump_batches
-            else None
-        )
-        self._state: dict[str, Any] = self._fresh_state()
-        self._restore: dict[str, Any] | None = None
-        self._started = False
-        self._dataset_ids: list[torch.Tensor] = []
-        # What the trainer got and how long it waited, per step (after the prefetcher).
-        self._steps = StepMetrics()
-        self._step_batches: list[dict[str, torch.Tensor]] = []
-        self._step_wait = 0.0
-        self.serial = next(_SERIAL)
-        _LIVE_LOADERS.add(self)
+
+    def _read_relaned(self, state: dict[str, Any]) -> None:
+        """Switch to the re-laned streams of ``state`` (rebuilding this rank's nodes)."""
+        from zephon_nodes.engine.relane import for_state
+
+        pipeline = for_state(self.pipeline, state)
+        if pipeline is self.pipeline:
+            return
+        old = self.multiplexer
+        self.pipeline = pipeline
+        self._build_node()
+        old._owned[:] = [r for r in old._owned if r is not self.pool]
+        old.close()  # its per-operator pools; the shared pool serves the new node
+
+    def _lineage_room(self, state: Mapping[str, Any]) -> int:
+        relaned = state.get("lineage") is not None or self.config.relaned
+        return self.config.max_lineage_bytes if relaned else 0
+
+    def _relane_template(self) -> dict[str, Any]:
+        """The keys of the checkpoint ``dataloader.relane_from`` names: all its old lanes."""
+        from zephon_nodes.engine.relane import pipeline_at
+
+        old = pipeline_at(self.pipeline, self.config.relane_from)
+        return {
+            "format": FORMAT,
+            "fingerprint": old.fingerprint,
+            "recipe": dict(old.summary),
+            "num_lanes": old.num_lanes,
+            "step": 0,
+            "micro": 0,
+            "lanes": {str(i): [0, 0] for i in range(old.num_lanes)},
+        }
 
     def cache_stats(self) -> dict[str, int] | None:
         """Return the node cache's counters in this process, or None without a cache limit.
@@ -722,6 +916,11 @@ class ZephonDataLoader(BaseDataLoader):
         }
 
     def _start(self) -> None:
+        if self.config.relane_from and not self._loaded:
+            raise CheckpointError(
+                f"dataloader.relane_from={self.config.relane_from} but no checkpoint was "
+                f"loaded: there is nothing to re-lane (unset it to start afresh)"
+            )
         state = self._restore
         if isinstance(self._node, Prefetcher):
             snap = None if state is None else {"snapshot": state, "steps_since_snapshot": 0}
@@ -745,9 +944,16 @@ class ZephonDataLoader(BaseDataLoader):
             if not self._started or self._restore is not None:
                 self._start()  # at the start, after a load, or after set_mixture
             t0 = time.perf_counter()
+            step_start = self._state["micro"] == 0
             try:
-                batch = next(self._node)
+                batch: dict[str, torch.Tensor] | None = next(self._node)
             except StopIteration:
+                batch = None
+            if step_start and self._finite and not all_ranks_continue(batch is not None):
+                # Another rank's lanes ran dry: every rank stops after the same step.
+                logger.info("the data ended after step %d (on every rank)", self._state["step"])
+                return
+            if batch is None:
                 return
             self._state = self._current_state()
             if "dataset_ids" in batch:
@@ -827,6 +1033,9 @@ class ZephonDataLoader(BaseDataLoader):
                 middle of a step, a full log (``dataloader.max_decisions``), or when ranks
                 disagree (naming both weight sets).
         """
+        refuse = getattr(self.pipeline.work_source, "refuse_decisions", None)  # re-laned
+        if refuse is not None:
+            refuse()
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="ZephonDataLoader.set_mixture")
         state = self._restore if self._restore is not None else self._state
@@ -849,6 +1058,8 @@ class ZephonDataLoader(BaseDataLoader):
         another dp size.
         """
         state = self._restore if self._restore is not None else self._state
+        if self.config.relane_from and not self._started and self._restore is None:
+            state = self._relane_template()  # what DCP reads: the old checkpoint's keys
         if state["micro"]:
             logger.warning(
                 "checkpoint taken after micro-batch %d of a recipe step: TorchTitan's "
@@ -864,6 +1075,7 @@ class ZephonDataLoader(BaseDataLoader):
             local_batch_size=self.local_batch_size,
             dataset_names=[d.name for d in self.pipeline.recipe.datasets],
             max_decisions=self.config.max_decisions,
+            lineage_bytes=self._lineage_room(state),
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -877,14 +1089,21 @@ class ZephonDataLoader(BaseDataLoader):
         """
         if not state_dict:
             return
-        state = from_dcp_state(
-            state_dict,
-            self.pipeline,
-            self.lanes,
-            dp_world_size=self.dp_world_size,
-            local_batch_size=self.local_batch_size,
-            max_decisions=self.config.max_decisions,
-        )
+        self._loaded = True
+        room = self.config.max_lineage_bytes if self.config.relaned else 0
+        if self.config.relane_from:
+            state = self._relane(state_dict, room)
+        else:
+            state = from_dcp_state(
+                state_dict,
+                self.pipeline,
+                self.lanes,
+                dp_world_size=self.dp_world_size,
+                local_batch_size=self.local_batch_size,
+                max_decisions=self.config.max_decisions,
+                lineage_bytes=room,
+            )
+            self._read_relaned(state)
         p = self.pipeline
         validate_state(
             state,
@@ -902,6 +1121,37 @@ class ZephonDataLoader(BaseDataLoader):
         )
         self._restore = state
         self._state = state
+
+    def _relane(self, state_dict: dict[str, Any], room: int) -> dict[str, Any]:
+        """Re-lane the loaded checkpoint of ``dataloader.relane_from`` lanes (every rank alike)."""
+        from zephon_nodes.engine.relane import pipeline_at, relane_state
+
+        old_lanes = self.config.relane_from
+        old = pipeline_at(self.pipeline, old_lanes)
+        saved = from_dcp_state(
+            state_dict,
+            old,
+            list(range(old_lanes)),
+            dp_world_size=self.dp_world_size,
+            local_batch_size=self.local_batch_size,
+            max_decisions=self.config.max_decisions,
+            lineage_bytes=room,
+        )
+        new = relane_state(self.pipeline, saved, self.pipeline.num_lanes)
+        logger.warning(
+            "dataloader.relane_from=%d: re-laned the checkpoint of step %d from %d to %d lanes "
+            "(each new lane first replays the rest of its old lanes' flush windows, then takes "
+            "the untouched work items; no document lost or repeated). Checkpoints from now on "
+            "carry the lineage: resume them with dataloader.relane_from = 0 and "
+            "dataloader.relaned = true",
+            old_lanes,
+            new["step"],
+            old_lanes,
+            new["num_lanes"],
+        )
+        self._read_relaned(new)
+        new["lanes"] = {str(i): new["lanes"][str(i)] for i in self.lanes}
+        return new
 
     def close(self) -> None:
         """Stop the worker pools."""

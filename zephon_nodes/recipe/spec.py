@@ -44,8 +44,8 @@ PACK_MODES = ("concat", "bestfit")
 LONG_DOCUMENTS = ("split", "drop")
 ON_ERROR = ("raise", "skip")
 ON_EXHAUSTED = ("end", "repeat")
-END_OF_DATA = ("drop_report", "error")
-DEALS = ("balanced", "round_robin")
+END_OF_DATA = ("drop_report", "error", "wrap")
+DEALS = ("auto", "balanced", "round_robin")
 SCHEDULE_UNITS = ("steps", "tokens")
 OPERATOR_KINDS = ("filter", "map")
 _WEIGHT = SETTINGS["datasets.weight"]
@@ -274,18 +274,22 @@ class WorkSpec:
         end_of_data: What a finite stream does with the samples its lanes still hold after
             the last full global batch: ``"drop_report"`` stops there and counts them
             (``Multiplexer.unused_samples``, ``zephon digest``, ``zephon stats``);
-            ``"error"`` stops there too but raises ``DataError`` if any were left. Not part
-            of the fingerprint (the batches are the same).
-        deal: How a finite stream's work items go to lanes: ``"round_robin"`` (item ``g``
-            to lane ``g % L``) or ``"balanced"`` (largest first to the lane holding the
-            fewest bytes, so lanes end closer together; needs JSON lines shards, whose index
-            holds record bytes). Endless streams are always dealt round-robin.
+            ``"error"`` stops there too but raises ``DataError`` if any were left (neither
+            is part of the fingerprint: the batches are the same); ``"wrap"`` never stops:
+            a lane that runs dry continues into the next pass's data (single-dataset
+            recipes; part of the fingerprint, as it changes the batches after the first
+            lane runs dry).
+        deal: How a finite stream's work items go to lanes: ``"balanced"`` (largest first
+            to the lane holding the fewest tokens, so lanes end together; single-dataset
+            text recipes), ``"round_robin"`` (item ``g`` to lane ``g % L``) or ``"auto"``
+            (the default: balanced where it applies, round-robin for mixtures and image
+            recipes). Endless streams are always dealt round-robin.
     """
 
     chunk_size: int = 64
     epochs: int | None = 1
     end_of_data: str = "drop_report"
-    deal: str = "round_robin"
+    deal: str = "auto"
 
     def __post_init__(self) -> None:
         check_setting("work.chunk_size", self.chunk_size)
@@ -572,7 +576,17 @@ class Recipe:
         finite = self.work.epochs is not None and any(
             d.on_exhausted == "end" for d in self.datasets
         )
+        if self.work.deal == "auto":
+            return finite and len(self.datasets) == 1 and self.image is None
         return finite and self.work.deal == "balanced"
+
+    @property
+    def wraps(self) -> bool:
+        """True if a finite stream's lanes continue into the next pass (``end_of_data``)."""
+        finite = self.work.epochs is not None and any(
+            d.on_exhausted == "end" for d in self.datasets
+        )
+        return finite and self.work.end_of_data == "wrap"
 
     @property
     def samples_per_lane(self) -> int:
@@ -601,8 +615,11 @@ class Recipe:
             "work": {
                 "chunk_size": self.work.chunk_size,
                 "epochs": self.work.epochs,
-                # Only where it changes the data: balanced dealing of a finite stream.
-                **({"deal": "balanced"} if self.balanced_dealing else {}),
+                # Only where it changes the data: balanced dealing of a finite stream (by
+                # tokens, or record counts above balance.EXACT_RECORDS records; the bytes
+                # dealing of earlier versions was "balanced").
+                **({"deal": "balanced-tokens"} if self.balanced_dealing else {}),
+                **({"end_of_data": "wrap"} if self.wraps else {}),
             },
             "shuffle": {"buffer_size": self.shuffle.buffer_size},
             "pack": self.pack.canonical(),
@@ -723,7 +740,7 @@ class Recipe:
                 chunk_size=work.get("chunk_size", int, 64),
                 epochs=epochs,
                 end_of_data=work.get("end_of_data", str, "drop_report"),
-                deal=work.get("deal", str, "round_robin"),
+                deal=work.get("deal", str, "auto"),
             )
             work.done()
             sh = top.table("shuffle")

@@ -88,6 +88,10 @@ def simulate(
             spec = PoolSpec.parse(value) if isinstance(value, str) else value
             per_op[key] = spec.build(pool.timeout_s)
             created.append(per_op[key])
+    if resume_state is not None:
+        from zephon_nodes.engine.relane import for_state
+
+        pipeline = for_state(pipeline, resume_state)  # a re-laned checkpoint's streams
     try:
         ranks: list[Multiplexer] = []
         for r in range(dp_world_size):

@@ -10,6 +10,7 @@ rank 0, ``result.json`` (losses per step, wall time, the error if loading failed
 
 Usage: torchrun --nproc_per_node R tt_mini.py --recipe R.toml --hf-assets DIR --out DIR
 --ckpt DIR --steps N [--interval K] [--resume-step K] [--loader zephon|titan]
+[--relane-from L] [--relaned]
 """
 
 from __future__ import annotations
@@ -68,7 +69,13 @@ def build_loader(args: argparse.Namespace, world: int, rank: int, tok: Any) -> A
     if args.loader == "zephon":
         from zephon_nodes.integrations.torchtitan import ZephonDataLoader
 
-        config: Any = ZephonDataLoader.Config(recipe=args.recipe, num_workers=1, prefetch=2)
+        config: Any = ZephonDataLoader.Config(
+            recipe=args.recipe,
+            num_workers=1,
+            prefetch=2,
+            relane_from=args.relane_from,
+            relaned=args.relaned,
+        )
     else:
         from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
@@ -97,6 +104,8 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--lbs", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--relane-from", type=int, default=0)  # dataloader.relane_from
+    ap.add_argument("--relaned", action="store_true")  # dataloader.relaned
     args = ap.parse_args()
 
     t0 = time.perf_counter()

@@ -1,0 +1,78 @@
+"""``zephon relane``: change a checkpoint's lane count, every document still used once."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from zephon_nodes.commands.inspect import load_any
+from zephon_nodes.engine.checkpoint import check_writable, save_state
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.relane import relane_state
+from zephon_nodes.recipe.spec import Recipe
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Register the subcommand."""
+    p = sub.add_parser(
+        "relane",
+        help="write a checkpoint with another lane count (no document lost or repeated)",
+        description=(
+            "Re-lane CHECKPOINT (taken with RECIPE, whose num_lanes may be the old or the new "
+            "count) to --num-lanes lanes and write it to --output. Each new lane first replays "
+            "the rest of its old lanes' current flush windows, then takes the untouched work "
+            "items in their old global order; resume with RECIPE at num_lanes = --num-lanes, "
+            "at any dp size dividing it (see docs/lanes.md, Changing the lane count)."
+        ),
+    )
+    p.add_argument("recipe", help="recipe TOML file the checkpoint was taken with")
+    p.add_argument(
+        "checkpoint",
+        help="a state JSON file, a directory holding zephon_state.json, or a multi-rank "
+        "checkpoint directory (a committed step directory or its root)",
+    )
+    p.add_argument("--num-lanes", type=int, required=True, help="the new lane count")
+    p.add_argument("--output", required=True, help="directory to write zephon_state.json to")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``zephon relane``."""
+    check_writable(args.output)
+    state = load_any(args.checkpoint)
+    pipeline = Pipeline(Recipe.from_toml(args.recipe))
+    new = relane_state(pipeline, state, args.num_lanes)
+    path = save_state(args.output, new)
+    lineage = new["lineage"]
+    out = {
+        "output": str(path),
+        "step": new["step"],
+        "from_lanes": lineage["num_lanes"],
+        "num_lanes": new["num_lanes"],
+        "fingerprint": new["fingerprint"],
+        "relanes": _depth(lineage),
+    }
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+        return 0
+    print(
+        f"re-laned the checkpoint of step {out['step']} from {out['from_lanes']} to "
+        f"{out['num_lanes']} lanes: {path}"
+    )
+    print(
+        f"resume it with the recipe at num_lanes = {out['num_lanes']} (fingerprint "
+        f"{str(out['fingerprint'])[:16]}...), at any dp size dividing {out['num_lanes']}"
+    )
+    return 0
+
+
+def _depth(lineage: Any) -> int:
+    n = 0
+    while isinstance(lineage, dict):
+        n += 1
+        lineage = lineage.get("parent")
+    return n
