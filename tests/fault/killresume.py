@@ -8,6 +8,14 @@ all saved but not committed, just committed). At the end the digests of the trai
 (for each run, the steps after its resume point up to the next run's resume point) must be
 exactly steps ``1..N`` in order, each equal to an uninterrupted run's digest.
 
+Every planned kill lands, however fast or loaded the machine: the ranks of a run with a kill
+planned wait to be killed at a point just past it (``--hold-at``: after the ``start`` line for
+a start-up kill, after step ``k + 1`` for a kill after step ``k``, after step ``F + 1`` for a
+fault at the checkpoint of step ``F``). Without it a kill timed in seconds could come after
+the job had already finished (a fast machine), which ended the session with fewer kills. A
+planned kill that never comes (a fault hook that no longer fires) fails the session, naming
+the run.
+
 Usage::
 
     python tests/fault/killresume.py --kills 20 --seed 0
@@ -104,6 +112,7 @@ class Run:
     runner: str
     local_batch_size: int
     plan: str
+    detail: str = ""
     start: int | None = None
     steps: dict[int, str] = field(default_factory=dict)
     commits: list[int] = field(default_factory=list)
@@ -140,6 +149,18 @@ class Report:
             f"seconds={self.seconds:.1f}"
         )
 
+    def kill_log(self) -> str:
+        """One line per run: its plan, where it resumed, the last step it logged, commits."""
+        lines = []
+        for r in self.runs:
+            last = max(r.steps, default=None)
+            lines.append(
+                f"run {r.run_id:2d} dp={r.dp} workers={r.workers} {r.runner:7s} "
+                f"{r.plan:22s} {r.detail:40s} resumed={r.start} last_step={last} "
+                f"commits={r.commits} {'KILLED' if r.killed else 'done' if r.done else '?'}"
+            )
+        return "\n".join(lines)
+
 
 def read_log(path: Path) -> list[list[str]]:
     """Return the complete lines of ``digests.log`` split into words."""
@@ -169,6 +190,7 @@ def launch(
     step_sleep: float,
     fault: str,
     token: str,
+    hold_at: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start one torchrun job."""
     env = dict(os.environ)
@@ -185,6 +207,8 @@ def launch(
     ]  # fmt: skip
     if fault:
         cmd += ["--fault", fault]
+    if hold_at is not None:
+        cmd += ["--hold-at", str(hold_at)]
     out = open(workdir / f"run_{run.run_id}.out", "wb")  # noqa: SIM115
     try:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -218,13 +242,18 @@ def run_job(
     kill_after_step: int | None = None,
     kill_delay: float | None = None,
     rng: random.Random | None = None,
+    hold_at: int | None = None,
     timeout_s: float = 240.0,
 ) -> Run:
-    """Run one job until it ends or the driver SIGKILLs it per the plan."""
+    """Run one job until it ends or the driver SIGKILLs it per the plan.
+
+    ``hold_at`` makes the ranks wait to be killed once that step is logged (0: the ``start``
+    line): a run with a kill planned passes it, so that the kill lands before that point.
+    """
     token = uuid.uuid4().hex
     log = workdir / "digests.log"
     t0 = time.monotonic()
-    proc = launch(recipe, workdir, run, steps, ckpt_every, step_sleep, fault, token)
+    proc = launch(recipe, workdir, run, steps, ckpt_every, step_sleep, fault, token, hold_at)
     kill_at: float | None = t0 + kill_delay if kill_delay is not None else None
     try:
         while proc.poll() is None:
@@ -251,7 +280,9 @@ def run_job(
     _collect(run, read_log(log))
     if not run.killed and (proc.returncode != 0 or not run.done):
         out = (workdir / f"run_{run.run_id}.out").read_text(errors="replace")[-4000:]
-        raise RuntimeError(f"run {run.run_id} failed (rc={proc.returncode}):\n{out}")
+        raise RuntimeError(
+            f"run {run.run_id} ({run.plan} {run.detail}) failed (rc={proc.returncode}):\n{out}"
+        )
     return run
 
 
@@ -310,16 +341,24 @@ def kill_and_resume(
                 phase = FAULT_PHASES[faults % len(FAULT_PHASES)]  # every phase, in turn
                 faults += 1
                 frank = 0 if phase in ("before_commit", "after_commit") else rng.randrange(dp)
-                kw["fault"] = f"{phase}:{rng.choice(ckpts)}:{frank}"
+                at = rng.choice(ckpts)
+                kw["fault"] = f"{phase}:{at}:{frank}"
+                kw["hold_at"] = at + 1  # the fault fires inside step `at`'s checkpoint
                 plan = f"fault:{phase}"
             elif plan == "step":
-                kw["kill_after_step"] = rng.randint(s + 1, horizon)
+                at = rng.randint(s + 1, horizon)
+                kw["kill_after_step"] = at
                 kw["rng"] = rng
+                kw["hold_at"] = at + 1  # <= steps: horizon < steps
             else:
                 kw["kill_delay"] = rng.uniform(0.3, 6.0)
-        run = Run(run_id, dp, workers, runner, lbs, plan, committed_before=s)
+                kw["hold_at"] = 0  # a start-up kill lands before the first step
+        detail = ", ".join(f"{k}={v}" for k, v in kw.items() if k != "rng")
+        run = Run(run_id, dp, workers, runner, lbs, plan, detail, committed_before=s)
         run_job(recipe, workdir, run, steps, ckpt_every, step_sleep, **kw)  # type: ignore[arg-type]
         report.runs.append(run)
+        if plan != "none" and not run.killed:
+            raise RuntimeError(f"run {run_id}: the planned kill ({plan}, {detail}) never landed")
         if run.killed:
             report.kills += 1
             key = plan.split(":")[0] if plan.startswith("fault") else plan
@@ -402,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe, base / "killed", ref, kills=args.kills, seed=args.seed, steps=args.steps,
         ckpt_every=args.ckpt_every,
     )  # fmt: skip
+    print(report.kill_log())
     print(report.summary())
     return 0
 

@@ -10,6 +10,11 @@ ranks all-gather their micro-batches and rank 0 appends the global batch digest 
 checkpoint of step STEP: ``before_rename`` (its state file fully written to a temporary name,
 not yet renamed), ``after_rank_save``, ``before_commit`` (rank 0, every rank file written),
 ``after_commit``.
+
+``--hold-at T`` makes every rank stop and wait to be killed once step ``T`` is logged (``0``:
+once the ``start`` line is logged, before the first step); the driver passes it with every
+planned kill, so that a kill lands before that point however fast the machine is. A rank still
+waiting after ``HOLD_S`` seconds exits with status 3: the planned kill never came.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import time
 from pathlib import Path
 
 TOKEN_VAR = "ZEPHON_KR_TOKEN"
+HOLD_EXIT = 3  # exit status of a rank whose planned kill never came
+HOLD_S = float(os.environ.get("ZEPHON_KR_HOLD_S", "120"))
 
 
 def kill_job() -> None:
@@ -65,6 +72,7 @@ def main() -> None:
     ap.add_argument("--local-batch-size", type=int, default=0)
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--fault", default="")
+    ap.add_argument("--hold-at", type=int, default=-1)
     args = ap.parse_args()
 
     import torch.distributed as dist
@@ -80,6 +88,17 @@ def main() -> None:
     if args.fault:
         phase, step_s, rank_s = args.fault.split(":")
         fault_phase, fault_step, fault_rank = phase, int(step_s), int(rank_s)
+
+    def hold(step: int) -> None:
+        if step != args.hold_at:
+            return
+        time.sleep(HOLD_S)  # the planned kill ends the job here at the latest
+        print(
+            f"rank {rank}: held at step {step} for {HOLD_S:.0f}s, the planned kill never came",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(HOLD_EXIT)
 
     def fault(phase: str, step: int) -> None:
         if phase == fault_phase and step == fault_step and rank == fault_rank:
@@ -115,6 +134,7 @@ def main() -> None:
         f"start {args.run_id} {start} dp={world} workers={args.workers} runner={args.runner} "
         f"lbs={node.local_batch_size}"
     )
+    hold(0)
     for t in range(start + 1, args.steps + 1):
         mbs = [next(node) for _ in range(node.micro_per_step)]
         gathered: list[object] = [None] * world
@@ -122,6 +142,7 @@ def main() -> None:
         if rank == 0:
             flat = [mb for part in gathered for mb in part]  # type: ignore[attr-defined]
             emit(f"step {args.run_id} {t} {digest_microbatches(flat)}")
+        hold(t)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if t % args.ckpt_every == 0:

@@ -12,13 +12,6 @@ from zephon_nodes import Pipeline, Recipe, simulate
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    raises=AssertionError,  # a wrong digest, resume point or commit raises VerificationError
-    reason="known regression, see the session-2 closing note: since this session's merges a "
-    "checkpoint fault kill (--fault before_rename) no longer fires, the job runs to the end "
-    "after 5 kills; every step of every run is still verified before the count is checked",
-)
 def test_kill_and_resume_twenty_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache"))
     steps, every = 60, 3
@@ -30,7 +23,9 @@ def test_kill_and_resume_twenty_times(tmp_path: Path, monkeypatch: pytest.Monkey
     report = kill_and_resume(
         recipe, tmp_path / "killed", ref, kills=20, seed=0, steps=steps, ckpt_every=every
     )
-    print("\n" + report.summary())
+    print("\n" + report.kill_log() + "\n" + report.summary())
+    # Every planned kill lands (the ranks wait for it just past its point, and a kill that
+    # never comes fails the session), so the count does not depend on the machine's speed.
     assert report.kills == 20, report.summary()
     assert report.steps_verified == steps
     assert report.dp_changes >= 5

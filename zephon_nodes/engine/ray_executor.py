@@ -12,6 +12,14 @@ node); after that the call fails with :class:`RayTaskLost`, which the lane raise
 :class:`~zephon_nodes.errors.WorkerError` naming the operator and the work item. An exception
 raised by the operator itself is never retried (operators are deterministic: it would fail
 again) and reaches the lane unchanged.
+
+Tasks are never cancelled through Ray (``ray.cancel``): in Ray 2.60 a cancel that races with
+the reply of a task being pushed to its worker fails a ``RAY_CHECK`` in the driver
+(``task_manager.cc``: "Tried to complete task that was not pending"), which ends the whole
+process with exit status 1 and no Python traceback. A future the lane gives up on (a reset, an
+error) is only dropped: its task finishes on the cluster and its result is released.
+:meth:`RayExecutor.shutdown` waits (bounded) for the tasks in flight, so that no ``ObjectRef``
+outlives the connection.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +39,7 @@ __all__ = ["RayExecutor", "RayTaskLost"]
 
 DEFAULT_MAX_RETRIES = 3  # overridden by the ZEPHON_RAY_MAX_RETRIES environment variable
 DEFAULT_OBJECT_STORE_MB = 128  # a local cluster's object store (Ray's minimum is ~75 MB)
+DRAIN_S = 10.0  # at shutdown, how long the tasks in flight may take to finish
 
 _lock = threading.Lock()
 _users = 0  # live executors on the current Ray connection
@@ -80,6 +90,10 @@ def _connect(num_cpus: int, address: str | None, object_store_mb: int) -> None:
                     num_cpus=max(1, num_cpus),
                     include_dashboard=False,
                     object_store_memory=object_store_mb * 1024 * 1024,
+                    # Ray 2.60 leaks a metrics reader thread per ray.init; once the local
+                    # cluster is shut down it logs failed exports, and a log during process
+                    # exit segfaults (exit status 139 after a successful run).
+                    _system_config={"enable_open_telemetry": False},
                     **common,
                 )
             _owned = True
@@ -136,6 +150,7 @@ class RayExecutor(cf.Executor):
         self._pending: dict[int, tuple[Any, cf.Future[Any]]] = {}
         self._keys = itertools.count()
         self._guard = threading.Lock()
+        self._idle = threading.Condition(self._guard)  # notified when nothing is in flight
         self._closed = False
 
     def _fn_ref(self, fn: Callable[..., Any]) -> Any:
@@ -157,22 +172,16 @@ class RayExecutor(cf.Executor):
         # Only the executor's table holds the ObjectRef (cleared at shutdown), never the
         # futures the lanes keep: Ray reuses object ids in a later session of the same
         # process, and a stale ObjectRef freed then would release the new session's object.
-        out.add_done_callback(lambda f: self._cancelled(key, f))
+        # A future the lane cancels (reset, error) is not cancelled in Ray (see the module
+        # docstring): its task runs to the end and _settle drops the result.
         ref.future().add_done_callback(lambda f: self._settle(key, f))
         return out
-
-    def _cancelled(self, key: int, out: cf.Future[Any]) -> None:
-        if not out.cancelled():
-            return
-        with self._guard:  # the lane gave up on it (reset or error): free the cluster
-            entry = self._pending.pop(key, None)
-        if entry is not None:
-            with contextlib.suppress(Exception):
-                self._ray.cancel(entry[0])
 
     def _settle(self, key: int, done: cf.Future[Any]) -> None:
         with self._guard:
             entry = self._pending.pop(key, None)
+            if not self._pending:
+                self._idle.notify_all()
         if entry is None or entry[1].done():
             return
         out = entry[1]
@@ -198,18 +207,25 @@ class RayExecutor(cf.Executor):
             out.set_exception(error)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Cancel pending tasks and leave the cluster (shut down if an executor started it)."""
+        """Leave the cluster (shut down if an executor started it) once the tasks in flight end.
+
+        Pending futures are cancelled; their tasks are not (see the module docstring). The
+        tasks in flight are given up to ``DRAIN_S`` seconds in all to finish, whatever
+        ``wait`` says, so that no ``ObjectRef`` outlives the connection; a task still running
+        then is left to the cluster (a connection an executor opened stops it with the rest).
+        """
         with self._guard:
             if self._closed:
                 return
             self._closed = True
-            pending, self._pending = dict(self._pending), {}
+            futures = [fut for _, fut in self._pending.values()]
             self._fns.clear()
-        while pending:
-            ref, fut = pending.popitem()[1]
+        for fut in futures:
             fut.cancel()
-            if cancel_futures:
-                with contextlib.suppress(Exception):  # a task that finished or vanished
-                    self._ray.cancel(ref, force=True)
-            del ref, fut  # no ObjectRef may outlive the session (see submit)
+        del futures
+        deadline = time.monotonic() + DRAIN_S
+        with self._guard:
+            while self._pending and time.monotonic() < deadline:
+                self._idle.wait(max(0.0, deadline - time.monotonic()))
+            self._pending.clear()  # no ObjectRef may outlive the session (see submit)
         _disconnect()
