@@ -120,3 +120,28 @@ def test_inspect_and_lanes_show_the_lineage(relaned: dict[str, Path], capsys: An
     assert [o["num_lanes"] for o in options] == [3, 6, 12]
     assert zephon("lanes", "--checkpoint", str(relaned["ck"])) == 0
     assert "(never re-laned)" in capsys.readouterr().out
+
+
+def test_relane_warns_about_lanes_without_untouched_items(
+    relaned: dict[str, Path], tmp_path: Path, capsys: Any
+) -> None:
+    """Late in finite data, more new lanes than untouched items: said on stderr and in --json."""
+    recipe = str(relaned["recipe"])
+    # The fixture's early re-lane (step 3, 4 -> 6 lanes) leaves every new lane some work.
+    capsys.readouterr()
+    args = ["--num-lanes", "6", "--output", str(tmp_path / "early"), "--json"]
+    assert zephon("relane", recipe, str(relaned["ck"]), *args) == 0
+    early = capsys.readouterr()
+    assert "warning" not in early.err
+    assert "lanes_without_untouched_items" not in json.loads(early.out)
+    # After step 12 of this recipe few work items remain untouched: 12 lanes are too many.
+    late = tmp_path / "late"
+    assert zephon("digest", recipe, "--steps", "12", "--save-at", "12",
+                  "--checkpoint-dir", str(late)) == 0  # fmt: skip
+    capsys.readouterr()
+    args = ["--num-lanes", "12", "--output", str(tmp_path / "o12"), "--json"]
+    assert zephon("relane", recipe, str(late), *args) == 0
+    got = capsys.readouterr()
+    starved = json.loads(got.out)["lanes_without_untouched_items"]
+    assert starved and all(0 <= lane < 12 for lane in starved)
+    assert f"warning: {len(starved)} of 12 new lanes get no untouched work item" in got.err

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from zephon_nodes.commands.inspect import load_any
 from zephon_nodes.engine.checkpoint import check_writable, save_state
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.engine.relane import relane_state
+from zephon_nodes.engine.relane import RelanedWorkSource, for_state, pipeline_at, relane_state
 from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["add_parser", "run"]
@@ -56,6 +57,16 @@ def run(args: argparse.Namespace) -> int:
         "fingerprint": new["fingerprint"],
         "relanes": _depth(lineage),
     }
+    starved = starved_lanes(pipeline, new)
+    if starved:
+        out["lanes_without_untouched_items"] = starved
+        print(
+            f"warning: {len(starved)} of {new['num_lanes']} new lanes get no untouched work item "
+            f"(lanes {starved[:8]}{'...' if len(starved) > 8 else ''}): the finite data ends "
+            f"when their leftovers run out and the other lanes' samples go unused; fewer lanes "
+            f"or an earlier checkpoint keeps more of the data",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(out, sort_keys=True))
         return 0
@@ -68,6 +79,14 @@ def run(args: argparse.Namespace) -> int:
         f"{str(out['fingerprint'])[:16]}...), at any dp size dividing {out['num_lanes']}"
     )
     return 0
+
+
+def starved_lanes(pipeline: Pipeline, state: dict[str, Any]) -> list[int]:
+    """New lanes of a re-laned finite stream that get no untouched work item (sorted)."""
+    source = for_state(pipeline_at(pipeline, int(state["num_lanes"])), state).work_source
+    if not isinstance(source, RelanedWorkSource) or source.untouched.total is None:
+        return []
+    return [lane for lane in range(source.num_lanes) if source.untouched_length(lane) == 0]
 
 
 def _depth(lineage: Any) -> int:
