@@ -113,6 +113,26 @@ def _refine(
             lane_of[b] = hi
 
 
+def _closest_exchange(sa: np.ndarray, b_sorted: np.ndarray, gap: int) -> tuple[int, int] | None:
+    """The exchange that narrows a gap between two lanes the most.
+
+    Moving ``a`` (size ``sa[a]``) against ``b`` (size ``b_sorted[j]``) changes the gap to
+    ``|gap - 2 (size a - size b)|``: for each ``a``, the two ``b`` closest to
+    ``size a - gap / 2``. Returns ``(a, j)`` of the best strict improvement (the first ``a``,
+    then the smaller ``b``, on ties), or None.
+    """
+    k = np.searchsorted(b_sorted, sa - gap / 2)
+    js = np.stack([k - 1, k], axis=1)
+    ok = (js >= 0) & (js < len(b_sorted))
+    delta = sa[:, None] - b_sorted[np.clip(js, 0, len(b_sorted) - 1)]
+    new = np.abs(gap - 2 * delta)
+    ok &= (delta > 0) & (new < gap)
+    if not ok.any():
+        return None
+    flat = int(np.argmin(np.where(ok, new, np.iinfo(np.int64).max).ravel()))
+    return flat // 2, int(js.ravel()[flat])
+
+
 def _best_move(
     lane_of: np.ndarray, sizes: np.ndarray, hi: int, lo: int, gap: int
 ) -> tuple[int, int] | None:
@@ -128,20 +148,10 @@ def _best_move(
     b_sizes = np.where(b_idx >= 0, sizes[np.maximum(b_idx, 0)], 0)
     order = np.argsort(b_sizes, kind="stable")
     b_sorted = b_sizes[order]
-    # Moving a against b changes the gap to |gap - 2 (size a - size b)|: for each a, the
-    # two b closest to size a - gap / 2; the best strict improvement, first a (then the
-    # smaller b) on ties.
-    sa = sizes[a_idx]
-    k = np.searchsorted(b_sorted, sa - gap / 2)
-    js = np.stack([k - 1, k], axis=1)
-    ok = (js >= 0) & (js < len(b_sorted))
-    delta = sa[:, None] - b_sorted[np.clip(js, 0, len(b_sorted) - 1)]
-    new = np.abs(gap - 2 * delta)
-    ok &= (delta > 0) & (new < gap)
-    if not ok.any():
+    best = _closest_exchange(sizes[a_idx], b_sorted, gap)
+    if best is None:
         return None
-    flat = int(np.argmin(np.where(ok, new, np.iinfo(np.int64).max).ravel()))
-    return int(a_idx[flat // 2]), int(b_idx[order[int(js.ravel()[flat])]])
+    return int(a_idx[best[0]]), int(b_idx[order[best[1]]])
 
 
 def _settle(
@@ -212,16 +222,10 @@ def _best_exchange(
     b1, b2, sb = _options(b_items, sizes)
     order = np.argsort(sb, kind="stable")
     b_sorted = sb[order]
-    k = np.searchsorted(b_sorted, sa - gap / 2)
-    js = np.stack([k - 1, k], axis=1)
-    ok = (js >= 0) & (js < len(b_sorted))
-    delta = sa[:, None] - b_sorted[np.clip(js, 0, len(b_sorted) - 1)]
-    new = np.abs(gap - 2 * delta)
-    ok &= (delta > 0) & (new < gap)
-    if not ok.any():
+    best = _closest_exchange(sa, b_sorted, gap)
+    if best is None:
         return None
-    flat = int(np.argmin(np.where(ok, new, np.iinfo(np.int64).max).ravel()))
-    a, b = flat // 2, int(order[int(js.ravel()[flat])])
+    a, b = best[0], int(order[best[1]])
     give = [int(x) for x in (a1[a], a2[a]) if x >= 0]
     take = [int(x) for x in (b1[b], b2[b]) if x >= 0]
     return give, take
