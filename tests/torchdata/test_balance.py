@@ -173,3 +173,26 @@ def test_mixtures_and_images_keep_round_robin(shard: Path) -> None:
     with pytest.raises(RecipeError, match=r"deal='balanced' applies to single-dataset"):
         Pipeline(mixed.replace(work=WorkSpec(chunk_size=4, deal="balanced")))
     assert WorkSpec().deal == "auto"
+
+
+def test_streams_longer_than_the_bound_are_dealt_round_robin(
+    shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over MAX_BALANCED_ITEMS items (all epochs), "auto" deals round-robin, "balanced" refuses.
+
+    The shard has 240 records in items of 4: 60 items per epoch, 180 over 3 epochs.
+    """
+    monkeypatch.setattr(balance, "MAX_BALANCED_ITEMS", 179)
+    auto = Pipeline(skewed(shard, epochs=3))
+    assert type(auto.work_source).__name__ == "DatasetWorkSource"
+    # Round-robin: lane l reads global items l, l + 8, ... (180 items: 23 for lanes 0-3).
+    assert [len(s) for s in _lane_items(auto.work_source)] == [23] * 4 + [22] * 4
+    with pytest.raises(RecipeError, match=r"deals at most 179 work items; .* gives 180 "):
+        Pipeline(skewed(shard, deal="balanced", epochs=3))
+    monkeypatch.setattr(balance, "MAX_BALANCED_ITEMS", 180)
+    assert isinstance(Pipeline(skewed(shard, epochs=3)).work_source, BalancedWorkSource)
+    # A huge epoch count costs nothing at start-up under "auto" (the fuzzer found the stream
+    # being built over every epoch).
+    monkeypatch.setattr(balance, "MAX_BALANCED_ITEMS", 1 << 20)
+    huge = Pipeline(skewed(shard, epochs=2**31))
+    assert type(huge.work_source).__name__ == "DatasetWorkSource"

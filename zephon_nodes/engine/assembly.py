@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from zephon_nodes.engine import balance
 from zephon_nodes.engine.balance import BalancedWorkSource, item_sizes
 from zephon_nodes.engine.mixing import MixingWorkSource, estimate_tokens_per_record
 from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
@@ -81,9 +82,20 @@ def work_source(
                 "work.deal='balanced' applies to text recipes; an image recipe's items are "
                 "dealt round-robin: use work.deal='round_robin' (or 'auto')"
             )
-        if recipe.balanced_dealing and single.total_items is not None:
-            sizes, measure = item_sizes(datasets[0], 0, chain)
-            return BalancedWorkSource(single, sizes, measure), None
+        total = single.total_items
+        if recipe.balanced_dealing and total is not None:
+            if total <= balance.MAX_BALANCED_ITEMS:
+                sizes, measure = item_sizes(datasets[0], 0, chain)
+                return BalancedWorkSource(single, sizes, measure), None
+            if recipe.work.deal == "balanced":
+                from zephon_nodes.errors import RecipeError
+
+                raise RecipeError(
+                    f"work.deal='balanced' deals at most {balance.MAX_BALANCED_ITEMS:,} work "
+                    f"items; dataset {datasets[0].name!r} gives {total:,} "
+                    f"({datasets[0].num_work_items:,} items x {epochs} epochs): use "
+                    f"work.deal='auto' (round-robin at this size) or fewer epochs"
+                )
         return single, None
     if recipe.balanced_dealing:
         from zephon_nodes.errors import RecipeError

@@ -30,11 +30,16 @@ import numpy as np
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
 from zephon_nodes.io.dataset import Dataset
 
-__all__ = ["EXACT_RECORDS", "BalancedWorkSource", "item_sizes"]
+__all__ = ["EXACT_RECORDS", "MAX_BALANCED_ITEMS", "BalancedWorkSource", "item_sizes"]
 
 # Datasets of at most this many records are sized by exact tokens (read and tokenized once
 # when the pipeline is built); larger ones by record counts.
 EXACT_RECORDS = 1 << 16
+# A finite stream of more work items (over all its epochs) than this is dealt round-robin
+# under work.deal = "auto" and refused under "balanced": the deal holds one entry per item of
+# the stream and costs about 1.7 s per million items at start-up. With that many items each
+# lane holds so many that round-robin already ends the lanes close together.
+MAX_BALANCED_ITEMS = 1 << 20
 
 
 def item_sizes(
