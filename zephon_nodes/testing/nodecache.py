@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.engine.assembly import work_source
+from zephon_nodes.engine.balance import BalancedWorkSource
 from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.work import DatasetWorkSource
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.nodecache import node_cache
@@ -128,6 +130,16 @@ def through_node_cache(
     for d in pipeline.datasets:
         shards: tuple[Any, ...] = tuple(_wrap(s, log, latency_s) for s in d.shards)
         out.datasets.append(Dataset(d.name, d.text_field, shards, d.chunk_size))
-    out.work_source, _ = work_source(pipeline.recipe, out.datasets, pipeline.stateless)
+    src = pipeline.work_source
+    if isinstance(src, BalancedWorkSource):
+        # The same records, so the same item sizes: reuse them rather than read every item
+        # through the cache again when the pipeline is built (before any limit is set).
+        inner = src.inner
+        same = DatasetWorkSource(
+            out.datasets[0], inner.seed, inner.num_lanes, inner.epochs, inner.dataset_index
+        )
+        out.work_source = BalancedWorkSource(same, src.item_sizes, src.measure)
+    else:
+        out.work_source, _ = work_source(pipeline.recipe, out.datasets, pipeline.stateless)
     out._cache_feed = None
     return out
