@@ -53,7 +53,7 @@ from torchdata.nodes import BaseNode
 from zephon_nodes.engine.flush import Flush, is_flush
 from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.seeding import derive_seed
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, probe_lane_length
 from zephon_nodes.errors import CheckpointError, RecipeError
 
 __all__ = [
@@ -207,22 +207,8 @@ def lane_length(source: WorkSource, lane: int) -> int | None:
     if callable(end):
         e: int | None = end(lane)
         return e
-    # Any other source: work() is None from the lane's end on (probe, then bisect).
-    if source.work(lane, 0) is None:
-        return 0
-    hi = 1
-    while source.work(lane, hi) is not None:
-        hi *= 2
-        if hi > _PROBE_LIMIT:
-            return None
-    lo = hi // 2  # work(lo) exists, work(hi) does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if source.work(lane, mid) is None:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    # Any other source: work() is None from the lane's end on.
+    return probe_lane_length(source, lane, _PROBE_LIMIT)
 
 
 def window_bounds(source: WorkSource, lane: int, window: int, flush_every: int) -> tuple[int, int]:

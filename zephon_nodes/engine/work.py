@@ -13,7 +13,7 @@ from zephon_nodes.engine.seeding import permutation
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.shards import Shard
 
-__all__ = ["DatasetWorkSource", "WorkItem", "WorkSource"]
+__all__ = ["DatasetWorkSource", "WorkItem", "WorkSource", "probe_lane_length"]
 
 _PERMUTATION_TAG = 0x5045524D  # "PERM"
 # Data epochs between two passes of an endless stream: pass p reads epochs from p * 2**32.
@@ -23,6 +23,29 @@ ENDLESS_PASS_STRIDE = 1 << 32
 def pass_epoch_offset(epochs: int | None, p: int) -> int:
     """First data epoch of pass ``p``: ``p * epochs``, or ``p * 2**32`` for an endless stream."""
     return p * (epochs if epochs is not None else ENDLESS_PASS_STRIDE)
+
+
+def probe_lane_length(source: WorkSource, lane: int, limit: int | None = None) -> int | None:
+    """Number of work items of ``lane``, found from ``work()`` alone (probe, then bisect).
+
+    ``work(lane, i)`` is None from the lane's end on. O(log n) calls. Returns None if the
+    lane holds more than ``limit`` items (treated as endless).
+    """
+    if source.work(lane, 0) is None:
+        return 0
+    hi = 1
+    while source.work(lane, hi) is not None:
+        hi *= 2
+        if limit is not None and hi > limit:
+            return None
+    lo = hi // 2  # work(lo) exists, work(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if source.work(lane, mid) is None:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 @dataclass(frozen=True, slots=True)

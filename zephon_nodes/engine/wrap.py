@@ -16,7 +16,7 @@ import bisect
 import dataclasses
 from collections import OrderedDict
 
-from zephon_nodes.engine.work import WorkItem, WorkSource
+from zephon_nodes.engine.work import WorkItem, WorkSource, probe_lane_length
 from zephon_nodes.io.shards import MemoryShard
 
 __all__ = ["WRAP_PASS_STRIDE", "WrappedWorkSource"]
@@ -61,19 +61,11 @@ class WrappedWorkSource(WorkSource):
     def _count(self, lane: int, q: int) -> int:
         """Items of ``lane`` in base pass ``q`` (search for the first None)."""
         src = self._pass(q)
-        if src is None or src.work(lane, 0) is None:
+        if src is None:
             return 0
-        hi = 1
-        while src.work(lane, hi) is not None:
-            hi *= 2
-        lo = hi // 2  # work(lo) exists, work(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if src.work(lane, mid) is None:
-                hi = mid
-            else:
-                lo = mid
-        return hi
+        n = probe_lane_length(src, lane)
+        assert n is not None  # no limit: always a count
+        return n
 
     def work(self, lane: int, i: int) -> WorkItem | None:
         """Return item ``i`` of the lane's wrapped stream (an empty item fills a window)."""
