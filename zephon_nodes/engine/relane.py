@@ -53,7 +53,7 @@ from torchdata.nodes import BaseNode
 from zephon_nodes.engine.flush import Flush, is_flush
 from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.seeding import derive_seed
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, probe_lane_length
+from zephon_nodes.engine.work import WorkItem, WorkSource, lane_length
 from zephon_nodes.errors import CheckpointError, RecipeError
 
 __all__ = [
@@ -72,7 +72,6 @@ __all__ = [
 LINEAGE_KEY = "lineage"
 _RELANE_TAG = 0x52454C4E  # "RELN"
 _ENDLESS = 1 << 62
-_PROBE_LIMIT = 1 << 40
 
 
 def _is_int(x: Any) -> bool:
@@ -190,25 +189,6 @@ def describe_lineage(raw: Any) -> list[str]:
 
 
 # -- lane geometry of any work source ----------------------------------------------------------
-
-
-def lane_length(source: WorkSource, lane: int) -> int | None:
-    """Number of work items of ``lane`` in ``source`` (None: endless)."""
-    own = getattr(source, "lane_length", None)
-    if callable(own):
-        got: int | None = own(lane)
-        return got
-    if type(source) is DatasetWorkSource:
-        total = source.total_items
-        if total is None:
-            return None
-        return max(0, -(-(total - lane) // source.num_lanes))
-    end = getattr(source, "lane_end", None)  # MixingWorkSource: None when endless
-    if callable(end):
-        e: int | None = end(lane)
-        return e
-    # Any other source: work() is None from the lane's end on.
-    return probe_lane_length(source, lane, _PROBE_LIMIT)
 
 
 def window_bounds(source: WorkSource, lane: int, window: int, flush_every: int) -> tuple[int, int]:

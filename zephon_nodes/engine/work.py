@@ -13,11 +13,13 @@ from zephon_nodes.engine.seeding import permutation
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.shards import Shard
 
-__all__ = ["DatasetWorkSource", "WorkItem", "WorkSource", "probe_lane_length"]
+__all__ = ["DatasetWorkSource", "WorkItem", "WorkSource", "lane_length", "probe_lane_length"]
 
 _PERMUTATION_TAG = 0x5045524D  # "PERM"
 # Data epochs between two passes of an endless stream: pass p reads epochs from p * 2**32.
 ENDLESS_PASS_STRIDE = 1 << 32
+# A lane found to hold more items than this by probing is treated as endless.
+_PROBE_LIMIT = 1 << 40
 
 
 def pass_epoch_offset(epochs: int | None, p: int) -> int:
@@ -215,3 +217,22 @@ class DatasetWorkSource(WorkSource):
             lane=lane,
             position=i,
         )
+
+
+def lane_length(source: WorkSource, lane: int) -> int | None:
+    """Number of work items of ``lane`` in ``source`` (None: endless)."""
+    own = getattr(source, "lane_length", None)
+    if callable(own):
+        got: int | None = own(lane)
+        return got
+    if type(source) is DatasetWorkSource:
+        total = source.total_items
+        if total is None:
+            return None
+        return max(0, -(-(total - lane) // source.num_lanes))
+    end = getattr(source, "lane_end", None)  # MixingWorkSource: None when endless
+    if callable(end):
+        e: int | None = end(lane)
+        return e
+    # Any other source: work() is None from the lane's end on.
+    return probe_lane_length(source, lane, _PROBE_LIMIT)

@@ -16,7 +16,7 @@ import bisect
 import dataclasses
 from collections import OrderedDict
 
-from zephon_nodes.engine.work import WorkItem, WorkSource, probe_lane_length
+from zephon_nodes.engine.work import WorkItem, WorkSource, lane_length
 from zephon_nodes.io.shards import MemoryShard
 
 __all__ = ["WRAP_PASS_STRIDE", "WrappedWorkSource"]
@@ -59,12 +59,12 @@ class WrappedWorkSource(WorkSource):
         return src
 
     def _count(self, lane: int, q: int) -> int:
-        """Items of ``lane`` in base pass ``q`` (search for the first None)."""
+        """Items of ``lane`` in base pass ``q``."""
         src = self._pass(q)
         if src is None:
             return 0
-        n = probe_lane_length(src, lane)
-        assert n is not None  # no limit: always a count
+        n = lane_length(src, lane)
+        assert n is not None  # a pass of a finite stream
         return n
 
     def work(self, lane: int, i: int) -> WorkItem | None:
