@@ -59,7 +59,7 @@ from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.engine.stages import parse_operator_workers
 from zephon_nodes.errors import CheckpointError, RecipeError
-from zephon_nodes.io.nodecache import parse_size, set_cache_limit
+from zephon_nodes.io.nodecache.nodecache import parse_size, set_cache_limit
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 from zephon_nodes.recipe.spec import Recipe

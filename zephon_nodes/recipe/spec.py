@@ -185,8 +185,8 @@ class DatasetSpec:
         Raises:
             RecipeError: If a pattern matches no file.
         """
-        from zephon_nodes.io import storage
-        from zephon_nodes.io.checksum import build_memo
+        from zephon_nodes.io.storage import storage
+        from zephon_nodes.io.storage.checksum import build_memo
 
         memo = build_memo()  # one listing per pipeline build
         if memo is not None and ("files", id(self)) in memo:
@@ -200,7 +200,7 @@ class DatasetSpec:
                 full = local if os.path.isabs(local) else str(Path(self.base_dir) / local)
                 matches = sorted(glob.glob(full, recursive=True))
                 # A Hugging Face `datasets` folder stands for its .arrow files (io/arrow.py).
-                from zephon_nodes.io.arrow import expand_dataset_dirs
+                from zephon_nodes.io.formats.arrow import expand_dataset_dirs
 
                 named = not glob.has_magic(local)
                 matches = [m for m in expand_dataset_dirs(matches, named) if os.path.isfile(m)]
@@ -221,7 +221,7 @@ class DatasetSpec:
                 seen.add(p)
                 unique.append(p)
         if self.index is not None:
-            from zephon_nodes.io.index import use_index
+            from zephon_nodes.io.index.index import use_index
 
             location = self.index
             if not storage.is_remote(location) and not os.path.isabs(location):

@@ -27,8 +27,8 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.work import DatasetWorkSource
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.io.nodecache import node_cache
-from zephon_nodes.io.shards import FileShard, Shard
+from zephon_nodes.io.formats.shards import FileShard, Shard
+from zephon_nodes.io.nodecache.nodecache import node_cache
 
 __all__ = ["CachedCopyShard", "through_node_cache"]
 

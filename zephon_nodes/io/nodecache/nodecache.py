@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from zephon_nodes.errors import DataError, RecipeError
-from zephon_nodes.io.cache import cache_dir
+from zephon_nodes.io.storage.cache import cache_dir
 
 __all__ = [
     "LIMIT_ENV",

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
-from zephon_nodes.io.cache import atomic_write, cache_dir
-from zephon_nodes.io.checksum import file_checksum
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = ["IMAGE_EXTENSIONS", "TEXT_EXTENSIONS", "TarSample", "TarShard", "open_tar_shard"]
 
@@ -204,7 +204,7 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
     """
     text = str(path)
     if storage.is_remote(text):
-        from zephon_nodes.io.remote import fetched, known_checksum
+        from zephon_nodes.io.storage.remote import fetched, known_checksum
 
         st = storage.stat(text)
         checksum = known_checksum(text, st)

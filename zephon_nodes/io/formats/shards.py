@@ -23,12 +23,12 @@ import numpy as np
 import zstandard
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
-from zephon_nodes.io.arrow import ArrowShard
-from zephon_nodes.io.cache import atomic_write, cache_dir
-from zephon_nodes.io.checksum import file_checksum
-from zephon_nodes.io.parquet import ParquetShard
-from zephon_nodes.io.tar import TarShard
+from zephon_nodes.io.formats.arrow import ArrowShard
+from zephon_nodes.io.formats.parquet import ParquetShard
+from zephon_nodes.io.formats.tar import TarShard
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = ["FileShard", "MemoryShard", "Shard", "cache_dir", "open_shard"]
 
@@ -96,7 +96,7 @@ class FileShard:
         if data_path.exists() and index_path.exists():
             return str(data_path), str(index_path)
         if storage.is_remote(self.uri):
-            from zephon_nodes.io.remote import fetched
+            from zephon_nodes.io.storage.remote import fetched
 
             with fetched(self.uri, storage.stat(self.uri)) as (tmp, checksum):
                 _check_same(self, checksum)
@@ -344,7 +344,7 @@ def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
 
 
 def _open_remote(uri: str) -> FileShard:
-    from zephon_nodes.io.remote import fetched, known_checksum
+    from zephon_nodes.io.storage.remote import fetched, known_checksum
 
     compressed = uri.endswith(".zst")
     st = storage.stat(uri)

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.cache import atomic_write
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.io.nodecache import node_cache
-from zephon_nodes.io.shards import FileShard
+from zephon_nodes.io.formats.shards import FileShard
+from zephon_nodes.io.nodecache.nodecache import node_cache
+from zephon_nodes.io.storage.cache import atomic_write
 
 __all__ = ["NodeCachedShard", "open_whole_shard", "route_whole_shards"]
 
@@ -64,9 +64,9 @@ class NodeCachedShard:
 
     def cache_fetch(self, dest: Path) -> None:
         """Fetch (if remote), check the checksum and decompress the shard into ``dest``."""
-        from zephon_nodes.io import storage
-        from zephon_nodes.io.checksum import file_checksum
-        from zephon_nodes.io.shards import _check_same, _decompress_to
+        from zephon_nodes.io.formats.shards import _check_same, _decompress_to
+        from zephon_nodes.io.storage import storage
+        from zephon_nodes.io.storage.checksum import file_checksum
 
         s = self.shard
 
@@ -78,7 +78,7 @@ class NodeCachedShard:
                 raise DataError(f"{s.path}: {str(e).partition(': ')[2]}") from None
 
         if storage.is_remote(s.uri):
-            from zephon_nodes.io.remote import fetched
+            from zephon_nodes.io.storage.remote import fetched
 
             with fetched(s.uri, storage.stat(s.uri)) as (tmp, checksum):
                 _check_same(s, checksum)
@@ -91,7 +91,7 @@ class NodeCachedShard:
 
     def _index(self, data: Path) -> str:
         """The record index of the decompressed copy (built once, kept in the usual cache)."""
-        from zephon_nodes.io.shards import _artifacts, _index_file
+        from zephon_nodes.io.formats.shards import _artifacts, _index_file
 
         index_path = _artifacts(self.shard.checksum)[1]
         if not index_path.exists():
@@ -197,9 +197,9 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
     Raises:
         DataError: A missing, unreadable, corrupt or truncated shard (naming it).
     """
-    from zephon_nodes.io import storage
-    from zephon_nodes.io.checksum import file_checksum
-    from zephon_nodes.io.shards import _artifacts, _decompress_to, _load_index
+    from zephon_nodes.io.formats.shards import _artifacts, _decompress_to, _load_index
+    from zephon_nodes.io.storage import storage
+    from zephon_nodes.io.storage.checksum import file_checksum
 
     def counted(src: Path, checksum: str) -> tuple[np.ndarray, int]:
         size_path = _artifacts(checksum)[1].with_suffix(".size")
@@ -218,7 +218,7 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
 
     st = storage.stat(uri)
     if storage.is_remote(uri):
-        from zephon_nodes.io.remote import fetched, known_checksum
+        from zephon_nodes.io.storage.remote import fetched, known_checksum
 
         checksum = known_checksum(uri, st)
         ready = checksum is not None and _artifacts(checksum)[1].with_suffix(".size").exists()

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from zephon_nodes.io.nodecache import Cacheable, Fetch, NodeCache
+from zephon_nodes.io.nodecache.nodecache import Cacheable, Fetch, NodeCache
 
 if TYPE_CHECKING:  # io does not import the engine at run time
     from zephon_nodes.engine.work import WorkItem, WorkSource

@@ -36,7 +36,7 @@ _TOTALS: dict[str, int] = {}
 
 def _own() -> dict[str, int]:
     """The counters of this process's node caches (none made here: empty)."""
-    from zephon_nodes.io import nodecache
+    from zephon_nodes.io.nodecache import nodecache
 
     out: dict[str, int] = {}
     with nodecache._SHARED_LOCK:
