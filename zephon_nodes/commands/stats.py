@@ -34,8 +34,9 @@ def add_parser(sub: Any) -> None:
         description=(
             "Run the recipe for --steps global batches and report, over those batches: "
             "trained tokens (labels that count in the loss) per dataset and their shares "
-            "(token_shares), non-padding tokens, the padding fraction (padding_fraction), and, over the work items read to make them (whole "
-            "flush windows), documents per dataset and records skipped by reason."
+            "(token_shares), non-padding tokens, the padding fraction (padding_fraction), "
+            "and, over the work items read to make them (whole flush windows), documents per "
+            "dataset and records skipped by reason."
         ),
     )
     p.add_argument("recipe", help="recipe TOML file")
