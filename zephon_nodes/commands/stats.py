@@ -273,8 +273,7 @@ def run(args: argparse.Namespace) -> int:
     weights = stats.get("weights_in_force") or {}
     header = "weight now" if stats.get("mixture_log") else "weight"
     print(
-        f"{'dataset':<20} {'trained tokens':>14} {'token share':>12} {header:>10} "
-        f"{'doc share':>10}"
+        f"{'dataset':<20} {'trained tokens':>14} {'token share':>12} {header:>10} {'doc share':>10}"
     )
     for name, count in stats["tokens_per_dataset"].items():
         w = f"{weights[name]:.4f}" if name in weights else "-"
