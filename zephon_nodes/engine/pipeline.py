@@ -390,8 +390,8 @@ class Pipeline:
         """Return the feed planning the node cache's future (None without a cache limit).
 
         Every rank built by this pipeline registers its lanes' positions with it, so the
-        node cache (:func:`~zephon_nodes.io.nodecache.node_cache`) evicts and prefetches by
-        the exact upcoming accesses of all of them.
+        node cache (:func:`~zephon_nodes.io.nodecache.nodecache.node_cache`) evicts and
+        prefetches by the exact upcoming accesses of all of them.
         """
         if self._cache_feed is None:
             from zephon_nodes.io.nodecache.future import CacheFeed, cacheable
@@ -412,7 +412,7 @@ class Pipeline:
         """Return this process's node-cache counters (hits, misses, bytes_fetched, ...).
 
         Counters of its process workers (``runner="process"``) are included: they come back
-        with each result (see :mod:`zephon_nodes.io.workercounts`).
+        with each result (see :mod:`zephon_nodes.io.nodecache.workercounts`).
 
         None when no cache limit is set (``ZEPHON_CACHE_LIMIT`` / ``--cache-limit``).
         """

@@ -899,7 +899,7 @@ class ZephonDataLoader(BaseDataLoader):
         """Return the node cache's counters in this process, or None without a cache limit.
 
         Keys: hits, misses, bytes_fetched, evictions, peak_bytes, limit_bytes and more (see
-        :meth:`~zephon_nodes.io.nodecache.NodeCache.stats`); log them with your metrics.
+        :meth:`~zephon_nodes.io.nodecache.nodecache.NodeCache.stats`); log them with your metrics.
         """
         return self.pipeline.cache_stats()
 

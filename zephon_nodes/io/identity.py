@@ -3,8 +3,8 @@
 This is what joins the recipe fingerprint in place of file paths, so the same bytes copied
 to another disk, folder or bucket resume, and a file whose content changed is refused at
 resume, named. With a dataset index (``zephon index``) the identities come from the index
-and no shard is read; otherwise a local file is hashed (see :mod:`zephon_nodes.io.checksum`)
-and a remote one is fetched and indexed once (see :mod:`zephon_nodes.io.remote`).
+and no shard is read; otherwise a local file is hashed (see :mod:`zephon_nodes.io.storage.checksum`)
+and a remote one is fetched and indexed once (see :mod:`zephon_nodes.io.storage.remote`).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class FileIdentities(Sequence[dict[str, Any]]):
     :func:`zephon_nodes.recipe.canonical.canonical_json`).
 
     Args:
-        files: The dataset's rows of its index (:class:`~zephon_nodes.io.table.IndexedFiles`).
+        files: The dataset's rows of its index (:class:`~zephon_nodes.io.index.table.IndexedFiles`).
     """
 
     def __init__(self, files: Any) -> None:

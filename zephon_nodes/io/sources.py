@@ -121,8 +121,8 @@ def open_dataset(
     recipes) names a Parquet binary image column to read with the text.
 
     When a dataset index covers the dataset's patterns
-    (:func:`~zephon_nodes.io.table.resolve_indexed`), no file is listed or opened here: the
-    shards are :class:`~zephon_nodes.io.lazyshards.LazyShards`, each checked against its
+    (:func:`~zephon_nodes.io.index.table.resolve_indexed`), no file is listed or opened here: the
+    shards are :class:`~zephon_nodes.io.index.lazyshards.LazyShards`, each checked against its
     entry when a work item of it is first read, and a shard that no longer matches is
     refused then (``on_error = "skip"`` cannot leave it out: the work items are laid out).
 

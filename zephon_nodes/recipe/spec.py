@@ -180,7 +180,7 @@ class DatasetSpec:
         """Resolve the glob patterns into a sorted list of files.
 
         Local files come back as :class:`~pathlib.Path`, remote ones (``s3://``, ...) as
-        URI strings (see :mod:`zephon_nodes.io.storage`); each pattern's matches are sorted.
+        URI strings (see :mod:`zephon_nodes.io.storage.storage`); each pattern's matches are sorted.
 
         Raises:
             RecipeError: If a pattern matches no file.

@@ -5,7 +5,7 @@ one pass and cached on disk next to a decompressed copy for ``.zst`` shards, so 
 work item costs one seek and one read (a range request for a remote ``.jsonl``), and a
 compressed shard is decompressed at most once per machine. Cache files live in
 ``$ZEPHON_CACHE_DIR`` (default ``~/.cache/zephon_nodes``) and are keyed by the shard's
-content checksum (:mod:`zephon_nodes.io.checksum`), never by its path or modification time:
+content checksum (:mod:`zephon_nodes.io.storage.checksum`), never by its path or modification time:
 a same-size edit is a new key on a warm cache and a cold one alike. They are written to a
 temporary name and renamed, so concurrent ranks never read a half-written file.
 """
@@ -373,11 +373,12 @@ def _open_remote(uri: str) -> FileShard:
 def open_shard(path: str | os.PathLike[str]) -> FileShard:
     """Index a ``.jsonl`` or ``.jsonl.zst`` shard (once per content) and return a handle.
 
-    ``path`` is a local path, ``file://`` or remote URI (see :mod:`zephon_nodes.io.storage`).
+    ``path`` is a local path, ``file://`` or remote URI (see
+    :mod:`zephon_nodes.io.storage.storage`).
     A local shard is read once to compute its content checksum (see
-    :mod:`zephon_nodes.io.checksum`); its index and decompressed copy are built on the first
+    :mod:`zephon_nodes.io.storage.checksum`); its index and decompressed copy are built on the first
     use of that content. A remote shard is fetched once per content (see
-    :mod:`zephon_nodes.io.remote`).
+    :mod:`zephon_nodes.io.storage.remote`).
 
     Raises:
         DataError: If the file is missing, unreadable, or a corrupt/truncated zstd stream.

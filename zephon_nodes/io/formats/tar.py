@@ -2,8 +2,8 @@
 
 A sample is every member sharing a key (the member path up to the first dot of its file
 name). Opening a shard builds a member index once (one pass over the headers; the JSON index
-is cached in :func:`~zephon_nodes.io.cache.cache_dir`, keyed by the shard's content checksum),
-so reading any range of samples costs one read (one range request for a remote shard).
+is cached in :func:`~zephon_nodes.io.storage.cache.cache_dir`, keyed by the shard's content
+checksum), so reading any range of samples costs one read (one range request for a remote shard).
 """
 
 from __future__ import annotations

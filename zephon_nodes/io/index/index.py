@@ -380,7 +380,7 @@ def literal_dir(pattern: str) -> str | None:
 def _pattern_dirs(patterns: Sequence[str]) -> list[str]:
     """Each wildcard pattern's folder before its first wildcard.
 
-    A pipeline looks for the index there (:func:`zephon_nodes.io.table.resolve_indexed`).
+    A pipeline looks for the index there (:func:`zephon_nodes.io.index.table.resolve_indexed`).
     """
     out = []
     for pattern in patterns:

@@ -2,7 +2,7 @@
 
 :class:`LazyShards` is the ``shards`` sequence of a
 :class:`~zephon_nodes.io.dataset.Dataset` built from a dataset index
-(:func:`~zephon_nodes.io.table.resolve_indexed`): its length and record counts come from
+(:func:`~zephon_nodes.io.index.table.resolve_indexed`): its length and record counts come from
 the index's columns, and shard ``k`` is built on first access. That is also when the file
 is checked against its index entry (size and version tag; a local copy with a new
 modification time is re-hashed; ``ZEPHON_VERIFY_DATA=1`` hashes every local shard): a
@@ -78,7 +78,7 @@ class LazyShards(Sequence[Any]):
             yield self[k]
 
     def has_kind(self, kind: str) -> bool:
-        """Whether any shard is of ``kind`` (see :data:`~zephon_nodes.io.table.KINDS`)."""
+        """Whether any shard is of ``kind`` (see :data:`~zephon_nodes.io.index.table.KINDS`)."""
         return bool(np.any(self.kinds == KINDS.index(kind)))
 
     def first_of_kind(self, kind: str) -> str | None:

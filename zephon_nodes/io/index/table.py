@@ -1,6 +1,6 @@
 """A dataset index as columns: what a pipeline reads at start-up instead of the shards.
 
-A dataset index (:mod:`zephon_nodes.io.index`) is one JSON manifest; parsing it costs a few
+A dataset index (:mod:`zephon_nodes.io.index.index`) is one JSON manifest; parsing it costs a few
 microseconds per shard, as would listing the shards' folders, building one object per shard
 or serializing each shard's identity into the fingerprint. At 100,000 shards that is
 seconds before the first batch. A :class:`ShardTable` is the same manifest converted once per
@@ -12,8 +12,8 @@ directory under a key made of the manifest's location, size, modification time a
 :func:`resolve_indexed` matches a dataset's glob patterns against the names the index lists
 (the folders are not listed; the selection is cached next to the table), so building a
 pipeline touches no shard: each shard is checked against its entry (size and version tag,
-see :func:`zephon_nodes.io.index.find_entry`) when a work item of it is first read
-(:class:`~zephon_nodes.io.lazyshards.LazyShards`). With an index, the index is the list of
+see :func:`zephon_nodes.io.index.index.find_entry`) when a work item of it is first read
+(:class:`~zephon_nodes.io.index.lazyshards.LazyShards`). With an index, the index is the list of
 shards: a file added to the folders later joins the dataset when the index is rebuilt.
 ``ZEPHON_VERIFY_DATA=1`` also lists the folders and refuses a matched file the index lacks.
 """

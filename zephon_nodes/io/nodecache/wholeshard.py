@@ -2,11 +2,12 @@
 
 A single-frame ``.jsonl.zst`` cannot be read in part: its decompressed copy is made on first
 use. Without a node-cache limit that copy stays in ``$ZEPHON_CACHE_DIR`` for good (see
-:class:`~zephon_nodes.io.shards.FileShard`). With a limit (``ZEPHON_CACHE_LIMIT``,
+:class:`~zephon_nodes.io.formats.shards.FileShard`). With a limit (``ZEPHON_CACHE_LIMIT``,
 ``--cache-limit``), :func:`route_whole_shards` wraps such shards in :class:`NodeCachedShard`,
 whose decompressed copy is an entry of the node cache: fetched once per node, pinned while a
-work item reads it, evicted by the exact future (see :mod:`zephon_nodes.io.nodecache`). The
-small record index stays in the ordinary cache. Bytes read are the same either way.
+work item reads it, evicted by the exact future (see
+:mod:`zephon_nodes.io.nodecache.nodecache`). The small record index stays in the ordinary
+cache. Bytes read are the same either way.
 """
 
 from __future__ import annotations
