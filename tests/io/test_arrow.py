@@ -13,7 +13,7 @@ from tests.core.helpers import digests
 from tests.mixing.helpers import texts, write_jsonl
 from zephon_nodes import DatasetSpec, Pipeline, RecipeError, TokenizerSpec, simulate
 from zephon_nodes.io.formats.arrow import ArrowShard, expand_dataset_dirs
-from zephon_nodes.recipe.spec import Recipe, WorkSpec
+from zephon_nodes.recipe import Recipe, WorkSpec
 
 datasets = pytest.importorskip("datasets")
 

@@ -16,7 +16,7 @@ from zephon_nodes.engine.checkpoint import (
     validate_state,
 )
 from zephon_nodes.errors import CheckpointError
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 __all__ = ["add_parser", "load_any", "resume_check", "run"]
 

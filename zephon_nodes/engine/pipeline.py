@@ -23,8 +23,8 @@ from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.shuffle import ShuffleBuffer
 from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import load_tokenizer
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
-from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["Pipeline", "lanes_for_rank"]
 

@@ -61,8 +61,8 @@ from zephon_nodes.engine.stages import parse_operator_workers
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.io.nodecache.nodecache import parse_size, set_cache_limit
 from zephon_nodes.operators.tokenize import load_tokenizer
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
-from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.verification.dump import StepDumper
 
 __all__ = [

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
-from zephon_nodes.recipe.spec import DatasetSpec
+from zephon_nodes.recipe import DatasetSpec
 
 __all__ = ["Dataset"]
 

@@ -10,7 +10,7 @@ from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
 from zephon_nodes.operators.parse import classify_file_error
-from zephon_nodes.recipe.spec import DatasetSpec
+from zephon_nodes.recipe import DatasetSpec
 
 __all__ = ["OpenedDataset", "open_dataset"]
 

@@ -5,6 +5,6 @@ in :mod:`zephon_nodes.multimodal.decode`, :mod:`~zephon_nodes.multimodal.records
 :mod:`~zephon_nodes.multimodal.tokenize` and :mod:`~zephon_nodes.multimodal.pack`.
 """
 
-from zephon_nodes.multimodal.spec import ImageSpec
+from zephon_nodes.recipe.image import ImageSpec
 
 __all__ = ["ImageSpec"]

@@ -4,17 +4,15 @@
 training, ``registry`` the named user code a recipe may refer to.
 """
 
-from zephon_nodes.recipe.spec import (
-    DatasetSpec,
-    MixtureSpec,
-    OperatorSpec,
-    PackSpec,
-    Recipe,
-    ShuffleSpec,
-    TokenizerSpec,
-    WorkSpec,
-    diff_canonical,
-)
+from zephon_nodes.recipe.datasets import DatasetSpec
+from zephon_nodes.recipe.diff import diff_canonical
+from zephon_nodes.recipe.mixture import MixtureSpec
+from zephon_nodes.recipe.operators import OperatorSpec
+from zephon_nodes.recipe.packing import PackSpec
+from zephon_nodes.recipe.recipe import Recipe
+from zephon_nodes.recipe.shuffle import ShuffleSpec
+from zephon_nodes.recipe.tokenizer import TokenizerSpec
+from zephon_nodes.recipe.work import WorkSpec
 
 __all__ = [
     "DatasetSpec",
