@@ -176,7 +176,7 @@ def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[
     """Per dataset, ``{short file name: checksum prefix}`` (for naming a changed file).
 
     Args:
-        datasets: The recipe's :class:`~zephon_nodes.recipe.spec.DatasetSpec` objects.
+        datasets: The recipe's :class:`~zephon_nodes.recipe.datasets.DatasetSpec` objects.
         canonical: The recipe's canonical form (holding each file's checksum in order).
     """
     out: dict[str, Any] = {}

@@ -1,7 +1,11 @@
 """The recipe: what defines the data stream (datasets, tokenizer, mixture, operators, lanes).
 
-``spec`` holds the recipe objects and the fingerprint, ``schedule`` mixture weights over
-training, ``registry`` the named user code a recipe may refer to.
+One module per recipe table: ``tokenizer``, ``datasets``, ``work``, ``shuffle``, ``packing``,
+``mixture``, ``operators``, ``image`` and ``chat``; ``recipe`` holds :class:`Recipe` (the
+tables together, its checks, :meth:`Recipe.from_toml` and the fingerprint), ``canonical`` the
+canonical JSON the fingerprint hashes, ``diff`` the fields two canonical forms differ in,
+``bounds`` the range of every numeric setting, ``schedule`` mixture weights over training and
+``registry`` the named user code a recipe may refer to.
 """
 
 from zephon_nodes.recipe.datasets import DatasetSpec
