@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from abc import ABC, abstractmethod
+from typing import Any, Protocol, runtime_checkable
 
 from torchdata.nodes import BaseNode
 
@@ -10,12 +11,39 @@ from zephon_nodes.engine.flush import Flush, is_flush
 from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 
-__all__ = ["Lane", "WorkItemNode", "check_window_restore"]
+__all__ = [
+    "Lane",
+    "LaneNodes",
+    "WindowRestorable",
+    "WorkItemNode",
+    "chain_nodes",
+    "check_window_restore",
+]
+
+
+@runtime_checkable
+class WindowRestorable(Protocol):
+    """A node that can restart its stream at a flush window (every node inside a lane)."""
+
+    def state_at_window(self, window: int) -> dict[str, Any]:
+        """Return the state that starts the stream at flush window ``window``."""
+        ...
 
 
 def _children(node: BaseNode[Any]) -> list[BaseNode[Any]]:
     """The nodes ``node`` reads from: its public attributes that are nodes."""
     return [v for k, v in vars(node).items() if not k.startswith("_") and isinstance(v, BaseNode)]
+
+
+def chain_nodes(node: BaseNode[Any]) -> list[BaseNode[Any]]:
+    """``node`` and every node it reads from, nearest first (a lane's chain, end to start)."""
+    out: list[BaseNode[Any]] = []
+    todo = [node]
+    while todo and len(out) < 1024:
+        n = todo.pop()
+        out.append(n)
+        todo.extend(reversed(_children(n)))
+    return out
 
 
 def _work_item_nodes(node: BaseNode[Any]) -> list[WorkItemNode]:
@@ -47,7 +75,7 @@ def check_window_restore(node: BaseNode[Any], where: str = "a lane") -> None:
     while todo:
         n = todo.pop()
         path.append(type(n).__name__)
-        if not callable(getattr(n, "state_at_window", None)):
+        if not isinstance(n, WindowRestorable):
             chain = " <- ".join(path)
             raise RecipeError(
                 f"{type(n).__name__} cannot be restored inside {where} (chain: {chain}): it has "
@@ -95,6 +123,11 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
             raise CheckpointError(f"lane {self.lane}: pass={p} must be >= 0")
         self._pass = p
         self._source = self.work_source.for_pass(p)
+
+    @property
+    def pass_index(self) -> int:
+        """The pass being read."""
+        return self._pass
 
     @property
     def next_index(self) -> int:
@@ -190,7 +223,8 @@ class Lane(BaseNode[dict[str, Any]]):
         for items in self._items:
             items.set_pass(p)
         self._pass = p
-        self.source.reset(self.source.state_at_window(window))  # type: ignore[attr-defined]
+        assert isinstance(self.source, WindowRestorable)  # checked when the lane was built
+        self.source.reset(self.source.state_at_window(window))
         self._window, self._consumed = window, 0
         for _ in range(consumed):
             try:
@@ -224,3 +258,23 @@ class Lane(BaseNode[dict[str, Any]]):
         if self._pass:
             state[self.PASS_KEY] = self._pass
         return state
+
+
+class LaneNodes(ABC):
+    """A work source that builds its lanes' first and last nodes itself (a re-laned stream).
+
+    :meth:`~zephon_nodes.Pipeline.build_lane` uses these instead of :class:`WorkItemNode`,
+    :class:`Lane` and the recipe's ``(seed, lane, window)`` shuffle seeds.
+    """
+
+    @abstractmethod
+    def item_node(self, lane: int, flush_every: int) -> WorkItemNode:
+        """The source node of lane ``lane``."""
+
+    @abstractmethod
+    def lane_node(self, source: BaseNode[Any], lane: int) -> Lane:
+        """The lane node over the end of lane ``lane``'s chain."""
+
+    @abstractmethod
+    def lane_seed(self, lane: int, items: WorkItemNode, window: int) -> tuple[int, int, int]:
+        """Shuffle seed parts of ``window`` of ``lane`` in the pass ``items`` is reading."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -260,6 +260,8 @@ class MixingWorkSource(WorkSource):
                     f"work item (are all its documents filtered out?)"
                 )
 
+    takes_decisions = True
+
     def fork(self) -> MixingWorkSource:
         """Return a copy sharing the recipe's plan, with no decision (one per rank node)."""
         other = object.__new__(MixingWorkSource)
@@ -276,7 +278,7 @@ class MixingWorkSource(WorkSource):
         return [w for w, _ in self._decisions]
 
     def set_decisions(
-        self, weights: Sequence[Sequence[float]], starts: dict[int, Sequence[int]]
+        self, weights: Sequence[Sequence[float]], starts: Mapping[int, Sequence[int]]
     ) -> None:
         """Install the decision log: weights per decision and, per lane, its start items.
 
@@ -545,6 +547,10 @@ class MixingWorkSource(WorkSource):
                     end = n - 1
         self._ends[lane] = end
         return end
+
+    def lane_length(self, lane: int) -> int | None:
+        """Work items of ``lane`` (None: endless): :meth:`lane_end`."""
+        return self.lane_end(lane)
 
     # -- the WorkSource ---------------------------------------------------------------------
 

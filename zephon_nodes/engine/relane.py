@@ -51,9 +51,9 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.flush import Flush, is_flush
-from zephon_nodes.engine.lane import Lane, WorkItemNode
+from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode
 from zephon_nodes.engine.seeding import derive_seed
-from zephon_nodes.engine.work import WorkItem, WorkSource, lane_length
+from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 
 __all__ = [
@@ -188,46 +188,6 @@ def describe_lineage(raw: Any) -> list[str]:
     return out
 
 
-# -- lane geometry of any work source ----------------------------------------------------------
-
-
-def window_bounds(source: WorkSource, lane: int, window: int, flush_every: int) -> tuple[int, int]:
-    """Positions ``[start, stop)`` of flush window ``window`` of ``lane`` (before its end)."""
-    own = getattr(source, "window_bounds", None)
-    if callable(own):
-        got: tuple[int, int] = own(lane, window)
-        return got
-    start, stop = window * flush_every, (window + 1) * flush_every
-    n = lane_length(source, lane)
-    if n is not None:
-        start, stop = min(start, n), min(stop, n)
-    return start, stop
-
-
-def _lane_item_sizes(source: WorkSource, lane: int) -> np.ndarray | None:
-    """Sizes of ``lane``'s items if the source was dealt by size (else None)."""
-    own = getattr(source, "lane_item_sizes", None)
-    if not callable(own):
-        return None
-    got = own(lane)
-    return None if got is None else np.asarray(got, dtype=np.int64)
-
-
-def seed_parts(source: WorkSource, seed: int, lane: int, window: int) -> tuple[int, int, int]:
-    """The ``(seed, lane, window)`` a lane's shuffle buffer of ``window`` is seeded with."""
-    own = getattr(source, "shuffle_parts", None)
-    if callable(own):
-        got: tuple[int, int, int] = own(lane, window)
-        return got
-    return seed, lane, window
-
-
-def leftover_drop(source: WorkSource, lane: int, window: int) -> int:
-    """Samples a re-laned lane drops at the start of ``window`` (0 for any other source)."""
-    own = getattr(source, "drop", None)
-    return int(own(lane, window)) if callable(own) else 0
-
-
 # -- the re-laned work source -------------------------------------------------------------------
 
 
@@ -274,7 +234,7 @@ class _Untouched:
         return int(lanes[d % len(lanes)]), int(row)
 
 
-class RelanedWorkSource(WorkSource):
+class RelanedWorkSource(WorkSource, LaneNodes):
     """The work of a re-laned pass: leftover windows first, then the untouched items.
 
     Positions of a new lane are contiguous: leftover window ``j`` holds the whole old window
@@ -292,8 +252,6 @@ class RelanedWorkSource(WorkSource):
             still holds (its items' tokens less ``consumed * sample_tokens``) when the
             untouched items are dealt by size.
     """
-
-    relaned = True
 
     def __init__(
         self,
@@ -313,11 +271,9 @@ class RelanedWorkSource(WorkSource):
         self.flush_every, self.seed, self.base_pass = K, seed, base_pass
         starts, stops, ends = [], [], []
         for lane, (w, _) in enumerate(lineage.lanes):
-            n = lane_length(old, lane)
-            start, stop = window_bounds(old, lane, w, K)
-            has = getattr(old, "has_window", None)
-            exists = has(lane, w) if callable(has) else stop > start
-            if w > 0 and not exists:
+            n = old.lane_length(lane)
+            start, stop = old.window_bounds(lane, w, K)
+            if w > 0 and not old.has_window(lane, w, K):
                 raise CheckpointError(
                     f"lineage lane {lane}: window {w} is beyond the end of the old lane's stream"
                 )
@@ -348,9 +304,11 @@ class RelanedWorkSource(WorkSource):
         # A stream dealt by size: deal the untouched items by the same sizes instead.
         self._dealt: list[np.ndarray] | None = None
         self._sizes: list[np.ndarray] | None = None
-        old_sizes = [_lane_item_sizes(old, lane) for lane in range(L)]
+        old_sizes = [old.lane_item_sizes(lane) for lane in range(L)]
         if self.untouched.total is not None and all(x is not None for x in old_sizes):
-            self._deal_by_size([x for x in old_sizes if x is not None], sample_tokens)
+            self._deal_by_size(
+                [np.asarray(x, dtype=np.int64) for x in old_sizes if x is not None], sample_tokens
+            )
         depth = lineage.depth
         salt_fp = int(lineage.fingerprint[:15], 16)
         self.salt = derive_seed(seed, _RELANE_TAG, salt_fp, lineage.step, L, Ln, depth)
@@ -433,8 +391,13 @@ class RelanedWorkSource(WorkSource):
         u = self.untouched_length(lane)
         return None if u is None else self._prefix[lane][-1] + u
 
-    def window_bounds(self, lane: int, window: int) -> tuple[int, int]:
-        """Positions ``[start, stop)`` of new lane ``lane``'s flush window ``window``."""
+    def window_bounds(
+        self, lane: int, window: int, flush_every: int | None = None
+    ) -> tuple[int, int]:
+        """Positions ``[start, stop)`` of new lane ``lane``'s flush window ``window``.
+
+        The re-laned pass has its own windows (``flush_every`` is the recipe's ``K``, known).
+        """
         prefix = self._prefix[lane]
         a = len(prefix) - 1
         if window < a:
@@ -446,26 +409,33 @@ class RelanedWorkSource(WorkSource):
             start, stop = min(start, n), min(stop, n)
         return start, stop
 
-    def has_window(self, lane: int, window: int) -> bool:
+    def window_start(self, lane: int, window: int, flush_every: int | None = None) -> int:
+        """Position of the first work item of new lane ``lane``'s window ``window``."""
+        return self.window_bounds(lane, window)[0]
+
+    def has_window(self, lane: int, window: int, flush_every: int | None = None) -> bool:
         """Whether window ``window`` of ``lane`` exists (a leftover, or holds an item)."""
         if window < self.leftovers(lane):
             return True
         start, stop = self.window_bounds(lane, window)
         return stop > start
 
-    def drop(self, lane: int, window: int) -> int:
+    def leftover_drop(self, lane: int, window: int) -> int:
         """Samples dropped at the start of window ``window`` (the old lane's consumed)."""
         olds = self._olds[lane]
         if window < len(olds):
             return self.lineage.lanes[olds[window]][1]
         return 0
 
-    def shuffle_parts(self, lane: int, window: int) -> tuple[int, int, int]:
-        """Seed parts of ``window``: the old lane's for a leftover, salted ones after."""
+    def shuffle_parts(self, seed: int, lane: int, window: int) -> tuple[int, int, int]:
+        """Seed parts of ``window``: the old lane's for a leftover, salted ones after.
+
+        ``seed`` is the recipe's (the one this source was built with).
+        """
         olds = self._olds[lane]
         if window < len(olds):
             ol = olds[window]
-            return seed_parts(self.old, self.seed, ol, self.lineage.lanes[ol][0])
+            return self.old.shuffle_parts(self.seed, ol, self.lineage.lanes[ol][0])
         return self.salt, lane, window - len(olds)
 
     # -- the WorkSource ----------------------------------------------------------------------
@@ -515,11 +485,11 @@ class RelanedWorkSource(WorkSource):
         """The lane node of new lane ``lane`` (drops the consumed part of leftovers)."""
         return RelanedLane(source, lane, self)
 
-    def lane_seed(self, lane: int, items: RelanedWorkItemNode, window: int) -> tuple[int, int, int]:
+    def lane_seed(self, lane: int, items: WorkItemNode, window: int) -> tuple[int, int, int]:
         """Shuffle seed parts of ``window`` of ``lane`` in the pass ``items`` is reading."""
         if items.pass_index == 0:
-            return self.shuffle_parts(lane, window)
-        return seed_parts(self.base, self.seed, lane, window)
+            return self.shuffle_parts(self.seed, lane, window)
+        return self.base.shuffle_parts(self.seed, lane, window)
 
 
 class RelanedWorkItemNode(WorkItemNode):
@@ -537,11 +507,6 @@ class RelanedWorkItemNode(WorkItemNode):
         self.relaned = work_source
         self._w = 0
         self._start, self._stop = work_source.window_bounds(lane, 0)
-
-    @property
-    def pass_index(self) -> int:
-        """The pass being read."""
-        return self._pass
 
     def _enter(self, window: int) -> None:
         self._w = window
@@ -631,7 +596,7 @@ class RelanedLane(Lane):
             return
         consumed = int(state.get(self.CONSUMED_KEY, 0))
         state[self.WINDOW_KEY] = window
-        state[self.CONSUMED_KEY] = max(consumed, self.relaned.drop(self.lane, window))
+        state[self.CONSUMED_KEY] = max(consumed, self.relaned.leftover_drop(self.lane, window))
         state[self.PASS_KEY] = p
         super().reset(state)
 
@@ -643,7 +608,7 @@ class RelanedLane(Lane):
                 self._window = item.window + 1
                 self._consumed = 0
                 if not self._pass:
-                    self._skip(self.relaned.drop(self.lane, self._window))
+                    self._skip(self.relaned.leftover_drop(self.lane, self._window))
                 continue
             self._consumed += 1
             return item
@@ -696,7 +661,7 @@ def summary_at(pipeline: Any, num_lanes: int) -> dict[str, Any]:
 
 def _base_source(pipeline: Any, num_lanes: int) -> WorkSource:
     """The recipe's own work source at ``num_lanes`` lanes (same data, same estimate)."""
-    if num_lanes == pipeline.num_lanes and not getattr(pipeline, "lineage", None):
+    if num_lanes == pipeline.num_lanes and not pipeline.lineage:
         return pipeline.work_source  # type: ignore[no-any-return,unused-ignore]
     from zephon_nodes.engine.assembly import work_source
 
@@ -720,7 +685,7 @@ def pipeline_at(pipeline: Any, num_lanes: int) -> Any:
     Raises:
         RecipeError: If ``num_lanes`` does not divide the global batch.
     """
-    if pipeline.num_lanes == num_lanes and getattr(pipeline, "lineage", None) is None:
+    if pipeline.num_lanes == num_lanes and pipeline.lineage is None:
         return pipeline
     out = copy.copy(pipeline)
     out.recipe = pipeline.recipe.replace(num_lanes=num_lanes)
@@ -741,13 +706,12 @@ def _install_mixture(source: WorkSource, lineage: Lineage, pipeline: Any) -> Non
 
     names = [d.name for d in pipeline.recipe.datasets]
     log = parse_mixture_state(lineage.mixture, names, range(lineage.num_lanes), lineage.step)
-    setter = getattr(source, "set_decisions", None)
-    if setter is None:
+    if not source.takes_decisions:
         if log:
             raise CheckpointError("the lineage holds mixture decisions but the recipe has none")
         return
     K = pipeline.recipe.flush_every
-    setter(
+    source.set_decisions(
         [tuple(w[n] for n in names) for _, w in log.entries],
         {i: [e * K for e in log.effects.get(i, [])] for i in range(lineage.num_lanes)},
     )
@@ -770,14 +734,14 @@ def _source_for(pipeline: Any, lineage: Lineage | None, num_lanes: int) -> WorkS
         )
     old_full = _source_for(pipeline, lineage.parent, lineage.num_lanes)
     if lineage.mixture is not None:
-        old_full = _fork(old_full)
+        old_full = old_full.fork()
         _install_mixture(old_full, lineage, pipeline)
     old = old_full.for_pass(lineage.pass_index)
     if old is None:
         raise CheckpointError(
             f"the checkpoint's lineage reads pass {lineage.pass_index}, which has no data"
         )
-    base_pass = getattr(old_full, "base_pass", 0) + lineage.pass_index
+    base_pass = old_full.base_pass + lineage.pass_index
     return RelanedWorkSource(
         old,
         base,
@@ -785,13 +749,8 @@ def _source_for(pipeline: Any, lineage: Lineage | None, num_lanes: int) -> WorkS
         pipeline.recipe.flush_every,
         pipeline.recipe.seed,
         base_pass,
-        sample_tokens=int(getattr(pipeline.recipe, "seq_len", 0) or 0),
+        sample_tokens=int(pipeline.recipe.seq_len or 0),
     )
-
-
-def _fork(source: WorkSource) -> WorkSource:
-    fork = getattr(source, "fork", None)
-    return fork() if callable(fork) else source  # type: ignore[no-any-return,unused-ignore]
 
 
 def for_state(pipeline: Any, state: Mapping[str, Any] | None) -> Any:
@@ -809,7 +768,7 @@ def for_state(pipeline: Any, state: Mapping[str, Any] | None) -> Any:
     if state.get("fingerprint") != pipeline.fingerprint:
         return pipeline  # another recipe: the resume refuses it, naming the fields that differ
     lineage = Lineage.from_state(state[LINEAGE_KEY])
-    if getattr(pipeline, "lineage", None) == lineage.to_state():
+    if pipeline.lineage == lineage.to_state():
         return pipeline
     source = _source_for(pipeline, lineage, pipeline.num_lanes)
     out = copy.copy(pipeline)
@@ -826,7 +785,7 @@ def check_lineage(state: Mapping[str, Any], pipeline: Any) -> None:
         CheckpointError: Naming what to do.
     """
     saved = state.get(LINEAGE_KEY)
-    mine = getattr(pipeline, "lineage", None)
+    mine = pipeline.lineage
     if saved == mine:
         return
     if mine is None:
@@ -897,14 +856,14 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
     check_lineage(state, old_pipeline)
     source = old_pipeline.work_source
     mixture = state.get("mixture")
-    if mixture is not None and getattr(source, "relaned", False):  # pragma: no cover
+    if mixture is not None and isinstance(source, RelanedWorkSource):  # pragma: no cover
         raise CheckpointError("a re-laned checkpoint cannot hold mixture decisions")
     p = int(state.get("pass", 0))
     lanes = []
     for lane in range(old_lanes):
         w, c = positions[lane]
         if not p:  # a re-laned lane's position counts its dropped samples as consumed
-            c = max(c, leftover_drop(source, lane, w))
+            c = max(c, source.leftover_drop(lane, w))
         lanes.append((w, c))
     parent = state.get(LINEAGE_KEY)
     lineage = Lineage(
@@ -925,6 +884,6 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         "num_lanes": num_lanes,
         "step": lineage.step,
         "micro": 0,
-        "lanes": {str(i): [0, relaned.drop(i, 0)] for i in range(num_lanes)},
+        "lanes": {str(i): [0, relaned.leftover_drop(i, 0)] for i in range(num_lanes)},
         LINEAGE_KEY: lineage.to_state(),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,6 +125,71 @@ class WorkSource(ABC):
         """Build the work source of pass ``p > 0`` (None: this source has a single pass)."""
         return None
 
+    # -- lane geometry: the defaults are right for a source of plain K-item windows --------
+
+    def lane_length(self, lane: int) -> int | None:
+        """Number of work items of ``lane`` (None: endless).
+
+        The default finds it from :meth:`work` alone (probe, then bisect: O(log n) calls); a
+        source that knows it in O(1) overrides this.
+        """
+        return probe_lane_length(self, lane, _PROBE_LIMIT)
+
+    def window_bounds(self, lane: int, window: int, flush_every: int) -> tuple[int, int]:
+        """Positions ``[start, stop)`` of flush window ``window`` of ``lane`` (before its end).
+
+        Default: windows of ``flush_every`` items, cut at the lane's end.
+        """
+        start, stop = window * flush_every, (window + 1) * flush_every
+        n = self.lane_length(lane)
+        if n is not None:
+            start, stop = min(start, n), min(stop, n)
+        return start, stop
+
+    def window_start(self, lane: int, window: int, flush_every: int) -> int:
+        """Position of the first work item of ``window`` of ``lane`` (default ``window * K``)."""
+        return window * flush_every
+
+    def has_window(self, lane: int, window: int, flush_every: int) -> bool:
+        """Whether flush window ``window`` of ``lane`` exists (default: it holds an item)."""
+        return self.work(lane, window * flush_every) is not None
+
+    def lane_item_sizes(self, lane: int) -> np.ndarray | None:
+        """Size of each of ``lane``'s items if the stream was dealt by size (default None)."""
+        return None
+
+    def leftover_drop(self, lane: int, window: int) -> int:
+        """Samples a lane drops at the start of ``window`` (a re-laned leftover; default 0)."""
+        return 0
+
+    def shuffle_parts(self, seed: int, lane: int, window: int) -> tuple[int, int, int]:
+        """The ``(seed, lane, window)`` seeding the shuffle buffer of ``window`` of ``lane``."""
+        return seed, lane, window
+
+    # -- dynamic-mixture decisions and rank copies ------------------------------------------
+
+    #: Whether :meth:`set_decisions` installs a decision log (a mixture of datasets).
+    takes_decisions = False
+    #: The recipe pass this source's pass 0 is (a re-laned source: the pass it re-laned).
+    base_pass = 0
+
+    def set_decisions(
+        self, weights: Sequence[Sequence[float]], starts: Mapping[int, Sequence[int]]
+    ) -> None:
+        """Install a dynamic-mixture decision log (weights per decision, starts per lane).
+
+        Default: nothing to install (a stream without a mixture plan follows none).
+        """
+        return None
+
+    def refuse_decisions(self) -> None:
+        """Raise if this stream cannot take a new mixture decision (default: it can)."""
+        return None
+
+    def fork(self) -> WorkSource:
+        """Return the copy one rank node reads (its decisions are its own; default ``self``)."""
+        return self
+
 
 class DatasetWorkSource(WorkSource):
     """Work items of one dataset: a seeded permutation per epoch, dealt round-robin to lanes.
@@ -177,6 +243,13 @@ class DatasetWorkSource(WorkSource):
             return None
         return self.epochs * self.dataset.num_work_items
 
+    def lane_length(self, lane: int) -> int | None:
+        """Number of work items of ``lane`` (None: endless), in O(1)."""
+        total = self.total_items
+        if total is None:
+            return None
+        return max(0, -(-(total - lane) // self.num_lanes))
+
     def permutation(self, epoch: int) -> np.ndarray:
         """Return the seeded order of the dataset's work items in ``epoch`` (+ the offset)."""
         perm = self._perms.get(epoch)
@@ -221,18 +294,4 @@ class DatasetWorkSource(WorkSource):
 
 def lane_length(source: WorkSource, lane: int) -> int | None:
     """Number of work items of ``lane`` in ``source`` (None: endless)."""
-    own = getattr(source, "lane_length", None)
-    if callable(own):
-        got: int | None = own(lane)
-        return got
-    if type(source) is DatasetWorkSource:
-        total = source.total_items
-        if total is None:
-            return None
-        return max(0, -(-(total - lane) // source.num_lanes))
-    end = getattr(source, "lane_end", None)  # MixingWorkSource: None when endless
-    if callable(end):
-        e: int | None = end(lane)
-        return e
-    # Any other source: work() is None from the lane's end on.
-    return probe_lane_length(source, lane, _PROBE_LIMIT)
+    return source.lane_length(lane)

@@ -1033,9 +1033,7 @@ class ZephonDataLoader(BaseDataLoader):
                 middle of a step, a full log (``dataloader.max_decisions``), or when ranks
                 disagree (naming both weight sets).
         """
-        refuse = getattr(self.pipeline.work_source, "refuse_decisions", None)  # re-laned
-        if refuse is not None:
-            refuse()
+        self.pipeline.work_source.refuse_decisions()  # a re-laned stream refuses
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="ZephonDataLoader.set_mixture")
         state = self._restore if self._restore is not None else self._state

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from torchdata.nodes import BaseNode
 
@@ -14,7 +14,7 @@ from zephon_nodes.engine.metrics import OperatorClock
 from zephon_nodes.errors import CheckpointError
 from zephon_nodes.operators.windowed import WindowedNode
 
-__all__ = ["Accumulator", "AccumulatorNode"]
+__all__ = ["Accumulator", "AccumulatorNode", "LazyAccumulator"]
 
 
 _DONE = object()
@@ -48,6 +48,15 @@ class Accumulator(Protocol):
         ...
 
 
+@runtime_checkable
+class LazyAccumulator(Accumulator, Protocol):
+    """An accumulator that can also compute ``feed``'s outputs as they are taken."""
+
+    def feed_lazily(self, item: Any) -> Iterator[Any]:
+        """The outputs of ``feed(item)``, one at a time."""
+        ...
+
+
 class AccumulatorNode(WindowedNode):
     """Run an accumulator over ``source``, flushing it at every :class:`Flush` marker.
 
@@ -71,9 +80,8 @@ class AccumulatorNode(WindowedNode):
         self._feeding: Iterator[Any] | None = None
 
     def _feed(self, item: Any) -> None:
-        lazy = getattr(self._acc, "feed_lazily", None)
-        if lazy is not None:
-            self._feeding = iter(lazy(item))
+        if isinstance(self._acc, LazyAccumulator):
+            self._feeding = iter(self._acc.feed_lazily(item))
         else:
             self._out.extend(self._timed(self._acc.feed, item))
 

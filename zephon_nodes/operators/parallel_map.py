@@ -10,6 +10,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.operator import operator_name
 from zephon_nodes.engine.flush import is_flush
 from zephon_nodes.engine.metrics import OperatorClock, TimedCall
 from zephon_nodes.engine.pool import WorkerPool
@@ -132,7 +133,7 @@ class OrderedParallelMap(BaseNode[Any]):
             raise self._error from e
 
     def _wrap(self, e: BaseException, item: Any) -> BaseException:
-        name = getattr(self.fn, "name", type(self.fn).__name__)
+        name = operator_name(self.fn)
         where = _describe(item)
         if isinstance(e, cf.TimeoutError):
             if self.pool.runner == "process":
