@@ -7,13 +7,13 @@ import json
 from typing import Any
 
 from zephon_nodes.core.operator import operator_name
+from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.checkpoint import FORMAT
 from zephon_nodes.engine.lane import chain_nodes
+from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.operators.accumulate import AccumulatorNode
-from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["add_parser", "explain", "run"]

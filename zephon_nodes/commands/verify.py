@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
-from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.verification.matrix import (

@@ -1,20 +1,21 @@
-"""Accumulators and the node that runs them between flush points."""
+"""AccumulatorNode: the node that runs an accumulator between flush points."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.core.flush import Flush, is_flush
 from zephon_nodes.engine.metrics import OperatorClock
+from zephon_nodes.engine.windowed import WindowedNode
 from zephon_nodes.errors import CheckpointError
-from zephon_nodes.operators.windowed import WindowedNode
+from zephon_nodes.operators.accumulator import Accumulator, LazyAccumulator
 
-__all__ = ["Accumulator", "AccumulatorNode", "LazyAccumulator"]
+__all__ = ["AccumulatorNode"]
 
 
 _DONE = object()
@@ -28,33 +29,6 @@ class _Boundary:
     def __init__(self, marker: Flush, start: dict[str, Any]) -> None:
         self.marker = marker
         self.start = start
-
-
-class Accumulator(Protocol):
-    """Single-threaded, order-sensitive state between two flush points (packing, shuffling).
-
-    A new accumulator is made for every flush window, so nothing it holds can cross a flush.
-    An accumulator may also have ``feed_lazily(item) -> Iterator``: the same outputs as
-    ``feed``, computed as they are taken (a huge document is then packed a few samples at a
-    time instead of all at once); :class:`AccumulatorNode` uses it when present.
-    """
-
-    def feed(self, item: Any) -> Iterable[Any]:
-        """Take one input; return the outputs that are complete now."""
-        ...
-
-    def flush(self) -> Iterable[Any]:
-        """Return everything still held (padded, drained, ...); called once per window."""
-        ...
-
-
-@runtime_checkable
-class LazyAccumulator(Accumulator, Protocol):
-    """An accumulator that can also compute ``feed``'s outputs as they are taken."""
-
-    def feed_lazily(self, item: Any) -> Iterator[Any]:
-        """The outputs of ``feed(item)``, one at a time."""
-        ...
 
 
 class AccumulatorNode(WindowedNode):

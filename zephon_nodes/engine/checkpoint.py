@@ -59,7 +59,7 @@ _KEYS = {
     "micro",
     "lanes",
     "layout",
-    "mixture",  # the decision log of a dynamic mixture (zephon_nodes.engine.decisions)
+    "mixture",  # the decision log of a dynamic mixture (zephon_nodes.engine.mixture_log)
     "pass",  # the pass of the recipe's stream, after the first (docs/torchdata.md)
     "lineage",  # where a re-laned stream came from (zephon_nodes.engine.relane)
 }

@@ -7,7 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.core.flush import Flush, is_flush
 from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 
@@ -65,7 +65,7 @@ def check_window_restore(node: BaseNode[Any], where: str = "a lane") -> None:
     (``state_at_window``); every node between the lane's work items and the lane must
     provide it. Nodes that do not (torchdata's own ``Mapper``, ``Batcher``, a node written
     like torchdata's examples) go into a lane wrapped in
-    :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+    :class:`~zephon_nodes.engine.torchdata_stage.TorchdataStage`.
 
     Raises:
         RecipeError: Naming the first node without window restore and what to do.
@@ -80,7 +80,7 @@ def check_window_restore(node: BaseNode[Any], where: str = "a lane") -> None:
             raise RecipeError(
                 f"{type(n).__name__} cannot be restored inside {where} (chain: {chain}): it has "
                 f"no state_at_window(window), so a checkpoint could not replay its flush window; "
-                f"wrap it in zephon_nodes.operators.TorchdataStage(source, lambda feed: "
+                f"wrap it in zephon_nodes.TorchdataStage(source, lambda feed: "
                 f"{type(n).__name__}(feed, ...))"
             )
         if isinstance(n, WorkItemNode):

@@ -1,7 +1,7 @@
 """Mixing WorkSource: several datasets, mixed so that *token* shares follow the weights.
 
 The plan is a pure function of the recipe and of the decision log (dynamic mixtures, see
-:mod:`zephon_nodes.engine.decisions`). Each dataset ``d`` gets an estimate ``c_d`` of tokens
+:mod:`zephon_nodes.engine.mixture_log`). Each dataset ``d`` gets an estimate ``c_d`` of tokens
 per work item (from a seeded sample, see :func:`estimate_tokens_per_record`), so a token
 share ``w_d`` means an item share ``p_d`` proportional to ``w_d / c_d``.
 
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.engine.seeding import permutation
+from zephon_nodes.core.seeding import permutation
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, pass_epoch_offset
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset

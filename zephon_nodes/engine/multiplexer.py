@@ -14,15 +14,15 @@ import torch
 from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.checkpoint import FORMAT, validate_state
-from zephon_nodes.engine.decisions import (
+from zephon_nodes.engine.lane import Lane
+from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
+from zephon_nodes.engine.mixture_log import (
     MIXTURE_KEY,
     MixtureLog,
     normalize_weights,
     parse_mixture_state,
     with_decision,
 )
-from zephon_nodes.engine.lane import Lane
-from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
@@ -88,7 +88,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     batch, whatever the number of ranks.
 
     :meth:`set_mixture` changes the mixture between steps (a dynamic mixture, see
-    :mod:`zephon_nodes.engine.decisions`); the decision log is part of the state.
+    :mod:`zephon_nodes.engine.mixture_log`); the decision log is part of the state.
 
     State (plain JSON-safe data): format, recipe fingerprint and summary, lane count, step,
     micro-batches already yielded in the current step, and per owned lane
@@ -305,7 +305,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         Weights are token shares (0 pauses a dataset) and are renormalized. The decision is
         logged as ``(step, weights)`` and takes effect in each lane from the first flush
         window that begins after the lane's position now (see
-        :mod:`zephon_nodes.engine.decisions`); work computed ahead is recomputed. Every rank
+        :mod:`zephon_nodes.engine.mixture_log`); work computed ahead is recomputed. Every rank
         must make the same decision after the same step.
 
         Raises:

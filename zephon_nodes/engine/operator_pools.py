@@ -5,7 +5,7 @@ images parse, decode, tokenize) as one task per work item on one shared
 :class:`~zephon_nodes.engine.pool.WorkerPool`. An *operator pool assignment* gives named
 operators their own pool instead, e.g. image decoding in six processes and tokenization in
 two threads. Consecutive operators on the same pool stay fused into one task; each stage is
-an :class:`~zephon_nodes.operators.parallel_map.OrderedParallelMap` whose results come back in
+an :class:`~zephon_nodes.engine.parallel_map.OrderedParallelMap` whose results come back in
 work-item order, so an assignment is a physical setting: it changes speed, never a byte.
 
 Command-line and config syntax (:func:`parse_operator_workers`)::

@@ -8,20 +8,20 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.checkpoint import recipe_summary
 from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode, chain_nodes
 from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.operator_pools import PoolSpec, split_stages
+from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.stages import PoolSpec, split_stages
+from zephon_nodes.engine.torchdata_stage import TorchdataStage
 from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.operators.accumulate import AccumulatorNode
 from zephon_nodes.operators.bestfit import BestFitPacker
 from zephon_nodes.operators.pack import ConcatPacker
-from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.shuffle import ShuffleBuffer
-from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.recipe.spec import Recipe
@@ -98,7 +98,8 @@ class Pipeline:
             to every sample (the default; covered by digests). False drops the field.
         stages: torchdata nodes appended to every lane, after packing and shuffling: each
             ``make(feed) -> BaseNode`` builds a node over ``feed`` (the lane's samples of one
-            flush window) and runs in a :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+            flush window) and runs in a
+            :class:`~zephon_nodes.engine.torchdata_stage.TorchdataStage`.
             They must yield samples (dicts of arrays) and are not part of the fingerprint.
     """
 
@@ -296,7 +297,7 @@ class Pipeline:
             lanes: Explicit lanes for this rank (default: :func:`lanes_for_rank`).
             lookahead: Work items each lane submits ahead (per stage).
             operator_pools: Per-operator pools, e.g. ``{"decode": "process:6",
-                "tokenize": "thread:2"}`` (see :mod:`zephon_nodes.engine.stages`); values
+                "tokenize": "thread:2"}`` (see :mod:`zephon_nodes.engine.operator_pools`); values
                 are pools (the caller's) or specs (pools created and owned by the node).
                 Operators not named run on ``pool``. A physical setting: output unchanged.
         """

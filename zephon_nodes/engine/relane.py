@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.core.flush import Flush, is_flush
+from zephon_nodes.core.seeding import derive_seed
 from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode
-from zephon_nodes.engine.seeding import derive_seed
 from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 
@@ -702,7 +702,7 @@ def _install_mixture(source: WorkSource, lineage: Lineage, pipeline: Any) -> Non
     """Install the old checkpoint's decision log into the old work source (all lanes)."""
     if lineage.mixture is None:
         return
-    from zephon_nodes.engine.decisions import parse_mixture_state
+    from zephon_nodes.engine.mixture_log import parse_mixture_state
 
     names = [d.name for d in pipeline.recipe.datasets]
     log = parse_mixture_state(lineage.mixture, names, range(lineage.num_lanes), lineage.step)

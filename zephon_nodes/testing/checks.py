@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 from torchdata.nodes import BaseNode, Loader
 
+from zephon_nodes.core.flush import is_flush
 from zephon_nodes.core.operator import Operator
-from zephon_nodes.engine.flush import is_flush
+from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.lane import WindowRestorable, WorkItemNode
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.work import WorkSource
-from zephon_nodes.operators.accumulate import AccumulatorNode
 from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.testing._compare import difference, short
 from zephon_nodes.testing.strategies import doc_batches
@@ -249,7 +249,7 @@ def assert_flush_replay_exact(
     """Check that an accumulator restores exactly by flush/replay.
 
     ``make(window)`` returns the accumulator of one flush window (``feed``/``flush``), as
-    :class:`~zephon_nodes.operators.accumulate.AccumulatorNode` takes it. For generated input
+    :class:`~zephon_nodes.engine.accumulate.AccumulatorNode` takes it. For generated input
     lists and flush intervals, two properties must hold:
 
     1. every window's outputs, replayed alone from a fresh ``make(window)``, equal its
@@ -460,7 +460,7 @@ def _check_window_restore(
             f"node {name!r} passes flush markers, so it runs inside a lane, but it has no "
             f"state_at_window(window): a lane restores its chain at a window start and would "
             f"fail at the first restore. Wrap a torchdata node in "
-            f"zephon_nodes.operators.TorchdataStage, or implement state_at_window"
+            f"zephon_nodes.TorchdataStage, or implement state_at_window"
         )
     starts = [(0, 0)] + [(outputs[p].window + 1, p + 1) for p in markers]
     if len(starts) > max_positions:
