@@ -11,8 +11,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_nodes.core.flush import Flush, is_flush
 from zephon_nodes.engine.metrics import OperatorClock
-from zephon_nodes.engine.windowed import WindowedNode
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.engine.windowed import WindowedNode, replay
 from zephon_nodes.operators.accumulator import Accumulator, LazyAccumulator
 
 __all__ = ["AccumulatorNode"]
@@ -67,18 +66,15 @@ class AccumulatorNode(WindowedNode):
         self._source_done = False
         skip = self._restart(initial_state)
         self._acc = self.make(self._window)
-        for _ in range(skip):
-            try:
-                item = self.next()
-            except StopIteration:
-                raise CheckpointError(
-                    f"replay ended before {skip} outputs of window {self._window}"
-                ) from None
-            if is_flush(item):
-                raise CheckpointError(
-                    f"window {self._window} holds fewer than {skip} outputs; the state does "
-                    f"not belong to this recipe"
-                )
+        replay(
+            self.next,
+            skip,
+            lambda _: f"replay ended before {skip} outputs of window {self._window}",
+            lambda _: (
+                f"window {self._window} holds fewer than {skip} outputs; the state does "
+                f"not belong to this recipe"
+            ),
+        )
 
     def next(self) -> Any:
         """Return the next output or :class:`Flush` marker."""

@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 from torchdata.nodes import BaseNode
 
 from zephon_nodes.core.flush import Flush, is_flush
+from zephon_nodes.engine.windowed import replay
 from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 
@@ -226,20 +227,19 @@ class Lane(BaseNode[dict[str, Any]]):
         assert isinstance(self.source, WindowRestorable)  # checked when the lane was built
         self.source.reset(self.source.state_at_window(window))
         self._window, self._consumed = window, 0
-        for _ in range(consumed):
-            try:
-                item = next(self.source)
-            except StopIteration:
-                raise CheckpointError(
-                    f"lane {self.lane}: the checkpoint says {consumed} samples of window "
-                    f"{window} were consumed, but the stream ends before that"
-                ) from None
-            if is_flush(item):
-                raise CheckpointError(
-                    f"lane {self.lane}: the checkpoint says {consumed} samples of window "
-                    f"{window} were consumed, but the window holds only {self._consumed}"
-                )
-            self._consumed += 1
+        replay(
+            lambda: next(self.source),
+            consumed,
+            lambda _: (
+                f"lane {self.lane}: the checkpoint says {consumed} samples of window "
+                f"{window} were consumed, but the stream ends before that"
+            ),
+            lambda k: (
+                f"lane {self.lane}: the checkpoint says {consumed} samples of window "
+                f"{window} were consumed, but the window holds only {k}"
+            ),
+        )
+        self._consumed = consumed
 
     def next(self) -> dict[str, Any]:
         """Return the lane's next sample."""
@@ -248,9 +248,13 @@ class Lane(BaseNode[dict[str, Any]]):
             if is_flush(item):
                 self._window = item.window + 1
                 self._consumed = 0
+                self._enter_window()
                 continue
             self._consumed += 1
             return item
+
+    def _enter_window(self) -> None:
+        """Called when the lane enters a new flush window (a re-laned lane drops samples)."""
 
     def get_state(self) -> dict[str, Any]:
         """Return ``{"window": w, "consumed": c}`` (and ``"pass"`` after the first pass)."""

@@ -50,9 +50,11 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.core.flush import Flush, is_flush
+from zephon_nodes.core.flush import Flush
+from zephon_nodes.core.plain import is_int
 from zephon_nodes.core.seeding import derive_seed
 from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode
+from zephon_nodes.engine.windowed import replay
 from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 
@@ -72,10 +74,6 @@ __all__ = [
 LINEAGE_KEY = "lineage"
 _RELANE_TAG = 0x52454C4E  # "RELN"
 _ENDLESS = 1 << 62
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +140,7 @@ class Lineage:
             raise CheckpointError(f"{where}: fingerprint must be 64 hex digits, got {fp!r:.80}")
         for key in ("num_lanes", "step", "pass"):
             v = raw.get(key, 0)
-            if not _is_int(v) or not 0 <= v < 2**62 or (key == "num_lanes" and v < 1):
+            if not is_int(v) or not 0 <= v < 2**62 or (key == "num_lanes" and v < 1):
                 raise CheckpointError(f"{where}: {key}={v!r} must be an integer >= 0 (lanes >= 1)")
         lanes = raw["lanes"]
         if not isinstance(lanes, list) or len(lanes) != raw["num_lanes"]:
@@ -154,7 +152,7 @@ class Lineage:
             if (
                 not isinstance(v, list)
                 or len(v) != 2
-                or not all(_is_int(x) and 0 <= x < 2**62 for x in v)
+                or not all(is_int(x) and 0 <= x < 2**62 for x in v)
             ):
                 raise CheckpointError(f"{where}: lane {k} must be [window, consumed], got {v!r}")
             pairs.append((int(v[0]), int(v[1])))
@@ -600,32 +598,21 @@ class RelanedLane(Lane):
         state[self.PASS_KEY] = p
         super().reset(state)
 
-    def next(self) -> dict[str, Any]:
-        """Return the lane's next sample."""
-        while True:
-            item = next(self.source)
-            if is_flush(item):
-                self._window = item.window + 1
-                self._consumed = 0
-                if not self._pass:
-                    self._skip(self.relaned.leftover_drop(self.lane, self._window))
-                continue
-            self._consumed += 1
-            return item
+    def _enter_window(self) -> None:
+        """In the re-laned pass, drop what the old lane had consumed of a leftover window."""
+        if self._pass:
+            return
+        n = self.relaned.leftover_drop(self.lane, self._window)
 
-    def _skip(self, n: int) -> None:
-        for _ in range(n):
-            try:
-                item = next(self.source)
-            except StopIteration:
-                item = None
-            if item is None or is_flush(item):
-                raise CheckpointError(
-                    f"re-laned lane {self.lane}: the lineage says {n} samples of window "
-                    f"{self._window} were consumed before the re-lane, but the window holds "
-                    f"only {self._consumed}"
-                )
-            self._consumed += 1
+        def short(k: int) -> str:
+            return (
+                f"re-laned lane {self.lane}: the lineage says {n} samples of window "
+                f"{self._window} were consumed before the re-lane, but the window holds "
+                f"only {self._consumed + k}"
+            )
+
+        replay(lambda: next(self.source), n, short, short)
+        self._consumed += n
 
 
 # -- building re-laned pipelines ------------------------------------------------------------------
@@ -825,7 +812,7 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
     from zephon_nodes.engine.checkpoint import validate_state
 
     recipe = pipeline.recipe
-    if not _is_int(num_lanes) or num_lanes < 1:
+    if not is_int(num_lanes) or num_lanes < 1:
         raise RecipeError(f"--num-lanes={num_lanes!r} must be an integer >= 1")
     if recipe.global_batch_size % num_lanes:
         raise RecipeError(
@@ -836,7 +823,7 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
     if not isinstance(state, Mapping):
         raise CheckpointError(f"a zephon-nodes state must be a dict, got {type(state).__name__}")
     raw_lanes: Any = state.get("num_lanes")
-    if not _is_int(raw_lanes) or raw_lanes < 1:
+    if not is_int(raw_lanes) or raw_lanes < 1:
         raise CheckpointError(f"checkpoint num_lanes={raw_lanes!r} must be an integer >= 1")
     old_lanes = int(raw_lanes)
     if state.get("micro", 0):
