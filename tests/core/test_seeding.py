@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zephon_nodes.engine.seeding import SplitMix64, mix64, permutation
+from zephon_nodes.core.seeding import SplitMix64, mix64, permutation
 
 
 def test_splitmix64_reference_values():

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.engine.checkpoint import merge_states
-from zephon_nodes.engine.decisions import read_updates
 from zephon_nodes.engine.end_of_data import unused_samples
+from zephon_nodes.engine.mixture_log import read_updates
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool

@@ -8,20 +8,20 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.checkpoint import recipe_summary
-from zephon_nodes.engine.lane import Lane, WorkItemNode
+from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode, chain_nodes
 from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.operator_pools import PoolSpec, split_stages
+from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.stages import PoolSpec, split_stages
-from zephon_nodes.engine.work import WorkSource
+from zephon_nodes.engine.torchdata_stage import TorchdataStage
+from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.operators.accumulate import AccumulatorNode
 from zephon_nodes.operators.bestfit import BestFitPacker
 from zephon_nodes.operators.pack import ConcatPacker
-from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.shuffle import ShuffleBuffer
-from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
@@ -71,12 +71,14 @@ def _read_frontiers(lanes: Mapping[int, Lane]) -> tuple[dict[int, int], dict[int
     starts: dict[int, int] = {}
     submitted: dict[int, int] = {}
     for i, lane in lanes.items():
-        node: Any = lane.source
         pending: list[int] = []
-        while node is not None and not isinstance(node, WorkItemNode):
-            if isinstance(node, OrderedParallelMap):
-                pending = [w.position for w in node.in_flight() if hasattr(w, "position")]
-            node = getattr(node, "source", None)
+        node: WorkItemNode | None = None
+        for n in chain_nodes(lane.source):
+            if isinstance(n, WorkItemNode):
+                node = n
+                break
+            if isinstance(n, OrderedParallelMap):
+                pending = [w.position for w in n.in_flight() if isinstance(w, WorkItem)]
         if node is None:
             continue
         submitted[i] = node.next_index
@@ -96,7 +98,8 @@ class Pipeline:
             to every sample (the default; covered by digests). False drops the field.
         stages: torchdata nodes appended to every lane, after packing and shuffling: each
             ``make(feed) -> BaseNode`` builds a node over ``feed`` (the lane's samples of one
-            flush window) and runs in a :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+            flush window) and runs in a
+            :class:`~zephon_nodes.engine.torchdata_stage.TorchdataStage`.
             They must yield samples (dicts of arrays) and are not part of the fingerprint.
     """
 
@@ -190,6 +193,8 @@ class Pipeline:
         if contents:
             self.summary["contents"] = contents
         self._cache_feed: Any = None
+        #: The re-lane lineage of the streams read (engine/relane.py), None if never re-laned.
+        self.lineage: dict[str, Any] | None = None
 
     def check_produces(self) -> None:
         """Refuse, cheaply and before any lane is built, a recipe that can produce no batch.
@@ -235,8 +240,8 @@ class Pipeline:
         """
         r = self.recipe
         # A re-laned checkpoint's streams (engine/relane.py) bring their own lane nodes.
-        relaned: Any = self.work_source if getattr(self.work_source, "relaned", False) else None
-        items: Any = (
+        relaned = self.work_source if isinstance(self.work_source, LaneNodes) else None
+        items = (
             relaned.item_node(lane, r.flush_every)
             if relaned is not None
             else WorkItemNode(self.work_source, lane, r.flush_every)
@@ -292,7 +297,7 @@ class Pipeline:
             lanes: Explicit lanes for this rank (default: :func:`lanes_for_rank`).
             lookahead: Work items each lane submits ahead (per stage).
             operator_pools: Per-operator pools, e.g. ``{"decode": "process:6",
-                "tokenize": "thread:2"}`` (see :mod:`zephon_nodes.engine.stages`); values
+                "tokenize": "thread:2"}`` (see :mod:`zephon_nodes.engine.operator_pools`); values
                 are pools (the caller's) or specs (pools created and owned by the node).
                 Operators not named run on ``pool``. A physical setting: output unchanged.
         """
@@ -327,8 +332,7 @@ class Pipeline:
         # Each rank node gets its own copy of a mixing work source (its decisions are per
         # node); build_lane (which subclasses override) reads it as ``self.work_source``.
         shared = self.work_source
-        fork = getattr(shared, "fork", None)
-        ws = fork() if fork is not None else shared
+        ws = shared.fork()
         self.work_source = ws
         try:
             # Without per-operator pools, the call a subclass overriding build_lane expects.

@@ -33,6 +33,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from zephon_nodes.core.operator import operator_name
+
 __all__ = [
     "ARENA_BYTES",
     "MIN_BYTES",
@@ -303,4 +305,4 @@ class ShmCall:
     @property
     def name(self) -> str:
         """The operator's name (messages)."""
-        return str(getattr(self.fn, "name", type(self.fn).__name__))
+        return operator_name(self.fn)

@@ -46,18 +46,18 @@ from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon_nodes.engine.checkpoint import FORMAT, fingerprint_pair, validate_state
-from zephon_nodes.engine.decisions import (
+from zephon_nodes.engine.end_of_data import all_ranks_continue
+from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
+from zephon_nodes.engine.mixture_log import (
     MIXTURE_KEY,
     normalize_weights,
     parse_mixture_state,
     with_decision,
 )
-from zephon_nodes.engine.end_of_data import all_ranks_continue
-from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
 from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
-from zephon_nodes.engine.stages import parse_operator_workers
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.io.nodecache.nodecache import parse_size, set_cache_limit
 from zephon_nodes.operators.tokenize import load_tokenizer
@@ -1018,7 +1018,7 @@ class ZephonDataLoader(BaseDataLoader):
 
         The decision ``(step, weights)`` joins the log kept in the checkpoint and takes
         effect in each lane from the first flush window after the lane's position at this
-        step (see :mod:`zephon_nodes.engine.decisions`); micro-batches prefetched under the
+        step (see :mod:`zephon_nodes.engine.mixture_log`); micro-batches prefetched under the
         old weights are thrown away and recomputed. With ``torch.distributed`` initialized,
         one all-gather on ``group`` (default: the whole job; pass the data-parallel group)
         checks that every rank makes the same decision at the same step.
@@ -1033,9 +1033,7 @@ class ZephonDataLoader(BaseDataLoader):
                 middle of a step, a full log (``dataloader.max_decisions``), or when ranks
                 disagree (naming both weight sets).
         """
-        refuse = getattr(self.pipeline.work_source, "refuse_decisions", None)  # re-laned
-        if refuse is not None:
-            refuse()
+        self.pipeline.work_source.refuse_decisions()  # a re-laned stream refuses
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="ZephonDataLoader.set_mixture")
         state = self._restore if self._restore is not None else self._state

@@ -68,15 +68,9 @@ def _dirname(uri: str) -> str:
     return posixpath.dirname(uri) if storage.is_remote(uri) else os.path.dirname(uri)
 
 
-def _join(directory: str, name: str) -> str:
-    if storage.is_remote(directory):
-        return directory.rstrip("/") + "/" + name
-    return os.path.join(directory, name)
-
-
 def rebuild_hint(directory: str) -> str:
     """The command that rebuilds the index of a directory."""
-    return f"rebuild it: zephon index '{storage.redact(_join(directory, '*'))}'"
+    return f"rebuild it: zephon index '{storage.redact(storage.join(directory, '*'))}'"
 
 
 def _read_text(uri: str) -> str | None:
@@ -206,7 +200,7 @@ def _candidates(text: str, named: str | None) -> list[str]:
     out = []
     directory = _dirname(text)
     for _ in range(SEARCH_UP + 1):
-        out.append(_join(directory, INDEX_NAME))
+        out.append(storage.join(directory, INDEX_NAME))
         parent = _dirname(directory)
         remote_root = storage.is_remote(text) and "://" not in parent
         if parent == directory or remote_root or not parent:

@@ -131,7 +131,7 @@ class ShardTable:
 
     def uri(self, k: int) -> str:
         """The ``k``-th shard's full path or URI."""
-        return _join(self.directory, self.name(k))
+        return storage.join(self.directory, self.name(k))
 
     def entry(self, k: int) -> dict[str, Any]:
         """The ``k``-th shard's index entry (parsed on each call)."""
@@ -216,12 +216,6 @@ def _glob_regex(pattern: str) -> str:
             j += 1
         out.append(text + ("" if last else "/"))
     return "^" + "".join(out) + "$"
-
-
-def _join(directory: str, name: str) -> str:
-    if storage.is_remote(directory):
-        return directory.rstrip("/") + "/" + name
-    return directory.rstrip("/") + "/" + name if directory != "/" else "/" + name
 
 
 def _save(path: Path, array: np.ndarray) -> None:
@@ -404,7 +398,7 @@ def _candidates(directory: str, named: str | None) -> list[str]:
     """Where the index of files under ``directory`` may be (as for a shard there)."""
     from zephon_nodes.io.index.index import _candidates as shard_candidates
 
-    return shard_candidates(_join(directory, "*"), named)
+    return shard_candidates(storage.join(directory, "*"), named)
 
 
 def _absolute(spec: Any, pattern: str) -> str:

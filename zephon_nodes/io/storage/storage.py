@@ -40,6 +40,7 @@ __all__ = [
     "expand",
     "fetch",
     "is_remote",
+    "join",
     "local_path",
     "read_range",
     "redact",
@@ -78,6 +79,16 @@ def scheme(uri: str) -> str:
 def is_remote(uri: str | os.PathLike[str]) -> bool:
     """Whether ``uri`` names remote storage (anything but a plain path or ``file://``)."""
     return scheme(str(uri)) not in ("", "file")
+
+
+def join(directory: str, name: str) -> str:
+    """``name`` inside ``directory``: with ``/`` for a URI, :func:`os.path.join` for a path.
+
+    (A plain relative path stays relative: ``join("", "a.jsonl")`` is ``"a.jsonl"``.)
+    """
+    if is_remote(directory):
+        return directory.rstrip("/") + "/" + name
+    return os.path.join(directory, name)
 
 
 def local_path(uri: str | os.PathLike[str]) -> str:
