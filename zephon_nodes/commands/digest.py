@@ -35,7 +35,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("recipe", help="recipe TOML file")
     p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
     p.add_argument("--steps", type=int, required=True, help="global batches to produce")
-    p.add_argument("--num-workers", type=int, default=2, help="pool workers (default 2)")
+    p.add_argument(
+        "--num-workers",
+        "--workers",
+        dest="num_workers",
+        type=int,
+        default=2,
+        help="pool workers per rank (default 2; --workers is the same flag)",
+    )
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
     p.add_argument("--local-batch-size", type=int, default=None, help="micro-batch size per rank")
     p.add_argument(

@@ -42,7 +42,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("recipe", help="recipe TOML file")
     p.add_argument("--steps", type=int, required=True, help="global batches to measure")
     p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
-    p.add_argument("--num-workers", type=int, default=2, help="pool workers (default 2)")
+    p.add_argument(
+        "--num-workers",
+        "--workers",
+        dest="num_workers",
+        type=int,
+        default=2,
+        help="pool workers per rank (default 2; --workers is the same flag)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--cache-limit",
