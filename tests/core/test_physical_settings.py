@@ -222,3 +222,10 @@ def test_disk_too_small_for_one_shard_is_refused_at_start_up(tmp_path: Path) -> 
     text = str(e.value)
     assert "\n" not in text and "part-0" in text and "limit of 100 bytes" in text
     assert "the default" in text and "--cache-limit" in text
+
+
+def test_every_variable_is_documented() -> None:
+    """docs/cli.md's settings table has a row for every variable, with its field."""
+    text = (PACKAGE.parent / "docs" / "cli.md").read_text()
+    for var in ENVIRONMENT:
+        assert f"| `{var.name}` | `{var.field}`" in text, var.name
