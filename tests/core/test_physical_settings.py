@@ -25,7 +25,7 @@ from zephon_nodes.core.settings import (
     current,
     using,
 )
-from zephon_nodes.io.nodecache import CacheFullError, node_cache
+from zephon_nodes.io.nodecache.nodecache import CacheFullError, node_cache
 from zephon_nodes.verification.simulate import simulate
 
 PACKAGE = Path(__file__).resolve().parents[2] / "zephon_nodes"

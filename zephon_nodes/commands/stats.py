@@ -19,7 +19,7 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.pack import IGNORE_INDEX
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 __all__ = ["add_parser", "compute_stats", "run"]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.io.shards import Shard, memory_shard, open_shard
-from zephon_nodes.recipe.spec import DatasetSpec
+from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
+from zephon_nodes.recipe import DatasetSpec
 
 __all__ = ["Dataset"]
 
@@ -20,7 +20,7 @@ class Dataset:
 
     Work item ``k`` of the dataset is found in O(log shards) through cumulative counts, so
     any item can be reached without reading the items before it. An empty shard contributes
-    no work items. ``shards`` may be a :class:`~zephon_nodes.io.lazyshards.LazyShards` (from
+    no work items. ``shards`` may be a :class:`~zephon_nodes.io.index.lazyshards.LazyShards` (from
     a dataset index): its record counts come from the index, and a shard is opened when a
     work item of it is first read.
 
@@ -87,7 +87,7 @@ class Dataset:
 def _open(path: str) -> Any:
     """A shard; a ``.zst`` one is decompressed into the bounded node cache, never beside it."""
     if str(path).endswith(".zst"):
-        from zephon_nodes.io.wholeshard import open_whole_shard
+        from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
 
         return open_whole_shard(path)
     return open_shard(path)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from zephon_nodes.core.settings import Settings, current
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.checksum import build_memo
+from zephon_nodes.io.storage.checksum import build_memo
 
 __all__ = [
     "FileStat",

@@ -3,9 +3,10 @@
 A single-frame ``.jsonl.zst`` cannot be read in part: its decompressed copy is made on first
 use. :func:`route_whole_shards` wraps such shards in :class:`NodeCachedShard`, whose
 decompressed copy is an entry of the node cache: fetched once per node, pinned while a work
-item reads it, evicted by the exact future (see :mod:`zephon_nodes.io.nodecache`). The node
-cache is always bounded: by ``--cache-limit`` / ``ZEPHON_CACHE_LIMIT``, else by a share of
-its disk's free space (:meth:`~zephon_nodes.core.settings.Settings.cache_limit_bytes`), and
+item reads it, evicted by the exact future (see :mod:`zephon_nodes.io.nodecache.nodecache`).
+The node cache is always bounded: by ``--cache-limit`` / ``ZEPHON_CACHE_LIMIT``, else by a
+share of its disk's free space
+(:meth:`~zephon_nodes.core.settings.Settings.cache_limit_bytes`), and
 :func:`check_whole_shards_fit` refuses at start-up a cache too small for the largest such
 shard. The small record index stays in the ordinary cache. Bytes read are the same either
 way.
@@ -23,10 +24,10 @@ import numpy as np
 
 from zephon_nodes.core.settings import Settings
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.cache import atomic_write
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.io.nodecache import check_fits, node_cache
-from zephon_nodes.io.shards import FileShard
+from zephon_nodes.io.formats.shards import FileShard
+from zephon_nodes.io.nodecache.nodecache import check_fits, node_cache
+from zephon_nodes.io.storage.cache import atomic_write
 
 __all__ = ["NodeCachedShard", "check_whole_shards_fit", "open_whole_shard", "route_whole_shards"]
 
@@ -72,9 +73,9 @@ class NodeCachedShard:
 
     def cache_fetch(self, dest: Path) -> None:
         """Fetch (if remote), check the checksum and decompress the shard into ``dest``."""
-        from zephon_nodes.io import storage
-        from zephon_nodes.io.checksum import file_checksum
-        from zephon_nodes.io.shards import _check_same, _decompress_to
+        from zephon_nodes.io.formats.shards import _check_same, _decompress_to
+        from zephon_nodes.io.storage import storage
+        from zephon_nodes.io.storage.checksum import file_checksum
 
         s = self.shard
 
@@ -86,7 +87,7 @@ class NodeCachedShard:
                 raise DataError(f"{s.path}: {str(e).partition(': ')[2]}") from None
 
         if storage.is_remote(s.uri):
-            from zephon_nodes.io.remote import fetched
+            from zephon_nodes.io.storage.remote import fetched
 
             with fetched(s.uri, storage.stat(s.uri)) as (tmp, checksum):
                 _check_same(s, checksum)
@@ -99,7 +100,7 @@ class NodeCachedShard:
 
     def _index(self, data: Path) -> str:
         """The record index of the decompressed copy (built once, kept in the usual cache)."""
-        from zephon_nodes.io.shards import _artifacts, _index_file
+        from zephon_nodes.io.formats.shards import _artifacts, _index_file
 
         index_path = _artifacts(self.shard.checksum)[1]
         if not index_path.exists():
@@ -175,8 +176,8 @@ def check_whole_shards_fit(datasets: Sequence[Dataset], settings: Settings | Non
     Raises:
         CacheFullError: Naming the shard, the bytes it needs, the limit and its source.
     """
-    from zephon_nodes.io.lazyshards import LazyShards
-    from zephon_nodes.io.table import KINDS
+    from zephon_nodes.io.index.lazyshards import LazyShards
+    from zephon_nodes.io.index.table import KINDS
 
     largest, what = 0, ""
     for d in datasets:
@@ -239,9 +240,9 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
     Raises:
         DataError: A missing, unreadable, corrupt or truncated shard (naming it).
     """
-    from zephon_nodes.io import storage
-    from zephon_nodes.io.checksum import file_checksum
-    from zephon_nodes.io.shards import _artifacts, _decompress_to, _load_index
+    from zephon_nodes.io.formats.shards import _artifacts, _decompress_to, _load_index
+    from zephon_nodes.io.storage import storage
+    from zephon_nodes.io.storage.checksum import file_checksum
 
     def counted(src: Path, checksum: str) -> tuple[np.ndarray, int]:
         size_path = _artifacts(checksum)[1].with_suffix(".size")
@@ -260,7 +261,7 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
 
     st = storage.stat(uri)
     if storage.is_remote(uri):
-        from zephon_nodes.io.remote import fetched, known_checksum
+        from zephon_nodes.io.storage.remote import fetched, known_checksum
 
         checksum = known_checksum(uri, st)
         ready = checksum is not None and _artifacts(checksum)[1].with_suffix(".size").exists()
