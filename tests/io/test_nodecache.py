@@ -444,10 +444,11 @@ class TestConfiguration:
             parse_size("lots")
 
     def test_node_cache_from_env(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """No limit: no cache; a limit: one shared instance under $ZEPHON_CACHE_DIR/node."""
+        """No limit: the default one; a limit: one shared instance under $ZEPHON_CACHE_DIR/node."""
         monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path))
         monkeypatch.delenv(LIMIT_ENV, raising=False)
-        assert node_cache() is None
+        default = node_cache()
+        assert 0 < default.limit_bytes <= 100 << 30  # a share of the free disk, capped
         set_cache_limit("1M", "lru")
         cache = node_cache()
         assert cache is not None and cache is node_cache()
@@ -457,8 +458,9 @@ class TestConfiguration:
             node_cache()
         with pytest.raises(RecipeError, match="'fifo'"):
             set_cache_limit("1M", "fifo")
+        monkeypatch.delenv(LIMIT_ENV)
         set_cache_limit(None)
-        assert node_cache() is None
+        assert node_cache() is default
 
 
 _PROC = textwrap.dedent(
