@@ -174,6 +174,7 @@ class _Progress:
                 f"({len(r.digests)} steps, {r.seconds:.2f} s)"
             )
         if self.bar.is_bar:
+            self.bar.describe(r.setting.name)
             if self.done > 0:
                 self.bar.update(1)
         else:
