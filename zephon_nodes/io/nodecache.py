@@ -307,6 +307,28 @@ class NodeCache:
         """Return whether ``key`` is in the cache now."""
         return (self.root / "data" / _name(key)).exists()
 
+    def discard(self, key: str) -> bool:
+        """Remove ``key``'s entry now (a reader found it damaged) unless someone pins it.
+
+        Returns:
+            Whether an entry was removed.
+        """
+        name = _name(key)
+        with self._global():
+            fd = self._lock_fd(name)
+            try:
+                if not _try_flock(fd, fcntl.LOCK_EX):
+                    return False
+                try:
+                    (self.root / "data" / name).unlink()
+                except FileNotFoundError:
+                    return False
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        return True
+
     def close(self) -> None:
         """Stop prefetching and withdraw this process's plan; entries stay on disk."""
         if self._closed:
