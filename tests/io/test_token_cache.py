@@ -96,7 +96,14 @@ def test_off_cold_warm_process_and_dp_give_the_same_digests(
     before = stats(cache)["hits"]
     assert digests(r, 2) == off  # warm, two ranks
     assert stats(cache)["hits"] >= before + len(stored)
-    assert digests(r, 1, runner="process") == off  # warm, read by worker processes
+    p = Pipeline(r)
+    before = p.token_cache_stats()
+    assert before is not None
+    got = [x.digest for x, _ in simulate(p, 1, 10_000, runner="process")]
+    assert got == off  # warm, read by worker processes
+    after = p.token_cache_stats()
+    assert after is not None  # the workers' hits come back with their results
+    assert after["hits"] >= before["hits"] + len(stored)
     assert entries(cache) == stored  # nothing rewritten
 
 

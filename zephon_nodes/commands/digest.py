@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from zephon_nodes.commands.cache import add_token_cache_args, apply_token_cache_args
 from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.engine.checkpoint import check_writable, load_state, save_state
 from zephon_nodes.engine.decisions import read_updates, updates_after
@@ -71,11 +72,13 @@ def add_parser(sub: Any) -> None:
         help='JSON list of decisions [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...], '
         "each made after its step (dynamic mixture)",
     )
+    add_token_cache_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon digest``."""
+    apply_token_cache_args(args)
     if (args.save_at is None) != (args.checkpoint_dir is None):
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
     if args.cache_limit is not None:
@@ -148,6 +151,10 @@ def run(args: argparse.Namespace) -> int:
     cache = pipeline.cache_stats()
     if cache is not None:
         print(f"zephon digest: node cache {json.dumps(cache, sort_keys=True)}", file=sys.stderr)
+    tokens_cached = pipeline.token_cache_stats()
+    if tokens_cached is not None:
+        line = json.dumps(tokens_cached, sort_keys=True)
+        print(f"zephon digest: token cache {line}", file=sys.stderr)
     if produced < args.steps:
         print(
             f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from zephon_nodes.commands.cache import add_token_cache_args, apply_token_cache_args
 from zephon_nodes.core.progress import Progress, is_terminal
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
@@ -102,6 +103,7 @@ def add_parser(sub: Any) -> None:
         help="also write a picture: .html (inline SVG) or .png (needs matplotlib); repeatable",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    add_token_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -177,6 +179,7 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon verify``; return 0 if every setting matches, 1 otherwise."""
+    apply_token_cache_args(args)
     if args.steps < 1:
         raise RecipeError(f"--steps={args.steps} must be >= 1")
     for path in args.report:

@@ -723,6 +723,14 @@ class ZephonDataLoader(BaseDataLoader):
         """Node cache size shared by the node's ranks, e.g. "50G" (sets ZEPHON_CACHE_LIMIT;
         empty: that variable, or no cache). Physical: never changes a batch."""
 
+        token_cache: str = ""
+        """Reuse tokenized work items across runs: "on" or "off" (sets ZEPHON_TOKEN_CACHE;
+        empty: that variable, else off). Physical: never changes a batch (docs/storage.md)."""
+
+        token_cache_limit: str = ""
+        """Token cache size, e.g. "16G" (sets ZEPHON_TOKEN_CACHE_LIMIT; empty: that variable,
+        else 16G)."""
+
         max_decisions: int = 256
         """Room for set_mixture decisions in the checkpoint (fixed-shape DCP tensors)."""
 
@@ -756,6 +764,15 @@ class ZephonDataLoader(BaseDataLoader):
                     parse_size(self.cache_limit)
                 except ValueError as e:
                     raise RecipeError(f"dataloader.cache_limit: {e}") from None
+            if self.token_cache not in ("", "on", "off"):
+                raise RecipeError(
+                    f"dataloader.token_cache={self.token_cache!r} must be 'on', 'off' or empty"
+                )
+            if self.token_cache_limit:
+                try:
+                    parse_size(self.token_cache_limit)
+                except ValueError as e:
+                    raise RecipeError(f"dataloader.token_cache_limit: {e}") from None
             if self.max_decisions < 0:
                 raise RecipeError(f"dataloader.max_decisions={self.max_decisions} must be >= 0")
             if self.relane_from < 0 or self.max_lineage_bytes < 0:
@@ -817,6 +834,9 @@ class ZephonDataLoader(BaseDataLoader):
         self.local_batch_size = local_batch_size
         if config.cache_limit:
             set_cache_limit(config.cache_limit)
+        from zephon_nodes.io.tokenstore import set_token_cache
+
+        set_token_cache(config.token_cache or None, config.token_cache_limit or None)
         self.pipeline = Pipeline(recipe)
         self.lanes = lanes_for_rank(recipe.num_lanes, dp_world_size, dp_rank)
         self.pool = WorkerPool(config.num_workers, config.runner, config.worker_timeout_s)
