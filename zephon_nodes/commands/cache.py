@@ -9,6 +9,7 @@ from typing import Any
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.tokenstore import (
     DEFAULT_LIMIT,
+    clear,
     default_root,
     set_token_cache,
     token_cache_settings,
@@ -81,17 +82,10 @@ def run(args: argparse.Namespace) -> int:
     root = default_root()
     removed = 0
     if args.action == "clear":
-        from zephon_nodes.io.nodecache import NodeCache
-
-        before, _ = _usage()
-        if root.exists():
-            try:
-                # A limit of 0 evicts every entry nobody pins (the node cache's own eviction,
-                # under its locks, so a running job's reads stay safe).
-                NodeCache(root, 0, "lru").close()
-            except OSError as e:
-                raise RecipeError(f"cannot clear the token cache {root}: {e}") from None
-        removed = before - _usage()[0]
+        try:
+            removed = clear(root)
+        except OSError as e:
+            raise RecipeError(f"cannot clear the token cache {root}: {e}") from None
     entries, used = _usage()
     out = {
         "directory": str(root),

@@ -44,7 +44,7 @@ import xxhash
 
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.cache import cache_dir
-from zephon_nodes.io.nodecache import CacheFullError, NodeCache, parse_size
+from zephon_nodes.io.nodecache import CacheFullError, NodeCache, Policy, parse_size
 
 __all__ = [
     "DEFAULT_LIMIT",
@@ -53,6 +53,7 @@ __all__ = [
     "DamagedEntry",
     "Entry",
     "TokenStore",
+    "clear",
     "read_entry",
     "set_token_cache",
     "token_cache_settings",
@@ -64,6 +65,10 @@ ENABLED_ENV = "ZEPHON_TOKEN_CACHE"
 LIMIT_ENV = "ZEPHON_TOKEN_CACHE_LIMIT"
 # The default size limit when the cache is on and no limit is given.
 DEFAULT_LIMIT = "16G"
+
+# Eviction order of the store (see docs/storage.md, "The token cache": chosen by
+# benchmarks/token_cache.py --eviction).
+POLICY: Policy = "lru"
 
 _MAGIC = b"ZTOK\x01\x00\x00\x00"
 _PREFIX = struct.Struct("<8sIIQ")
@@ -199,11 +204,14 @@ class TokenStore:
         root: Its directory (``$ZEPHON_CACHE_DIR/tokens`` by default).
         limit_bytes: Most bytes its entries may take; the least recently used unpinned
             entries are evicted first.
+        policy: The node cache's eviction policy (default :data:`POLICY`, ``"lru"``).
     """
 
-    def __init__(self, root: str | os.PathLike[str], limit_bytes: int) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], limit_bytes: int, policy: Policy | None = None
+    ) -> None:
         self.root = Path(root)
-        self.cache = NodeCache(self.root, limit_bytes, "lru")
+        self.cache = NodeCache(self.root, limit_bytes, policy or POLICY)
         self._lock = threading.Lock()
         self._counts = {"damaged": 0, "cpu_ns_saved": 0, "tokens_served": 0, "uncached": 0}
 
@@ -369,6 +377,20 @@ def token_store(root: str | None = None, limit_bytes: int | None = None) -> Toke
             store = TokenStore(root, int(limit_bytes))
             _STORES[key] = store
     return store
+
+
+def clear(root: str | os.PathLike[str] | None = None) -> int:
+    """Remove every entry nobody is reading now; return how many were removed.
+
+    A limit of 0 on the node cache's own eviction, under its locks: a running job's reads
+    stay safe (an entry it pins stays; one it wants again is recomputed).
+    """
+    path = Path(root) if root is not None else default_root()
+    if not (path / "data").is_dir():
+        return 0
+    before = sum(1 for _ in os.scandir(path / "data"))
+    NodeCache(path, 0, "lru").close()
+    return before - sum(1 for _ in os.scandir(path / "data"))
 
 
 def process_stats() -> dict[str, int]:
