@@ -257,3 +257,34 @@ def test_building_a_pipeline_dealt_by_tokens_reads_no_document_when_warm(
     monkeypatch.setattr(FileShard, "read", failing)
     assert [x.digest for x, _ in simulate(warm, 1, 10_000)] == expected  # served from the cache
     assert reads == []
+
+
+def test_concurrent_writers_of_one_key_compute_and_write_it_once(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    import numpy as np
+
+    from zephon_nodes.io.tokenstore import TokenStore
+
+    store = TokenStore(tmp_path / "tokens", 1 << 20)
+    calls: list[int] = []
+
+    def compute() -> Entry:
+        calls.append(1)
+        time.sleep(0.2)  # the others arrive while it is being written
+        return Entry(np.arange(10, dtype=np.int32), np.array([4, 6]))
+
+    got: list[Entry] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(store.get("t-key", compute))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(got) == 4
+    for e in got:
+        assert e.tokens.tolist() == list(range(10)) and e.lengths.tolist() == [4, 6]
+    s = store.stats()
+    assert (s["misses"], s["hits"]) == (1, 3)
