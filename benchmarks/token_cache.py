@@ -44,7 +44,7 @@ import numpy as np
 
 from benchmarks.corpus import Corpus, build_corpus
 from zephon_nodes import DatasetSpec, MixtureSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
-from zephon_nodes.io.tokenstore import clear, default_root, set_token_cache
+from zephon_nodes.io.nodecache.tokenstore import clear, default_root, set_token_cache
 
 SEQ_LEN = 512
 BATCH = 32
@@ -129,7 +129,7 @@ def startup_recipe(corpus: Corpus, files: list[Path]) -> Recipe:
 
 def run_steps(recipe: Recipe, steps: int, cache: str) -> dict[str, Any]:
     """Build and run ``steps`` global batches on one rank; CPU, tokens, cache counters."""
-    from zephon_nodes.io.tokenstore import process_stats
+    from zephon_nodes.io.nodecache.tokenstore import process_stats
 
     set_token_cache(cache)
     before = process_stats()
@@ -177,7 +177,7 @@ def _micro(batch: Any) -> list[Any]:
 
 def _cache_tokens() -> int:
     """Token ids stored in the cache (from the entries' lengths)."""
-    from zephon_nodes.io.tokenstore import read_entry
+    from zephon_nodes.io.nodecache.tokenstore import read_entry
 
     data = default_root() / "data"
     return sum(int(read_entry(p, lengths_only=True).lengths.sum()) for p in data.iterdir())
@@ -274,7 +274,7 @@ def eviction(corpus: Corpus, steps: int, fraction: float) -> dict[str, Any]:
     ``"belady"`` policy with no plan published (the token cache publishes none), which evicts
     in key order: a fixed, content-hashed order, unrelated to use.
     """
-    from zephon_nodes.io import tokenstore
+    from zephon_nodes.io.nodecache import tokenstore
 
     r1 = ablation_recipe(corpus, 1, (0.5, 0.5))
     r2 = ablation_recipe(corpus, 2, (0.3, 0.7))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from zephon_nodes.cli import main
-from zephon_nodes.io.tokenstore import ENABLED_ENV, LIMIT_ENV
+from zephon_nodes.io.nodecache.tokenstore import ENABLED_ENV, LIMIT_ENV
 
 RECIPE = """
 seed = 7

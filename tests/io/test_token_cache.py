@@ -14,7 +14,7 @@ import pytest
 
 from tests.mixing.conftest import train_hf_tokenizer
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
-from zephon_nodes.io.tokenstore import (
+from zephon_nodes.io.nodecache.tokenstore import (
     ENABLED_ENV,
     LIMIT_ENV,
     DamagedEntry,
@@ -77,7 +77,7 @@ def on(monkeypatch: pytest.MonkeyPatch, limit: str | None = None) -> None:
 
 
 def stats(root: Path) -> dict[str, int]:
-    from zephon_nodes.io.tokenstore import token_cache_settings
+    from zephon_nodes.io.nodecache.tokenstore import token_cache_settings
 
     return token_store(str(root), token_cache_settings()[1]).stats()
 
@@ -231,7 +231,7 @@ def test_changed_shard_or_tokenizer_never_hits_an_old_entry(
 def test_building_a_pipeline_dealt_by_tokens_reads_no_document_when_warm(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zephon_nodes.io.shards import FileShard
+    from zephon_nodes.io.formats.shards import FileShard
 
     write_corpus(tmp_path / "d")
     r = recipe(tmp_path / "d", epochs=1, deal="balanced")
@@ -265,7 +265,7 @@ def test_concurrent_writers_of_one_key_compute_and_write_it_once(tmp_path: Path)
 
     import numpy as np
 
-    from zephon_nodes.io.tokenstore import TokenStore
+    from zephon_nodes.io.nodecache.tokenstore import TokenStore
 
     store = TokenStore(tmp_path / "tokens", 1 << 20)
     calls: list[int] = []

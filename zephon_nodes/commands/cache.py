@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io.tokenstore import (
+from zephon_nodes.io.nodecache.tokenstore import (
     DEFAULT_LIMIT,
     clear,
     default_root,

@@ -7,7 +7,7 @@ checksum and the record range, the dataset's text field and ``on_error`` policy,
 tokenizer's identity (its kind, the SHA-256 of its file, bos/eos, the version of the library
 that runs it) and the version of the parse and tokenize code. Seed, mixture weights, lanes,
 packing and shuffling are downstream and never part of it, so an ablation that changes only
-those hits the cache. Entries are kept by :mod:`zephon_nodes.io.tokenstore` (one bounded
+those hits the cache. Entries are kept by :mod:`zephon_nodes.io.nodecache.tokenstore` (one bounded
 directory per node, shared by all ranks and runs, each entry checked on every read).
 
 The cache sits in the stateless chain as two operators that replace parse and tokenize
@@ -33,7 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.io.tokenstore import Entry, now_cpu_ns, token_cache_settings, token_store
+from zephon_nodes.io.nodecache.tokenstore import (
+    Entry,
+    now_cpu_ns,
+    token_cache_settings,
+    token_store,
+)
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.documents import DocBatch, TextBatch
 from zephon_nodes.operators.parse import ParseJsonl
@@ -244,7 +249,7 @@ def cached_chain(ops: list[Any], recipe: Any) -> list[Any]:
     identity = tokenizer_identity(recipe.tokenizer)
     if identity is None:
         return ops
-    from zephon_nodes.io.tokenstore import default_root
+    from zephon_nodes.io.nodecache.tokenstore import default_root
 
     root = str(default_root())
     first = CachedParse(parse, tokenize, identity, root, limit)
