@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
 from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.core.settings import current, using
 from zephon_nodes.engine.checkpoint import check_writable, load_state, save_state
@@ -79,6 +80,7 @@ def add_parser(sub: Any) -> None:
         help='JSON list of decisions [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...], '
         "each made after its step (dynamic mixture)",
     )
+    add_token_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -87,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     settings = current()
     if args.cache_limit is not None:
         settings = settings.replace(cache_limit=args.cache_limit)
+    settings = with_token_cache_args(settings, args)
     with using(settings):
         return _run(args)
 
@@ -162,6 +165,10 @@ def _run(args: argparse.Namespace) -> int:
     cache = pipeline.cache_stats()
     if cache is not None:
         print(f"zephon digest: node cache {json.dumps(cache, sort_keys=True)}", file=sys.stderr)
+    tokens_cached = pipeline.token_cache_stats()
+    if tokens_cached is not None:
+        line = json.dumps(tokens_cached, sort_keys=True)
+        print(f"zephon digest: token cache {line}", file=sys.stderr)
     if produced < args.steps:
         print(
             f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
 from zephon_nodes.core.settings import current, using
 from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.end_of_data import unused_samples
@@ -71,6 +72,7 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="also report token shares per window of N steps (token_shares_per_window)",
     )
+    add_token_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -216,6 +218,9 @@ def compute_stats(
     }
     if cache is not None:
         out["cache"] = cache
+    tokens_cached = pipeline.token_cache_stats()
+    if tokens_cached is not None:
+        out["token_cache"] = tokens_cached
     if len(names) > 1 and recipe.mixture.schedule is None:
         out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
         # The weights in force after the last step: the recipe's, or the last decision's.
@@ -259,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
     settings = current()
     if args.cache_limit is not None:
         settings = settings.replace(cache_limit=args.cache_limit)
+    settings = with_token_cache_args(settings, args)
     with using(settings):
         return _run(args)
 
@@ -300,6 +306,13 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"node cache: {c['hits']} hits, {c['misses']} misses, {c['bytes_fetched']} bytes "
             f"fetched, peak {c['peak_bytes']} of {c['limit_bytes']} bytes"
+        )
+    if "token_cache" in stats:
+        t = stats["token_cache"]
+        print(
+            f"token cache: {t['hits']} hits, {t['misses']} misses, {t['bytes_read']} bytes read, "
+            f"{t['bytes_written']} written, {t['evictions']} evictions, {t['damaged']} damaged, "
+            f"{t['cpu_s_saved']:.2f} CPU s saved"
         )
     end = stats["end_of_data"]
     if end is not None:

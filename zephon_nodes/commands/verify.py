@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
 from zephon_nodes.core.progress import Progress, is_terminal
+from zephon_nodes.core.settings import current, using
 from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
@@ -110,6 +112,7 @@ def add_parser(sub: Any) -> None:
         help="also write a picture: .html (inline SVG) or .png (needs matplotlib); repeatable",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    add_token_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -186,6 +189,11 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon verify``; return 0 if every setting matches, 1 otherwise."""
+    with using(with_token_cache_args(current(), args)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise RecipeError(f"--steps={args.steps} must be >= 1")
     for path in args.report:

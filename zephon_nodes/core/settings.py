@@ -59,6 +59,7 @@ Policy = Literal["belady", "lru"]
 CACHE_SHARE = 0.5
 """Share of the cache disk's free space the node cache takes when no limit is set."""
 CACHE_CAP_BYTES = 100 << 30
+TOKEN_CACHE_LIMIT = 16 << 30  # the token cache's default limit
 """Largest node cache taken when no limit is set (100 GiB)."""
 
 
@@ -118,6 +119,10 @@ class Settings:
         ray_max_retries: Re-runs of a Ray task whose worker or node was lost
             (``ZEPHON_RAY_MAX_RETRIES``).
         ray_address: The Ray cluster to join (``RAY_ADDRESS``); None starts a local one.
+        token_cache: Reuse tokenized work items across runs (``ZEPHON_TOKEN_CACHE=on`` /
+            ``--token-cache on``; default off).
+        token_cache_limit: Bytes the token cache may hold (``ZEPHON_TOKEN_CACHE_LIMIT`` /
+            ``--token-cache-limit``, default 16 GiB).
 
     Raises:
         RecipeError: A value of the wrong type or outside its bounds, naming the field, what
@@ -138,7 +143,8 @@ class Settings:
     use_index: bool = True
     ray_max_retries: int = 3
     ray_address: str | None = None
-    # The token cache's settings (issue 25) are added here by its module's owner.
+    token_cache: bool = False
+    token_cache_limit: int = TOKEN_CACHE_LIMIT
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -188,6 +194,7 @@ class Settings:
             raise RecipeError(f"unknown physical setting(s) {unknown}; known: {sorted(known)}")
         if isinstance(changes.get("cache_limit"), str):
             changes["cache_limit"] = parse_limit(changes["cache_limit"], "--cache-limit")
+        _text_values(changes)
         return dataclasses.replace(self, **changes)
 
     @property
@@ -243,7 +250,10 @@ def _problem(name: str, value: Any) -> str | None:
         return None if isinstance(value, str) else f"must be an address, got {value!r}"
     if name == "cache_policy":
         return None if value in ("belady", "lru") else "must be 'belady' or 'lru'"
-    if name in ("verify_data", "immutable_data", "use_index"):
+    if name == "token_cache_limit":
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return None if ok else f"must be a byte count >= 0, got {value!r}"
+    if name in ("verify_data", "immutable_data", "use_index", "token_cache"):
         return None if isinstance(value, bool) else f"must be a bool, got {type(value).__name__}"
     bound = PHYSICAL.get(name)
     if bound is None:
@@ -251,6 +261,21 @@ def _problem(name: str, value: Any) -> str | None:
     if bound.kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     return bound.problem(value)
+
+
+def _text_values(changes: dict[str, Any]) -> None:
+    """Turn the token cache's text values (``"on"``, ``"16G"``) into their types, in place."""
+    if isinstance(changes.get("token_cache"), str):
+        text = changes["token_cache"]
+        try:
+            changes["token_cache"] = _bool(text) if text.strip() else None
+        except ValueError:
+            raise RecipeError(f"--token-cache should be 'on' or 'off', got {text!r}") from None
+    if isinstance(changes.get("token_cache_limit"), str):
+        try:
+            changes["token_cache_limit"] = parse_size(changes["token_cache_limit"])
+        except ValueError as e:
+            raise RecipeError(f"--token-cache-limit: {e}") from None
 
 
 def parse_limit(text: str | int, name: str) -> int | None:
@@ -289,6 +314,13 @@ def _number(kind: type) -> Callable[[str], Any]:
 def _size(text: str) -> int | None:
     if text.strip().lower() == "auto":
         return None
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise ValueError(repr(text)) from None
+
+
+def _byte_size(text: str) -> int:
     try:
         return parse_size(text)
     except ValueError:
@@ -342,6 +374,14 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("ZEPHON_NO_INDEX", "use_index", lambda t: not _bool(t), "1/0 (true/false, yes/no)", "0"),
     EnvVar("ZEPHON_RAY_MAX_RETRIES", "ray_max_retries", _number(int), "an integer", "3"),
     EnvVar("RAY_ADDRESS", "ray_address", str, "a Ray address", "none: a local cluster"),
+    EnvVar("ZEPHON_TOKEN_CACHE", "token_cache", _bool, "'on' or 'off' (1/0, true/false)", "off"),
+    EnvVar(
+        "ZEPHON_TOKEN_CACHE_LIMIT",
+        "token_cache_limit",
+        _byte_size,
+        "a byte size such as 16G",
+        "16G",
+    ),
 )
 """Every environment variable :meth:`Settings.from_env` reads."""
 
@@ -421,6 +461,8 @@ def update(**changes: Any) -> Settings:
             trial.pop("cache_limit")
         else:
             trial["cache_limit"] = limit
+    _text_values(trial)
+    trial = {k: v for k, v in trial.items() if v is not None}
     Settings().replace(**trial)  # refuse a bad change before keeping it
     with _LOCK:
         _OVERRIDES.clear()

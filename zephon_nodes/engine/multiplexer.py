@@ -208,6 +208,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         cache = self.pipeline.cache_stats()
         if cache is not None:  # with a node-cache limit; process workers' counters included
             out["node_cache"] = cache
+        tokens = getattr(self.pipeline, "token_cache_stats", lambda: None)()
+        if tokens is not None:  # with the token cache on
+            out["token_cache"] = tokens
         return out
 
     def _restore(self, initial_state: dict[str, Any] | None) -> None:

@@ -446,3 +446,26 @@ class Pipeline:
         if self.settings.cache_limit is None and self.cache_feed() is None:
             return None
         return merged(node_cache(self.settings).stats())
+
+    def token_cache_stats(self) -> dict[str, Any] | None:
+        """Return the token cache's counters (this process and its process workers).
+
+        Keys: hits, misses, bytes_read, bytes_written, evictions, damaged, uncached,
+        tokens_served, cpu_s_saved, limit_bytes (see :mod:`zephon_nodes.io.nodecache.tokenstore`).
+        None when this pipeline's chain does not use the token cache (off, or a recipe it
+        does not apply to).
+        """
+        from zephon_nodes.io.nodecache.tokenstore import process_stats, token_cache_settings
+        from zephon_nodes.io.nodecache.workercounts import merged_tokens
+        from zephon_nodes.operators.chain import Chain
+        from zephon_nodes.operators.tokencache import CachedParse
+
+        chain = self.stateless
+        if not isinstance(chain, Chain) or not any(
+            isinstance(op, CachedParse) for op in chain.operators
+        ):
+            return None
+        out: dict[str, Any] = merged_tokens(process_stats())
+        out["limit_bytes"] = token_cache_settings()[1]
+        out["cpu_s_saved"] = out.pop("cpu_ns_saved", 0) / 1e9
+        return out

@@ -45,7 +45,7 @@ import torch
 from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_nodes.core.settings import Settings, current, parse_limit
+from zephon_nodes.core.settings import Settings, current, parse_limit, parse_size, using
 from zephon_nodes.engine.checkpoint import FORMAT, fingerprint_pair, validate_state
 from zephon_nodes.engine.end_of_data import all_ranks_continue
 from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
@@ -723,6 +723,14 @@ class ZephonDataLoader(BaseDataLoader):
         """Node cache size shared by the node's ranks, e.g. "50G" (the settings' cache_limit;
         empty: ZEPHON_CACHE_LIMIT, else the default share of the free disk). Physical."""
 
+        token_cache: str = ""
+        """Reuse tokenized work items across runs: "on" or "off" (sets ZEPHON_TOKEN_CACHE;
+        empty: that variable, else off). Physical: never changes a batch (docs/storage.md)."""
+
+        token_cache_limit: str = ""
+        """Token cache size, e.g. "16G" (sets ZEPHON_TOKEN_CACHE_LIMIT; empty: that variable,
+        else 16G)."""
+
         max_decisions: int = 256
         """Room for set_mixture decisions in the checkpoint (fixed-shape DCP tensors)."""
 
@@ -753,6 +761,15 @@ class ZephonDataLoader(BaseDataLoader):
                 raise RecipeError(f"dataloader.prefetch={self.prefetch} must be >= 0")
             if self.cache_limit:
                 parse_limit(self.cache_limit, "dataloader.cache_limit")
+            if self.token_cache not in ("", "on", "off"):
+                raise RecipeError(
+                    f"dataloader.token_cache={self.token_cache!r} must be 'on', 'off' or empty"
+                )
+            if self.token_cache_limit:
+                try:
+                    parse_size(self.token_cache_limit)
+                except ValueError as e:
+                    raise RecipeError(f"dataloader.token_cache_limit: {e}") from None
             if self.max_decisions < 0:
                 raise RecipeError(f"dataloader.max_decisions={self.max_decisions} must be >= 0")
             if self.relane_from < 0 or self.max_lineage_bytes < 0:
@@ -815,7 +832,12 @@ class ZephonDataLoader(BaseDataLoader):
         settings: Settings = current()
         if config.cache_limit:
             settings = settings.replace(cache_limit=config.cache_limit)
-        self.pipeline = Pipeline(recipe, settings=settings)
+        if config.token_cache:
+            settings = settings.replace(token_cache=config.token_cache)
+        if config.token_cache_limit:
+            settings = settings.replace(token_cache_limit=config.token_cache_limit)
+        with using(settings):
+            self.pipeline = Pipeline(recipe, settings=settings)
         self.lanes = lanes_for_rank(recipe.num_lanes, dp_world_size, dp_rank)
         self.pool = WorkerPool(
             config.num_workers, config.runner, config.worker_timeout_s, settings=settings

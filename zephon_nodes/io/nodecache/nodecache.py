@@ -197,6 +197,7 @@ class NodeCache:
         self._prefetch: _Prefetcher | None = None
         self.settings: Settings | None = None  # what its prefetcher's fetches run under
         self._closed = False
+        self._unscanned = 0  # decisions since this process last listed data/ (see _data_bytes)
         with self._global():  # a smaller limit than last time's: trim unpinned entries now
             self._make_room(0, "", prefetch=False)
 
@@ -289,6 +290,32 @@ class NodeCache:
     def contains(self, key: str) -> bool:
         """Return whether ``key`` is in the cache now."""
         return (self.root / "data" / _name(key)).exists()
+
+    def discard(self, key: str) -> bool:
+        """Remove ``key``'s entry now (a reader found it damaged) unless someone pins it.
+
+        Returns:
+            Whether an entry was removed.
+        """
+        name = _name(key)
+        with self._global():
+            fd = self._lock_fd(name)
+            try:
+                if not _try_flock(fd, fcntl.LOCK_EX):
+                    return False
+                path = self.root / "data" / name
+                try:
+                    size = path.stat().st_size
+                    before = self._data_mtime()
+                    path.unlink()
+                    self._record_change(before, -size)
+                except FileNotFoundError:
+                    return False
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        return True
 
     def close(self) -> None:
         """Stop prefetching and withdraw this process's plan; entries stay on disk."""
@@ -435,7 +462,9 @@ class NodeCache:
                             f"bytes reserved for it, and the cache (limit {self.limit_bytes} "
                             "bytes) cannot make room"
                         )
+                before = self._data_mtime()
                 os.replace(part, data)
+                self._record_change(before, actual)
                 self._touch(data)
                 resv.unlink()
                 self._stats["fetches"] += 1
@@ -487,11 +516,65 @@ class NodeCache:
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
 
-    def _usage(self) -> int:
+    # ------------------------------------------------------------------ usage
+
+    # A full listing of data/ at least every this many decisions of a process, whatever the
+    # record says (bounds the drift a crash between a change and its record could leave).
+    _RESCAN_EVERY = 64
+
+    def _data_mtime(self) -> int:
+        return os.stat(self.root / "data").st_mtime_ns
+
+    def _read_record(self) -> tuple[int, int] | None:
+        try:
+            mtime, total = (self.root / ".usage").read_text().split()
+            return int(mtime), int(total)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _write_record(self, mtime: int, total: int) -> None:
+        (self.root / ".usage").write_text(f"{mtime} {total}")
+
+    def _record_change(self, before: int, delta: int) -> None:
+        """After adding (``delta`` > 0) or removing an entry of data/: keep the record exact.
+
+        Under the global lock. The record holds data/'s modification time and total bytes as
+        of the last recorded change; it is updated only if it was current just before this
+        change, else dropped (the next decision lists data/).
+        """
+        rec = self._read_record()
+        if rec is not None and rec[0] == before:
+            self._write_record(self._data_mtime(), rec[1] + delta)
+        elif rec is not None:
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / ".usage").unlink()
+
+    def _data_bytes(self) -> int:
+        """Bytes of the entries in data/ (under the global lock).
+
+        Every change to data/ is made under the global lock and recorded in ``.usage`` with
+        data/'s modification time after it, so while that time is unchanged the recorded
+        total is exact and data/ need not be listed (a cache of many small entries would
+        otherwise list it on every miss). A change the record does not know (a process that
+        died between the two, a file removed by hand) changes the time: then, and every
+        :attr:`_RESCAN_EVERY` decisions anyway, data/ is listed again.
+        """
+        self._unscanned += 1
+        rec = self._read_record()
+        fresh = rec is not None and self._unscanned < self._RESCAN_EVERY
+        if fresh and rec is not None and rec[0] == self._data_mtime():
+            return rec[1]
+        mtime = self._data_mtime()
         total = 0
         for entry in os.scandir(self.root / "data"):
             with contextlib.suppress(FileNotFoundError):
                 total += entry.stat().st_size
+        self._write_record(mtime, total)
+        self._unscanned = 0
+        return total
+
+    def _usage(self) -> int:
+        total = self._data_bytes()
         for entry in os.scandir(self.root / "resv"):
             if not self._live(entry.name):  # its fetcher died: free its room
                 self._clean_stale(entry.name)
@@ -549,7 +632,9 @@ class NodeCache:
             try:
                 if not _try_flock(fd, fcntl.LOCK_EX):
                     continue  # pinned
+                before = self._data_mtime()
                 path.unlink()
+                self._record_change(before, -vsize)
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 os.close(fd)

@@ -19,7 +19,7 @@ from typing import Any
 
 from zephon_nodes.core.operator import operator_name
 
-__all__ = ["CountedCall", "CountedResult", "collect", "merged", "worker_totals"]
+__all__ = ["CountedCall", "CountedResult", "collect", "merged", "merged_tokens", "worker_totals"]
 
 # Counters that add up over processes (peak_bytes and limit_bytes do not).
 ADDITIVE = (
@@ -36,9 +36,13 @@ _LOCK = threading.Lock()
 _TOTALS: dict[str, int] = {}
 
 
+# Prefix of the token cache's counters (zephon_nodes.io.nodecache.tokenstore) among them.
+TOKENS = "tokens."
+
+
 def _own() -> dict[str, int]:
-    """The counters of this process's node caches (none made here: empty)."""
-    from zephon_nodes.io.nodecache import nodecache
+    """The counters of this process's node caches and token stores (none made here: empty)."""
+    from zephon_nodes.io.nodecache import nodecache, tokenstore
 
     out: dict[str, int] = {}
     with nodecache._SHARED_LOCK:
@@ -48,6 +52,9 @@ def _own() -> dict[str, int]:
         for key in ADDITIVE:
             out[key] = out.get(key, 0) + int(stats.get(key, 0))
         out["peak_bytes"] = max(out.get("peak_bytes", 0), int(stats.get("peak_bytes", 0)))
+    for key, value in tokenstore.process_stats().items():
+        if key != "limit_bytes":
+            out[TOKENS + key] = value
     return out
 
 
@@ -104,6 +111,16 @@ def collect(result: Any) -> Any:
     return result.result
 
 
+def merged_tokens(stats: Mapping[str, int]) -> dict[str, int]:
+    """This process's token-cache ``stats`` plus its process workers' (all additive)."""
+    out = dict(stats)
+    for key, value in worker_totals().items():
+        if key.startswith(TOKENS):
+            name = key[len(TOKENS) :]
+            out[name] = int(out.get(name, 0)) + value
+    return out
+
+
 def worker_totals() -> dict[str, int]:
     """The counters process workers of this process reported so far."""
     with _LOCK:
@@ -117,6 +134,8 @@ def merged(stats: Mapping[str, int]) -> dict[str, int]:
     """
     out = dict(stats)
     for key, value in worker_totals().items():
+        if key.startswith(TOKENS):
+            continue
         if key == "peak_bytes":
             out[key] = max(int(out.get(key, 0)), value)
         else:
