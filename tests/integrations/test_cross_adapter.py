@@ -52,3 +52,33 @@ def test_other_recipe_refused() -> None:
     with pytest.raises(CheckpointError, match=r"different recipe"):
         loader.load_state_dict(state)
     loader.close()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+@pytest.mark.parametrize("name", ["old_room256_030", "old_room256_main"])
+@pytest.mark.parametrize(("world", "rows"), [(1, 4), (4, 1)])
+def test_checkpoint_with_mixture_room_still_loads(name: str, world: int, rows: int) -> None:
+    """zephon_format 2 as written before the room followed the recipe (mixture keys with
+    room for 256 decisions on a one-dataset recipe): it loads into today's loader, which
+    asks DCP for no mixture key, and resumes with the same batches."""
+    loaders = [cc.build(world, r, rows=rows) for r in range(world)]
+    assert not any(k.startswith("mixture") for k in loaders[0].state_dict())
+    for loader in loaders:
+        cc.load(cc.DATA / name, loader)
+    try:
+        got = cc.steps(loaders, 2)
+    finally:
+        for x in loaders:
+            x.close()
+    assert got == cc.expected(cc.SAVE_AT + 2)[cc.SAVE_AT :]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_format_1_refused() -> None:
+    """A layout-1 checkpoint (three values per lane, before check values) is refused."""
+    loader = cc.build(1, 0, rows=4)
+    state = cc.read(cc.DATA / "ckpt_030", loader.state_dict())
+    state["zephon_format"][0] = 1
+    with pytest.raises(CheckpointError, match=r"zephon_format=1, expected 2"):
+        loader.load_state_dict(state)
+    loader.close()

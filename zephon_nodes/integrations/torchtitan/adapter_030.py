@@ -133,8 +133,9 @@ class ZephonDataLoader(LaneLoader, BaseDataLoader):
         """Node cache size shared by the node's ranks, e.g. "50G" (sets ZEPHON_CACHE_LIMIT;
         empty: that variable, or no cache). Physical: never changes a batch."""
 
-        max_decisions: int = 256
-        """Room for set_mixture decisions in the checkpoint (fixed-shape DCP tensors)."""
+        max_decisions: int = -1
+        """Room for set_mixture decisions in the checkpoint (fixed-shape DCP tensors); -1:
+        256 for a recipe of several datasets, 0 (no mixture keys) for one dataset."""
 
         dump_batches: str = ""
         """Folder for this rank's rows of every step (step-S.rank-R.npz; zephon digest-dump)."""

@@ -31,7 +31,11 @@ __all__ = [
     "from_dcp_state",
     "loader_metrics",
     "register_loader",
+    "resolve_max_decisions",
 ]
+
+AUTO_DECISIONS = 256
+"""Room for set_mixture decisions that ``max_decisions = -1`` gives a recipe of several datasets."""
 
 # Loaders alive in this process, whose metrics TorchTitan's metrics processor logs.
 _LIVE_LOADERS: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -82,6 +86,19 @@ def from_dcp_state(
     return {"format": FORMAT, **state}
 
 
+def resolve_max_decisions(max_decisions: int, recipe: Recipe) -> int:
+    """The room for ``set_mixture`` decisions in the checkpoint (fixed-shape DCP tensors).
+
+    ``-1`` (the default) is 0 for a recipe of one dataset (it has no mixture to change, so
+    its checkpoint carries no mixture keys and a lane costs its 32 bytes) and
+    :data:`AUTO_DECISIONS` for a recipe of several; any other value is used as given (0 for
+    a static mixture of several datasets keeps the checkpoint small too).
+    """
+    if max_decisions >= 0:
+        return max_decisions
+    return AUTO_DECISIONS if len(recipe.datasets) > 1 else 0
+
+
 def check_config(config: Any) -> None:
     """Check the physical settings every adapter's ``Config`` shares (``__post_init__``).
 
@@ -105,8 +122,10 @@ def check_config(config: Any) -> None:
             parse_size(config.cache_limit)
         except ValueError as e:
             raise RecipeError(f"dataloader.cache_limit: {e}") from None
-    if config.max_decisions < 0:
-        raise RecipeError(f"dataloader.max_decisions={config.max_decisions} must be >= 0")
+    if config.max_decisions < -1:
+        raise RecipeError(
+            f"dataloader.max_decisions={config.max_decisions} must be >= 0 (or -1: automatic)"
+        )
     if config.relane_from < 0 or config.max_lineage_bytes < 0:
         raise RecipeError(
             f"dataloader.relane_from={config.relane_from} and dataloader."

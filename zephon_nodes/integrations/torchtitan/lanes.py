@@ -36,6 +36,7 @@ from zephon_nodes.integrations.torchtitan.common import (
     check_tokenizer,
     from_dcp_state,
     register_loader,
+    resolve_max_decisions,
 )
 from zephon_nodes.io.nodecache import set_cache_limit
 from zephon_nodes.recipe.spec import Recipe
@@ -75,6 +76,7 @@ class LaneLoader:
         """
         config = self.config
         setting, endless = infinite
+        self.max_decisions = resolve_max_decisions(config.max_decisions, recipe)
         if config.check_tokenizer:
             check_tokenizer(recipe, tokenizer)
         if not endless and recipe.work.epochs is None:
@@ -322,10 +324,10 @@ class LaneLoader:
         normalized = normalize_weights(names, weights, where="ZephonDataLoader.set_mixture")
         state = self._restore if self._restore is not None else self._state
         log = (state.get(MIXTURE_KEY) or {}).get("log", [])
-        if len(log) >= self.config.max_decisions:
+        if len(log) >= self.max_decisions:
             raise RecipeError(
                 f"set_mixture: the decision log is full ({len(log)} decisions, "
-                f"dataloader.max_decisions={self.config.max_decisions}); raise it"
+                f"dataloader.max_decisions={self.max_decisions}); raise it"
             )
         check_agreement(int(state["step"]), len(log), normalized, group)
         new = with_decision(state, normalized)
@@ -356,7 +358,7 @@ class LaneLoader:
             dp_world_size=self.dp_world_size,
             local_batch_size=self.local_batch_size,
             dataset_names=[d.name for d in self.pipeline.recipe.datasets],
-            max_decisions=self.config.max_decisions,
+            max_decisions=self.max_decisions,
             lineage_bytes=self._lineage_room(state),
         )
 
@@ -382,7 +384,7 @@ class LaneLoader:
                 self.lanes,
                 dp_world_size=self.dp_world_size,
                 local_batch_size=self.local_batch_size,
-                max_decisions=self.config.max_decisions,
+                max_decisions=self.max_decisions,
                 lineage_bytes=room,
             )
             self._read_relaned(state)
@@ -416,7 +418,7 @@ class LaneLoader:
             list(range(old_lanes)),
             dp_world_size=self.dp_world_size,
             local_batch_size=self.local_batch_size,
-            max_decisions=self.config.max_decisions,
+            max_decisions=self.max_decisions,
             lineage_bytes=room,
         )
         new = relane_state(self.pipeline, saved, self.pipeline.num_lanes)
