@@ -49,7 +49,9 @@ def unflatten(batch: tuple[dict[str, torch.Tensor], torch.Tensor], seq: int = SE
     return out
 
 
-def optimizer_steps(loaders: list[Any], iters: list[Any], steps: int, accum: int) -> list[str]:
+def optimizer_steps(
+    loaders: list[Any], iters: list[Any], steps: int, accum: int, spl: int = SPL
+) -> list[str]:
     """Digest each optimizer step: every rank's ``accum`` micro-batches, rank order first."""
     out = []
     for _ in range(steps):
@@ -59,7 +61,7 @@ def optimizer_steps(loaders: list[Any], iters: list[Any], steps: int, accum: int
         rows = [r for per_rank in flat for b in per_rank for r in unflatten(b)]
         glued = np.concatenate([r["input"] for r in rows])
         assert np.array_equal(tokens.numpy(), glued)
-        out.append(step_digest([rows], SPL))
+        out.append(step_digest([rows], spl))
     return out
 
 
