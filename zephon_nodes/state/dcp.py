@@ -34,6 +34,10 @@ from typing import Any, Protocol
 import torch
 
 from zephon_nodes.errors import CheckpointError
+from zephon_nodes.state.dcp_lineage import (
+    lineage_from_dcp,
+    lineage_to_dcp,
+)
 
 __all__ = [
     "DCP_FORMAT",
@@ -114,8 +118,6 @@ LANE_PREFIX = "lane_"
 MIXTURE_COUNT_KEY = "mixture_count"
 MIXTURE_LOG_KEY = "mixture_log"
 MIXTURE_LANE_PREFIX = "mixture_lane_"
-LINEAGE_LEN_KEY = "lineage_len"
-LINEAGE_DCP_KEY = "lineage"
 
 _KIND_INT, _KIND_HASH, _KIND_OTHER = 0, 1, 2
 
@@ -287,54 +289,8 @@ def to_dcp_state(
         check = lane_check(fp, int(key), (window, consumed), replicated, mixture=mix)
         out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
     if lineage is not None or lineage_bytes > 0:
-        out.update(_lineage_to_dcp(lineage, lineage_bytes))
+        out.update(lineage_to_dcp(lineage, lineage_bytes))
     return out
-
-
-def _lineage_check(blob: bytes) -> int:
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 2
-
-
-def _lineage_to_dcp(lineage: Any, room: int) -> dict[str, torch.Tensor]:
-    """The lineage keys: its JSON bytes (zero-padded to ``room``) and [length, check]."""
-    blob = b""
-    if lineage is not None:
-        blob = json.dumps(lineage, sort_keys=True, separators=(",", ":")).encode("ascii")
-    if len(blob) > room:
-        raise CheckpointError(
-            f"the re-lane lineage takes {len(blob)} bytes, more than dataloader."
-            f"max_lineage_bytes={room}; raise it (and keep it for every later resume)"
-        )
-    data = torch.zeros(room, dtype=torch.uint8)
-    if blob:
-        data[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-    meta = torch.tensor([len(blob), _lineage_check(blob)], dtype=torch.int64)
-    return {LINEAGE_LEN_KEY: meta, LINEAGE_DCP_KEY: data}
-
-
-def _lineage_from_dcp(sd: Mapping[str, Any], room: int) -> Any:
-    """Read (and check) the lineage keys; None when they hold no lineage."""
-    n, check = _as_ints(sd, LINEAGE_LEN_KEY, 2)
-    data = sd.get(LINEAGE_DCP_KEY)
-    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.numel() != room:
-        raise CheckpointError(
-            f"dataloader.{LINEAGE_DCP_KEY}: expected uint8[{room}] (dataloader."
-            f"max_lineage_bytes), got {data!r:.80}"
-        )
-    if not 0 <= n <= room:
-        raise CheckpointError(f"dataloader.{LINEAGE_LEN_KEY}: length {n} is out of range")
-    blob = bytes(data[:n].tolist())
-    if check != _lineage_check(blob) or bool(data[n:].any()):
-        raise CheckpointError(
-            f"dataloader.{LINEAGE_DCP_KEY}: check value mismatch or non-zero padding (the "
-            f"re-lane lineage or {LINEAGE_LEN_KEY} was damaged or edited after saving)"
-        )
-    if not n:
-        return None
-    try:
-        return json.loads(blob.decode("ascii"))
-    except ValueError as e:
-        raise CheckpointError(f"dataloader.{LINEAGE_DCP_KEY}: not a lineage ({e})") from None
 
 
 def mixture_lane_key(lane: int) -> str:
@@ -529,7 +485,7 @@ def decode_dcp_state(
         "lanes": positions,
     }
     if lineage_bytes > 0:
-        lineage = _lineage_from_dcp(sd, lineage_bytes)
+        lineage = lineage_from_dcp(sd, lineage_bytes)
         if lineage is not None:
             state["lineage"] = lineage
     if max_decisions > 0:
