@@ -139,7 +139,7 @@ def _count_labels(labels: Any) -> tuple[int, int]:
 
 def zephon_recipe(corpus: Corpus, cfg: BenchConfig) -> Any:
     """The benchmark recipe for zephon-nodes."""
-    from zephon_nodes.recipe.spec import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
+    from zephon_nodes.recipe import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 
     return Recipe(
         datasets=(DatasetSpec("bench", paths=(corpus.shard_glob,)),),

@@ -317,7 +317,7 @@ def padding_by_interval(
     import numpy as np
 
     from zephon_nodes.engine.pipeline import Pipeline
-    from zephon_nodes.recipe.spec import WorkSpec
+    from zephon_nodes.recipe import WorkSpec
 
     recipe = zephon_recipe(corpus, base)
     recipe = recipe.replace(work=WorkSpec(chunk_size=base.chunk_size, epochs=epochs))

@@ -69,7 +69,7 @@ def steps(loaders: list[Any], n: int) -> list[str]:
 def expected(n: int) -> list[str]:
     """The recipe's first ``n`` global batches (the core's simulation, no provenance)."""
     from zephon_nodes.engine.pipeline import Pipeline
-    from zephon_nodes.recipe.spec import Recipe
+    from zephon_nodes.recipe import Recipe
     from zephon_nodes.verification.simulate import simulate
 
     pipeline = Pipeline(Recipe.from_toml(RECIPE), provenance=False)

@@ -10,7 +10,7 @@ import torch
 
 from tests.integrations.tt_helpers import Row, step_digest
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.simulate import simulate
 
 SEQ = 64  # the default test recipe's seq_len (G=8, 4 lanes)

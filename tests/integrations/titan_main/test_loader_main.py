@@ -32,7 +32,7 @@ from zephon_nodes.integrations.torchtitan import (
     check_launch,
     lane_key,
 )
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 pytestmark = pytest.mark.titan_main
 

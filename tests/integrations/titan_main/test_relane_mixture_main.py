@@ -23,7 +23,7 @@ from tests.integrations.titan_main.helpers import (
 )
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.relane import relane_state
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.simulate import simulate
 
 pytestmark = pytest.mark.titan_main

@@ -25,8 +25,8 @@ from torchtitan.components.dataloader import BaseDataLoader
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.integrations.torchtitan.common import check_config
 from zephon_nodes.integrations.torchtitan.lanes import LaneLoader
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
-from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["ZephonDataLoader", "check_launch"]
 

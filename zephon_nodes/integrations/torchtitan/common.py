@@ -18,10 +18,10 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.engine.stages import parse_operator_workers
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io.nodecache import parse_size
+from zephon_nodes.io.nodecache.nodecache import parse_size
 from zephon_nodes.operators.tokenize import load_tokenizer
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
-from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.state.dcp import decode_dcp_state
 
 __all__ = [

@@ -38,8 +38,8 @@ from zephon_nodes.integrations.torchtitan.common import (
     register_loader,
     resolve_max_decisions,
 )
-from zephon_nodes.io.nodecache import set_cache_limit
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.io.nodecache.nodecache import set_cache_limit
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.dcp import to_dcp_state
 from zephon_nodes.verification.dump import StepDumper
 
@@ -179,7 +179,7 @@ class LaneLoader:
         """Return the node cache's counters in this process, or None without a cache limit.
 
         Keys: hits, misses, bytes_fetched, evictions, peak_bytes, limit_bytes and more (see
-        :meth:`~zephon_nodes.io.nodecache.NodeCache.stats`); log them with your metrics.
+        :meth:`~zephon_nodes.io.nodecache.nodecache.NodeCache.stats`); log them with your metrics.
         """
         return self.pipeline.cache_stats()
 
