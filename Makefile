@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: demo test lint install install-test bench smoke-py312
+.PHONY: demo test lint install install-test bench smoke-py312 test-titan-main
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,3 +66,18 @@ smoke-py312:
 bench: install-test
 	-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11-doc
 	$(BIN)/python -m benchmarks.run --json bench-results.json
+
+# TorchTitan main (not on PyPI): its own venv with the vendored snapshot (../shared/vendor),
+# the CPU torch first (so pip never pulls a CUDA build), then the main-adapter tests only.
+# The stamp makes a second call skip pip; delete $(VENV_TITAN_MAIN) to rebuild.
+TITAN_MAIN_SRC ?= ../shared/vendor/torchtitan-b5bcd76.tar.gz
+VENV_TITAN_MAIN ?= .venv-titan-main
+$(VENV_TITAN_MAIN)/.stamp: pyproject.toml
+	test -x $(VENV_TITAN_MAIN)/bin/python || $(PYTHON) -m venv $(VENV_TITAN_MAIN)
+	$(VENV_TITAN_MAIN)/bin/python -m pip install -q torch==2.13.0
+	$(VENV_TITAN_MAIN)/bin/python -m pip install -q $(TITAN_MAIN_SRC) 'triton>=3.9,<3.10'
+	$(VENV_TITAN_MAIN)/bin/python -m pip install -q -e '.[testing]' 'pytest>=8' 'tokenizers>=0.19'
+	$(VENV_TITAN_MAIN)/bin/python -c "import torch; v = torch.__version__; assert v.startswith('2.13.0') and torch.version.cuda is None, v"
+	touch $@
+test-titan-main: $(VENV_TITAN_MAIN)/.stamp
+	HYPOTHESIS_PROFILE=ci $(VENV_TITAN_MAIN)/bin/python -m pytest -p no:cacheprovider tests/integrations/titan_main tests/integrations/test_cross_adapter.py
