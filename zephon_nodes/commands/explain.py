@@ -35,7 +35,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("recipe", help="recipe TOML file")
     p.add_argument("--dp-world-size", type=int, default=1, help="data-parallel ranks")
-    p.add_argument("--num-workers", type=int, default=2, help="pool workers per rank")
+    p.add_argument(
+        "--num-workers",
+        "--workers",
+        dest="num_workers",
+        type=int,
+        default=2,
+        help="pool workers per rank (default 2; --workers is the same flag)",
+    )
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
     p.add_argument("--lookahead", type=int, default=4, help="work items each lane submits ahead")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

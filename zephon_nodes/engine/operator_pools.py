@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_nodes.core.operator import operator_name
+from zephon_nodes.core.settings import Settings
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.chain import Chain
@@ -83,11 +84,11 @@ class PoolSpec:
             ) from None
         return cls(runner, workers)
 
-    def build(self, timeout_s: float = 300.0) -> WorkerPool:
+    def build(self, timeout_s: float = 300.0, settings: Settings | None = None) -> WorkerPool:
         """Create the pool (workers start at the first task)."""
         if self.runner == INLINE:
-            return WorkerPool(0, "thread", timeout_s)
-        return WorkerPool(self.num_workers, self.runner, timeout_s)
+            return WorkerPool(0, "thread", timeout_s, settings=settings)
+        return WorkerPool(self.num_workers, self.runner, timeout_s, settings=settings)
 
     def __str__(self) -> str:
         return INLINE if self.runner == INLINE else f"{self.runner}:{self.num_workers}"

@@ -8,6 +8,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.settings import InSettings, Settings, current, using
 from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.checkpoint import recipe_summary
 from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode, chain_nodes
@@ -101,6 +102,10 @@ class Pipeline:
             flush window) and runs in a
             :class:`~zephon_nodes.engine.torchdata_stage.TorchdataStage`.
             They must yield samples (dicts of arrays) and are not part of the fingerprint.
+        settings: The physical settings (cache directory and limit, retries, ...; see
+            :mod:`zephon_nodes.core.settings`) its build and all of its work run under,
+            on any pool (default: the current settings when it is built). Never part of
+            the fingerprint: they change no byte of output.
     """
 
     def __init__(
@@ -109,14 +114,19 @@ class Pipeline:
         *,
         provenance: bool = True,
         stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]] = (),
+        settings: Settings | None = None,
     ) -> None:
         from zephon_nodes.io.index import index
         from zephon_nodes.io.storage.checksum import one_pass
         from zephon_nodes.io.storage.remote import finish_progress
 
+        if settings is not None and not isinstance(settings, Settings):
+            raise RecipeError(f"settings must be a Settings, got {type(settings).__name__}")
+        self.settings: Settings = settings or current()
+        self._bound: dict[int, tuple[Any, InSettings]] = {}
         index.forget()  # dataset indexes are read afresh for every build
         try:
-            with one_pass():
+            with one_pass(), using(self.settings):
                 self._build(recipe, provenance, stages)
         finally:
             finish_progress()
@@ -173,7 +183,7 @@ class Pipeline:
         # With a node-cache limit, shards read whole (single-frame .zst) live in that cache.
         from zephon_nodes.io.nodecache.wholeshard import route_whole_shards
 
-        self.datasets = route_whole_shards(self.datasets)
+        self.datasets = route_whole_shards(self.datasets, self.settings)
         if recipe.image is None:
             _refuse_tar(self.datasets)
         self.skipped_files = {o.dataset.name: dict(o.skipped_files) for o in opened}
@@ -249,7 +259,7 @@ class Pipeline:
         node: BaseNode[Any] = items
         fused = [(self.stateless, pool)]
         for fn, stage_pool in chain_stages if chain_stages is not None else fused:
-            node = OrderedParallelMap(node, fn, stage_pool, lookahead=lookahead)
+            node = OrderedParallelMap(node, self._in_settings(fn), stage_pool, lookahead=lookahead)
         seq_len, pad_id, prov = r.seq_len, self.pad_id, self.provenance
         if r.image is not None:
             from zephon_nodes.multimodal.assembly import make_packer
@@ -273,6 +283,14 @@ class Pipeline:
             name = getattr(make, "__name__", type(make).__name__)
             node = TorchdataStage(node, make, name=f"stage {k} ({name})")
         return relaned.lane_node(node, lane) if relaned is not None else Lane(node, lane)
+
+    def _in_settings(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``fn`` bound to the pipeline's settings (one wrapper per function: Ray caches it)."""
+        hit = self._bound.get(id(fn))
+        if hit is None or hit[0] is not fn:
+            hit = (fn, InSettings(fn, self.settings))
+            self._bound[id(fn)] = hit
+        return hit[1]
 
     def rank_node(
         self,
@@ -323,7 +341,7 @@ class Pipeline:
                 )
         owned: list[WorkerPool] = []
         if pool is None:
-            pool = WorkerPool(2, "thread")
+            pool = WorkerPool(2, "thread", settings=self.settings)
             owned.append(pool)
         chain_stages = None
         if operator_pools:
@@ -380,7 +398,7 @@ class Pipeline:
                 pools[key] = value
                 continue
             spec = PoolSpec.parse(value) if isinstance(value, str) else value
-            pools[key] = spec.build(default.timeout_s)
+            pools[key] = spec.build(default.timeout_s, settings=self.settings)
             created.append(pools[key])
         try:
             cut = split_stages(self.stateless, pools)
@@ -401,15 +419,16 @@ class Pipeline:
             from zephon_nodes.io.nodecache.future import CacheFeed, cacheable
             from zephon_nodes.io.nodecache.nodecache import node_cache, prefetch_depth
 
-            cache = node_cache()
+            cache = node_cache(self.settings)
             cached = any(
                 d.shards.whole()  # LazyShards: single-frame .zst, from the index
                 if hasattr(d.shards, "whole")
                 else any(cacheable(s) for s in d.shards)
                 for d in self.datasets
             )
-            if cache is not None and cached:
-                self._cache_feed = CacheFeed(cache, self.work_source, prefetch=prefetch_depth())
+            if cached:
+                depth = prefetch_depth(self.settings)
+                self._cache_feed = CacheFeed(cache, self.work_source, prefetch=depth)
         return self._cache_feed
 
     def cache_stats(self) -> dict[str, int] | None:
@@ -418,10 +437,12 @@ class Pipeline:
         Counters of its process workers (``runner="process"``) are included: they come back
         with each result (see :mod:`zephon_nodes.io.nodecache.workercounts`).
 
-        None when no cache limit is set (``ZEPHON_CACHE_LIMIT`` / ``--cache-limit``).
+        None when no shard is read through the node cache and no cache limit is set
+        (``--cache-limit`` / ``ZEPHON_CACHE_LIMIT``).
         """
         from zephon_nodes.io.nodecache.nodecache import node_cache
         from zephon_nodes.io.nodecache.workercounts import merged
 
-        cache = node_cache()
-        return merged(cache.stats()) if cache is not None else None
+        if self.settings.cache_limit is None and self.cache_feed() is None:
+            return None
+        return merged(node_cache(self.settings).stats())

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.settings import current
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
@@ -175,7 +176,7 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     if memo is not None and ("index", str(uri)) in memo:
         hit: tuple[dict[str, Any], str] | None = memo[("index", str(uri))]
         return hit
-    if os.environ.get("ZEPHON_NO_INDEX"):
+    if not current().use_index:  # ZEPHON_NO_INDEX=1
         return None
     text = _normal(str(uri))
     found = _lookup(str(uri), text)

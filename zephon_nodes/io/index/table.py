@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.settings import current
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import cache_dir
@@ -72,7 +73,7 @@ def verify_data() -> bool:
     refused) and each local shard's checksum is compared with the index's when it is first
     opened (one read of each shard), instead of its size and modification time only.
     """
-    return os.environ.get("ZEPHON_VERIFY_DATA", "").lower() in ("1", "true", "yes")
+    return current().verify_data
 
 
 def _offsets(blob: np.ndarray, last: int) -> np.ndarray:
@@ -424,7 +425,7 @@ def resolve_indexed(spec: Any) -> IndexedFiles | None:
     from zephon_nodes.io.index.index import literal_dir
     from zephon_nodes.io.storage.checksum import build_memo
 
-    if spec.records is not None or os.environ.get("ZEPHON_NO_INDEX") or not spec.paths:
+    if spec.records is not None or not current().use_index or not spec.paths:
         return None
     memo = build_memo()
     if memo is not None and ("indexed", id(spec)) in memo:
