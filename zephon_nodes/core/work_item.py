@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only: core sits below io
-    from zephon_nodes.io.shards import Shard
+    from zephon_nodes.io.formats.shards import Shard
 
 __all__ = ["WorkItem"]
 

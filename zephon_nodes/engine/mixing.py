@@ -37,12 +37,20 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from zephon_nodes.core.seeding import permutation
+from zephon_nodes.engine.estimate import estimate_tokens_per_record
+from zephon_nodes.engine.mixture_plan import (
+    ONE,
+    ScheduledLanePlan,
+    StaticPlan,
+    counts,
+    ratios,
+    split,
+)
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, pass_epoch_offset
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
@@ -50,144 +58,9 @@ from zephon_nodes.recipe.schedule import WeightSchedule
 
 __all__ = ["MixingWorkSource", "estimate_tokens_per_record"]
 
-_ONE = 1 << 32
 _BLOCK_TAG = 0x4D495842  # "MIXB"
 _DECISION_TAG = 0x44454349  # "DECI"
-_ESTIMATE_TAG = 0x45535449  # "ESTI"
 _MAX_PLANNED_BLOCKS = 2_000_000
-
-
-def _round6(x: float) -> float:
-    return float(f"{x:.6g}")
-
-
-def estimate_tokens_per_record(
-    datasets: Sequence[Dataset],
-    chain: Callable[[WorkItem], Any],
-    seed: int,
-    records: int,
-) -> list[float]:
-    """Estimate non-padding tokens per record of each dataset from a seeded sample.
-
-    Work items are drawn in a seeded order until ``records`` records are read; each is run
-    through ``chain`` (parse, filters, maps, tokenize: the lane's stateless operators), and
-    the ``n - 1`` (input, label) pairs of every document are counted. Records skipped or
-    filtered count as records with no token. Values are rounded to 6 significant digits.
-
-    Returns:
-        Tokens per record, per dataset (recipe order).
-    """
-    out = []
-    for d, ds in enumerate(datasets):
-        order = permutation(ds.num_work_items, seed, d, _ESTIMATE_TAG)
-        tokens = read = 0
-        for item in order.tolist():
-            shard, start, stop = ds.locate(item)
-            work = WorkItem(d, ds.name, ds.text_field, item, 0, ds.shards[shard], start, stop, 0, 0)
-            batch = chain(work)
-            tokens += int(np.maximum(batch.lengths - 1, 0).sum())
-            read += stop - start
-            if read >= records:
-                break
-        out.append(_round6(tokens / read) if read else 0.0)
-    return out
-
-
-def _ratios(weights: Sequence[float], tokens_per_item: Sequence[float]) -> list[int]:
-    """Per node, the 32-bit share of its items that go to its own dataset."""
-    p = [w / c if w > 0 else 0.0 for w, c in zip(weights, tokens_per_item, strict=True)]
-    out = []
-    for j in range(len(p) - 1):
-        rest = sum(p[j:])
-        out.append(_ONE if rest <= 0 else min(_ONE, max(0, round(p[j] / rest * _ONE))))
-    return out
-
-
-def _counts(x: Sequence[int], n: int) -> list[int]:
-    """Items per dataset among the first ``n`` items, given the accumulators ``x`` there."""
-    per = []
-    for xj in x:
-        left = xj // _ONE
-        per.append(left)
-        n -= left
-    per.append(n)
-    return per
-
-
-def _split(x: Sequence[int], a: Sequence[int], size: int) -> np.ndarray:
-    """Dataset of each position of a block (canonical order) starting at accumulators ``x``."""
-    D = len(a) + 1
-    labels = np.full(size, D - 1, dtype=np.int64)
-    where = np.arange(size, dtype=np.int64)
-    local = np.arange(size, dtype=np.int64)
-    for j in range(D - 1):
-        carry, aj = x[j] % _ONE, a[j]
-        lb = (carry + local * aj) // _ONE
-        left = (carry + (local + 1) * aj) // _ONE > lb
-        labels[where[left]] = j
-        where, local = where[~left], (local - lb)[~left]
-    return labels
-
-
-class _StaticPlan:
-    """A plan with static ratios (a decision, or a recipe without schedule), closed-form.
-
-    Lane ``l`` starts every node's accumulator at ``l / L`` (as a 32-bit fraction): summed
-    over the lanes, a dataset's count at equal lane positions is then exactly the count of
-    one plan over all lanes' items (Hermite's identity), so lanes do not take a rare
-    dataset's items all at once.
-    """
-
-    def __init__(self, a: list[int], weights: tuple[float, ...], block: int, carry: int):
-        self.weights = weights
-        self.block = block
-        self.a = a
-        self.carry = carry
-
-    def state(self, seg: int) -> tuple[tuple[int, ...], list[int]]:
-        n, x = seg * self.block, []
-        for aj in self.a:
-            xj = self.carry + aj * n
-            x.append(xj)
-            n -= xj // _ONE
-        return tuple(x), self.a
-
-    def items_before(self, seg: int) -> list[int]:
-        return _counts(self.state(seg)[0], seg * self.block)
-
-    def uses(self, d: int) -> bool:
-        return self.weights[d] > 0
-
-
-class _ScheduledLanePlan:
-    """A lane's view of the schedule plan (shared, precomputed for every lane).
-
-    With two datasets the lane's phase goes into the single node's accumulator, as in
-    :class:`_StaticPlan` (consistent, since every item reaches that node). With more
-    datasets the later nodes' accumulators depend on the earlier ones', so the lanes share
-    the phase (their rounding errors line up; each lane still stays within one item of its
-    ideal count per dataset).
-    """
-
-    def __init__(self, base: MixingWorkSource, carry: int) -> None:
-        self.base = base
-        self.carry = carry if len(base.datasets) == 2 else 0
-
-    def state(self, seg: int) -> tuple[tuple[int, ...], list[int]]:
-        x, a = self.base.state(seg)
-        if self.carry:
-            x = (x[0] + self.carry, *x[1:])
-        return x, a
-
-    def items_before(self, seg: int) -> list[int]:
-        return _counts(self.state(seg)[0], seg * self.block)
-
-    @property
-    def block(self) -> int:
-        return self.base.block
-
-    def uses(self, d: int) -> bool:
-        return self.base.uses(d)
 
 
 class MixingWorkSource(WorkSource):
@@ -242,7 +115,7 @@ class MixingWorkSource(WorkSource):
             OrderedDict()
         )
         self._bases: dict[int, list[list[int]]] = {}
-        self._plans: dict[tuple[int, int], _ScheduledLanePlan | _StaticPlan] = {}
+        self._plans: dict[tuple[int, int], ScheduledLanePlan | StaticPlan] = {}
         self._ends: dict[int, int | None] = {}
 
     def check_weights(self, used: Sequence[bool | float]) -> None:
@@ -296,7 +169,7 @@ class MixingWorkSource(WorkSource):
             if len(w) != len(self.datasets):
                 raise RecipeError(f"a decision needs {len(self.datasets)} weights, got {len(w)}")
             self.check_weights([v > 0 for v in w])
-            plans.append((w, _ratios(w, self.tokens_per_item)))
+            plans.append((w, ratios(w, self.tokens_per_item)))
         for lane, s in starts.items():
             s = list(s)
             if len(s) != len(plans) or any(b < 0 for b in s) or s != sorted(s):
@@ -333,12 +206,12 @@ class MixingWorkSource(WorkSource):
         tpi = self.tokens_per_item
         while True:
             if tokens >= self.schedule.last:
-                a = _ratios(self.schedule.weights_at(tokens), tpi)
+                a = ratios(self.schedule.weights_at(tokens), tpi)
             else:
                 # Weights at the block's estimated middle (its size taken at its start).
-                a = _ratios(self.schedule.weights_at(tokens), tpi)
+                a = ratios(self.schedule.weights_at(tokens), tpi)
                 middle = tokens + L * self._block_tokens(x, a) / 2
-                a = _ratios(self.schedule.weights_at(middle), tpi)
+                a = ratios(self.schedule.weights_at(middle), tpi)
             self._x.append(tuple(x))
             self._a.append(a)
             if tokens >= self.schedule.last:
@@ -351,9 +224,9 @@ class MixingWorkSource(WorkSource):
             tokens += L * self._block_tokens(x, a)
             n = S
             for j in range(D - 1):
-                before = x[j] // _ONE
+                before = x[j] // ONE
                 x[j] += n * a[j]
-                n -= x[j] // _ONE - before
+                n -= x[j] // ONE - before
         self._tail = len(self._x) - 1
         self._tail_n = self._reach(self._tail, self._x[self._tail])
 
@@ -361,7 +234,7 @@ class MixingWorkSource(WorkSource):
         """Estimated tokens of a block starting at accumulators ``x`` with ratios ``a``."""
         n, tokens = self.block, 0.0
         for j, (xj, aj) in enumerate(zip(x, a, strict=True)):
-            left = (xj + n * aj) // _ONE - xj // _ONE
+            left = (xj + n * aj) // ONE - xj // ONE
             tokens += left * self.tokens_per_item[j]
             n -= left
         return tokens + n * self.tokens_per_item[-1]
@@ -371,7 +244,7 @@ class MixingWorkSource(WorkSource):
         n, reach = seg * self.block, []
         for xj in x:
             reach.append(n)
-            n -= xj // _ONE
+            n -= xj // ONE
         return reach
 
     def state(self, seg: int) -> tuple[tuple[int, ...], list[int]]:
@@ -385,12 +258,12 @@ class MixingWorkSource(WorkSource):
         for j in range(len(a)):
             xj = x0[j] + a[j] * (n - self._tail_n[j])
             x.append(xj)
-            n -= xj // _ONE
+            n -= xj // ONE
         return tuple(x), a
 
     def items_before(self, seg: int) -> list[int]:
         """Return how many items of each dataset a lane takes in base-plan blocks before ``seg``."""
-        return _counts(self.state(seg)[0], seg * self.block)
+        return counts(self.state(seg)[0], seg * self.block)
 
     def uses(self, d: int) -> bool:
         """Whether the base plan gives dataset ``d`` items after the schedule's last point."""
@@ -398,20 +271,20 @@ class MixingWorkSource(WorkSource):
 
     # -- segments and blocks ----------------------------------------------------------------
 
-    def _plan_of(self, lane: int, j: int) -> _ScheduledLanePlan | _StaticPlan:
+    def _plan_of(self, lane: int, j: int) -> ScheduledLanePlan | StaticPlan:
         got = self._plans.get((lane, j))
         if got is not None:
             return got
-        carry = (lane * _ONE) // self.num_lanes
+        carry = (lane * ONE) // self.num_lanes
         if j == 0 and self.schedule.last > 0:
-            plan: _ScheduledLanePlan | _StaticPlan = _ScheduledLanePlan(self, carry)
+            plan: ScheduledLanePlan | StaticPlan = ScheduledLanePlan(self, carry)
         else:
             if j == 0:
                 w = self.schedule.points[0][1]
                 a = self._a[0]
             else:
                 w, a = self._decisions[j - 1]
-            plan = _StaticPlan(a, w, self.block, carry)
+            plan = StaticPlan(a, w, self.block, carry)
         self._plans[lane, j] = plan
         return plan
 
@@ -425,7 +298,7 @@ class MixingWorkSource(WorkSource):
         S, D = self.block, len(self.datasets)
         plan = self._plan_of(lane, j)
         x, a = plan.state(seg)
-        labels = _split(x, a, S)
+        labels = split(x, a, S)
         # Shuffle the labels over the block's positions; each dataset's items keep their
         # order, so item t of a dataset always comes before item t + 1.
         if j == 0:

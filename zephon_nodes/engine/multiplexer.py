@@ -423,6 +423,6 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             state[MIXTURE_KEY] = self._mixture.to_state(list(self.lanes))
         if self._pass:
             state["pass"] = self._pass
-        if p.lineage is not None:  # a re-laned stream (engine/relane.py)
+        if p.lineage is not None:  # a re-laned stream (engine/relane/)
             state["lineage"] = p.lineage
         return state

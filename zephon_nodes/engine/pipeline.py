@@ -203,7 +203,7 @@ class Pipeline:
         if contents:
             self.summary["contents"] = contents
         self._cache_feed: Any = None
-        #: The re-lane lineage of the streams read (engine/relane.py), None if never re-laned.
+        #: The re-lane lineage of the streams read (engine/relane/), None if never re-laned.
         self.lineage: dict[str, Any] | None = None
 
     def check_produces(self) -> None:
@@ -249,7 +249,7 @@ class Pipeline:
                 :meth:`operator_stages`).
         """
         r = self.recipe
-        # A re-laned checkpoint's streams (engine/relane.py) bring their own lane nodes.
+        # A re-laned checkpoint's streams (engine/relane/) bring their own lane nodes.
         relaned = self.work_source if isinstance(self.work_source, LaneNodes) else None
         items = (
             relaned.item_node(lane, r.flush_every)
