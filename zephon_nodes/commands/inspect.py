@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     for k, v in positions.items():
         print(f"  lane {k:>4}: {v}")
     if "lineage" in out:
-        from zephon_nodes.engine.relane import describe_lineage
+        from zephon_nodes.state.lineage import describe_lineage
 
         for line in describe_lineage(out["lineage"]):
             print(f"lineage:      {line}")

@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
 def _show_checkpoint(args: argparse.Namespace) -> None:
     """Print a checkpoint's lane count and lineage; default ``--global-batch`` from it."""
     from zephon_nodes.commands.inspect import load_any
-    from zephon_nodes.engine.relane import describe_lineage
+    from zephon_nodes.state.lineage import describe_lineage
 
     state = load_any(args.checkpoint)
     recipe = state.get("recipe") if isinstance(state.get("recipe"), dict) else {}
