@@ -4,9 +4,9 @@ The same recipe yields the same global batches, byte for byte, whatever the numb
 data-parallel ranks, loader workers or restarts.
 """
 
-from zephon_nodes.engine.checkpoint import load_state, merge_states, save_state
 from zephon_nodes.engine.flush import Flush
 from zephon_nodes.engine.lane import Lane, WorkItemNode
+from zephon_nodes.engine.loader_state import rank_state
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import WorkerPool
@@ -24,6 +24,7 @@ from zephon_nodes.recipe.spec import (
     TokenizerSpec,
     WorkSpec,
 )
+from zephon_nodes.state import load_state, merge_states, save_state
 from zephon_nodes.verification.digest import digest_microbatches, global_batch_digest
 from zephon_nodes.verification.simulate import simulate
 
@@ -59,6 +60,7 @@ __all__ = [
     "lanes_for_rank",
     "load_state",
     "merge_states",
+    "rank_state",
     "register_filter",
     "register_map",
     "register_tokenizer",

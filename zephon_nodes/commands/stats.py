@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.decisions import read_updates
 from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.multiplexer import Multiplexer
@@ -20,6 +19,8 @@ from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.nodecache import set_cache_limit
 from zephon_nodes.operators.pack import IGNORE_INDEX
 from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.state.merge import merge_states
+from zephon_nodes.state.schema import LANES_KEY
 
 __all__ = ["add_parser", "compute_stats", "run"]
 
@@ -158,7 +159,7 @@ def compute_stats(
         cache = pipeline.cache_stats()  # before the documents are counted (they read again)
         lanes: dict[int, Any] = {}
         for node in ranks:
-            for lane, (w, c) in node.get_state()["lanes"].items():
+            for lane, (w, c) in node.get_state()[LANES_KEY].items():
                 lanes[int(lane)] = (w, c)
         documents, skipped = _count_items(pipeline, lanes, pool)
         end_of_data: dict[str, Any] | None = None

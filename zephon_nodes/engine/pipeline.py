@@ -8,7 +8,6 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.checkpoint import recipe_summary
 from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pool import WorkerPool
@@ -25,6 +24,7 @@ from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.state.identity import recipe_identity
 
 __all__ = ["Pipeline", "lanes_for_rank"]
 
@@ -127,7 +127,6 @@ class Pipeline:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
         from zephon_nodes.io.identity import content_summary
         from zephon_nodes.io.sources import open_dataset
-        from zephon_nodes.recipe.canonical import canonical_sha256
 
         self.recipe = recipe
         self.provenance = provenance
@@ -184,11 +183,8 @@ class Pipeline:
                 f"the recipe's datasets hold no records, so it can produce no batch (files "
                 f"skipped: {self.skipped_files})"
             )
-        self.fingerprint = canonical_sha256(self.canonical)
-        self.summary = recipe_summary(self.canonical)
         contents = content_summary(recipe.datasets, self.canonical)
-        if contents:
-            self.summary["contents"] = contents
+        self.fingerprint, self.summary = recipe_identity(self.canonical, contents)
         self._cache_feed: Any = None
 
     def check_produces(self) -> None:

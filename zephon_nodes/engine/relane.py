@@ -55,8 +55,23 @@ from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.seeding import derive_seed
 from zephon_nodes.engine.work import WorkItem, WorkSource, lane_length
 from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.state.identity import CONTENTS_KEY, fingerprint_pair, recipe_identity
 from zephon_nodes.state.lineage import LINEAGE_KEY, Lineage, describe_lineage
 from zephon_nodes.state.lineage import check_lineage as _check_lineage
+from zephon_nodes.state.mixture import parse_mixture_state
+from zephon_nodes.state.schema import (
+    FINGERPRINT_KEY,
+    FORMAT_KEY,
+    LANES_KEY,
+    MICRO_KEY,
+    MIXTURE_KEY,
+    NUM_LANES_KEY,
+    PASS_KEY,
+    RECIPE_KEY,
+    STEP_KEY,
+    is_int,
+)
+from zephon_nodes.state.validate import validate_state
 
 __all__ = [
     "LINEAGE_KEY",
@@ -73,10 +88,6 @@ __all__ = [
 
 _RELANE_TAG = 0x52454C4E  # "RELN"
 _ENDLESS = 1 << 62
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 # -- lane geometry of any work source ----------------------------------------------------------
@@ -577,11 +588,9 @@ def fingerprint_at(pipeline: Any, num_lanes: int) -> str:
 
 def summary_at(pipeline: Any, num_lanes: int) -> dict[str, Any]:
     """The checkpoint recipe summary of the pipeline's recipe with ``num_lanes`` lanes."""
-    from zephon_nodes.engine.checkpoint import recipe_summary
-
-    summary = recipe_summary(_canonical_at(pipeline, num_lanes))
-    if "contents" in pipeline.summary:
-        summary["contents"] = pipeline.summary["contents"]
+    _, summary = recipe_identity(
+        _canonical_at(pipeline, num_lanes), pipeline.summary.get(CONTENTS_KEY)
+    )
     return summary
 
 
@@ -628,8 +637,6 @@ def _install_mixture(source: WorkSource, lineage: Lineage, pipeline: Any) -> Non
     """Install the old checkpoint's decision log into the old work source (all lanes)."""
     if lineage.mixture is None:
         return
-    from zephon_nodes.engine.decisions import parse_mixture_state
-
     names = [d.name for d in pipeline.recipe.datasets]
     log = parse_mixture_state(lineage.mixture, names, range(lineage.num_lanes), lineage.step)
     setter = getattr(source, "set_decisions", None)
@@ -651,8 +658,6 @@ def _source_for(pipeline: Any, lineage: Lineage | None, num_lanes: int) -> WorkS
         return base
     got = fingerprint_at(pipeline, lineage.num_lanes)
     if got != lineage.fingerprint:
-        from zephon_nodes.engine.checkpoint import fingerprint_pair
-
         raise CheckpointError(
             f"the checkpoint's lineage does not match this recipe: it was re-laned after step "
             f"{lineage.step} from a recipe with num_lanes={lineage.num_lanes} and fingerprint "
@@ -697,7 +702,7 @@ def for_state(pipeline: Any, state: Mapping[str, Any] | None) -> Any:
     """
     if state is None or state.get(LINEAGE_KEY) is None:
         return pipeline
-    if state.get("fingerprint") != pipeline.fingerprint:
+    if state.get(FINGERPRINT_KEY) != pipeline.fingerprint:
         return pipeline  # another recipe: the resume refuses it, naming the fields that differ
     lineage = Lineage.from_state(state[LINEAGE_KEY])
     if getattr(pipeline, "lineage", None) == lineage.to_state():
@@ -737,10 +742,8 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         CheckpointError: If the state is mid-step, lacks lanes, or belongs to another recipe.
         RecipeError: If ``num_lanes`` does not divide the global batch.
     """
-    from zephon_nodes.engine.checkpoint import validate_state
-
     recipe = pipeline.recipe
-    if not _is_int(num_lanes) or num_lanes < 1:
+    if not is_int(num_lanes) or num_lanes < 1:
         raise RecipeError(f"--num-lanes={num_lanes!r} must be an integer >= 1")
     if recipe.global_batch_size % num_lanes:
         raise RecipeError(
@@ -750,14 +753,14 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         )
     if not isinstance(state, Mapping):
         raise CheckpointError(f"a zephon-nodes state must be a dict, got {type(state).__name__}")
-    raw_lanes: Any = state.get("num_lanes")
-    if not _is_int(raw_lanes) or raw_lanes < 1:
+    raw_lanes: Any = state.get(NUM_LANES_KEY)
+    if not is_int(raw_lanes) or raw_lanes < 1:
         raise CheckpointError(f"checkpoint num_lanes={raw_lanes!r} must be an integer >= 1")
     old_lanes = int(raw_lanes)
-    if state.get("micro", 0):
+    if state.get(MICRO_KEY, 0):
         raise CheckpointError(
             "cannot re-lane a state taken in the middle of a step (micro="
-            f"{state.get('micro')!r}); re-lane a step-boundary checkpoint"
+            f"{state.get(MICRO_KEY)!r}); re-lane a step-boundary checkpoint"
         )
     old_pipeline = for_state(pipeline_at(pipeline, old_lanes), state)
     positions = validate_state(
@@ -770,10 +773,10 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
     )
     check_lineage(state, old_pipeline)
     source = old_pipeline.work_source
-    mixture = state.get("mixture")
+    mixture = state.get(MIXTURE_KEY)
     if mixture is not None and getattr(source, "relaned", False):  # pragma: no cover
         raise CheckpointError("a re-laned checkpoint cannot hold mixture decisions")
-    p = int(state.get("pass", 0))
+    p = int(state.get(PASS_KEY, 0))
     lanes = []
     for lane in range(old_lanes):
         w, c = positions[lane]
@@ -782,9 +785,9 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         lanes.append((w, c))
     parent = state.get(LINEAGE_KEY)
     lineage = Lineage(
-        fingerprint=str(state["fingerprint"]),
+        fingerprint=str(state[FINGERPRINT_KEY]),
         num_lanes=old_lanes,
-        step=int(state["step"]),
+        step=int(state[STEP_KEY]),
         lanes=tuple(lanes),
         pass_index=p,
         mixture=copy.deepcopy(dict(mixture)) if mixture is not None else None,
@@ -793,12 +796,12 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
     relaned = _source_for(pipeline_at(pipeline, num_lanes), lineage, num_lanes)  # checks all
     assert isinstance(relaned, RelanedWorkSource)
     return {
-        "format": state["format"],
-        "fingerprint": fingerprint_at(pipeline, num_lanes),
-        "recipe": summary_at(pipeline, num_lanes),
-        "num_lanes": num_lanes,
-        "step": lineage.step,
-        "micro": 0,
-        "lanes": {str(i): [0, relaned.drop(i, 0)] for i in range(num_lanes)},
+        FORMAT_KEY: state[FORMAT_KEY],
+        FINGERPRINT_KEY: fingerprint_at(pipeline, num_lanes),
+        RECIPE_KEY: summary_at(pipeline, num_lanes),
+        NUM_LANES_KEY: num_lanes,
+        STEP_KEY: lineage.step,
+        MICRO_KEY: 0,
+        LANES_KEY: {str(i): [0, relaned.drop(i, 0)] for i in range(num_lanes)},
         LINEAGE_KEY: lineage.to_state(),
     }
