@@ -158,6 +158,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._partial: dict[int, int] = {}
         self._unused: dict[int, int] | None = None
         self._metrics = StepMetrics()
+        self._own_state = False
         self._owned: list[Closable] = []
         # Closes what the node owns when it is garbage-collected (e.g. its Loader dropped).
         self._finalizer = weakref.finalize(self, _close_collected, self._owned)
@@ -286,7 +287,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                 )
             if micro >= self.micro_per_step:
                 raise CheckpointError(f"checkpoint micro={micro} >= {self.micro_per_step}")
-        self._check_by_replay(positions, step, pass_index, initial_state.get(LINEAGE_KEY))
+        if not self._own_state:  # a state this node just made (set_mixture) needs no replay
+            self._check_by_replay(positions, step, pass_index, initial_state.get(LINEAGE_KEY))
         self._positions = {i: positions[i] for i in self.lanes}
         self._notify_positions()
         for i, lane in self.lanes.items():
@@ -373,7 +375,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             refuse()
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="set_mixture")
-        self.reset(with_decision(self.get_state(), normalized))
+        self._own_state = True
+        try:
+            self.reset(with_decision(self.get_state(), normalized))
+        finally:
+            self._own_state = False
 
     def _build_step(self) -> None:
         rows: list[dict[str, np.ndarray]] = []
