@@ -13,8 +13,8 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io.nodecache import set_cache_limit
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.io.nodecache.nodecache import set_cache_limit
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.files import check_writable, load_state, save_state
 from zephon_nodes.state.schema import STEP_KEY, RankState
 from zephon_nodes.verification.dump import write_step

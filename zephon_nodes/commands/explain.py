@@ -9,7 +9,7 @@ from typing import Any
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.schema import RankState
 
 __all__ = ["add_parser", "explain", "run"]

@@ -16,9 +16,9 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io.nodecache import set_cache_limit
+from zephon_nodes.io.nodecache.nodecache import set_cache_limit
 from zephon_nodes.operators.pack import IGNORE_INDEX
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.merge import merge_states
 from zephon_nodes.state.schema import LANES_KEY
 
