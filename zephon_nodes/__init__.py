@@ -6,8 +6,8 @@ data-parallel ranks, loader workers or restarts.
 
 from zephon_nodes.core.flush import Flush
 from zephon_nodes.engine.accumulate import AccumulatorNode
-from zephon_nodes.engine.checkpoint import load_state, merge_states, save_state
 from zephon_nodes.engine.lane import Lane, WorkItemNode
+from zephon_nodes.engine.loader_state import rank_state
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
@@ -25,6 +25,7 @@ from zephon_nodes.recipe.registry import register_filter, register_map, register
 from zephon_nodes.recipe.shuffle import ShuffleSpec
 from zephon_nodes.recipe.tokenizer import TokenizerSpec
 from zephon_nodes.recipe.work import WorkSpec
+from zephon_nodes.state import load_state, merge_states, save_state
 from zephon_nodes.verification.digest import digest_microbatches, global_batch_digest
 from zephon_nodes.verification.simulate import simulate
 
@@ -63,6 +64,7 @@ __all__ = [
     "lanes_for_rank",
     "load_state",
     "merge_states",
+    "rank_state",
     "register_filter",
     "register_map",
     "register_tokenizer",

@@ -120,3 +120,16 @@ def test_a_multi_rank_checkpoint_directory(recipe_path: Path, tmp_path: Path, ca
     assert sorted(data["lanes"]) == ["0", "1", "2", "3"]
     assert data["lanes"]["3"] == ranks[1].state_dict()["lanes"]["3"]
     assert data["resume"]["ok"] is True
+
+
+def test_a_multi_dataset_recipe_resumes_from_its_own_checkpoint(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """Issue 27 case 9: the verdict is the resume's (the mixture's token estimate included)."""
+    from tests.mixing.test_recipe_and_fingerprint import write_mixed
+
+    recipe_path = write_mixed(tmp_path)
+    saved_state(recipe_path, tmp_path / "ckpt", world=1, step=2)
+    status = zephon("inspect", str(tmp_path / "ckpt"), "--recipe", str(recipe_path), "--json")
+    resume = json.loads(capsys.readouterr().out)["resume"]
+    assert (status, resume["ok"], resume["diffs"]) == (0, True, []), resume

@@ -160,13 +160,13 @@ def test_digest_page_holds_the_exact_layout() -> None:
 
 
 def test_checkpoint_page_documents_every_state_key() -> None:
-    from zephon_nodes.engine import checkpoint
+    from zephon_nodes.state import layout, schema
 
     page = (DOCS / "checkpoint.md").read_text()
-    for key in checkpoint._KEYS:
+    for key in schema.STATE_KEYS:
         assert f"`{key}`" in page, key
-    assert checkpoint.FORMAT in page
-    assert checkpoint.COMMIT_FILE in page
+    assert schema.FORMAT in page
+    assert layout.COMMIT_FILE in page
 
 
 def test_cli_page_documents_every_command() -> None:

@@ -79,6 +79,7 @@ def main() -> None:
 
     from zephon_nodes import Pipeline, Recipe, WorkerPool, digest_microbatches
     from zephon_nodes.engine import checkpoint as ckpt
+    from zephon_nodes.state import files as state_files
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -112,7 +113,7 @@ def main() -> None:
                 kill_job()
             real_replace(src, dst)
 
-        ckpt.os.replace = replace  # type: ignore[assignment]
+        state_files.os.replace = replace  # type: ignore[assignment]
 
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
     pool = WorkerPool(args.workers, args.runner, timeout_s=60)

@@ -10,13 +10,14 @@ from typing import Any
 from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
 from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.core.settings import current, using
-from zephon_nodes.engine.checkpoint import check_writable, load_state, save_state
 from zephon_nodes.engine.mixture_log import read_updates, updates_after
 from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe import Recipe
+from zephon_nodes.state.files import check_writable, load_state, save_state
+from zephon_nodes.state.schema import STEP_KEY, RankState
 from zephon_nodes.verification.dump import write_step
 from zephon_nodes.verification.simulate import simulate
 
@@ -102,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
     pipeline.check_produces()
     resume = load_state(args.resume_from) if args.resume_from else None
-    first = resume["step"] if resume else 0
+    first = RankState.from_dict(resume).step if resume else 0
     if args.save_at is not None and not first < args.save_at <= first + args.steps:
         raise RecipeError(
             f"--save-at={args.save_at} must be a step this run produces, in "
@@ -119,8 +120,8 @@ def _run(args: argparse.Namespace) -> int:
 
     def on_save(state: dict[str, Any]) -> None:
         path = save_state(args.checkpoint_dir, state)
-        saved.append(state["step"])
-        print(f"saved state after step {state['step']} to {path}", file=sys.stderr)
+        saved.append(state[STEP_KEY])
+        print(f"saved state after step {state[STEP_KEY]} to {path}", file=sys.stderr)
 
     produced = 0
     last = first
@@ -179,6 +180,6 @@ def _run(args: argparse.Namespace) -> int:
         from zephon_nodes.engine.end_of_data import format_unused, unused_samples
 
         unused = unused_samples(pipeline, ended)
-        delivered = int(ended["step"]) * pipeline.recipe.global_batch_size
+        delivered = int(ended[STEP_KEY]) * pipeline.recipe.global_batch_size
         print(f"zephon digest: end of data: {format_unused(unused, delivered)}", file=sys.stderr)
     return 0

@@ -8,13 +8,13 @@ from typing import Any
 
 from zephon_nodes.core.operator import operator_name
 from zephon_nodes.engine.accumulate import AccumulatorNode
-from zephon_nodes.engine.checkpoint import FORMAT
 from zephon_nodes.engine.lane import chain_nodes
 from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe import Recipe
+from zephon_nodes.state.schema import RankState
 
 __all__ = ["add_parser", "explain", "run"]
 
@@ -73,15 +73,14 @@ def _chain(pipeline: Pipeline) -> list[dict[str, str]]:
 
 def _state_bytes(pipeline: Pipeline, lanes: list[int], big: bool) -> int:
     v = _BIG if big else 0
-    state = {
-        "format": FORMAT,
-        "fingerprint": pipeline.fingerprint,
-        "recipe": dict(pipeline.summary),
-        "num_lanes": pipeline.num_lanes,
-        "step": v,
-        "micro": 0,
-        "lanes": {str(i): [v, v] for i in lanes},
-    }
+    state = RankState(
+        fingerprint=pipeline.fingerprint,
+        recipe=pipeline.summary,
+        num_lanes=pipeline.num_lanes,
+        step=v,
+        micro=0,
+        lanes={i: (v, v) for i in lanes},
+    ).to_dict()
     return len(json.dumps(state).encode("utf-8"))
 
 

@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.engine.checkpoint import (
-    STATE_FILE,
-    contents_diff,
-    load_state,
-    recipe_summary,
-    validate_state,
-)
+from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.errors import CheckpointError
 from zephon_nodes.recipe import Recipe
+from zephon_nodes.state.files import STATE_FILE, load_state
+from zephon_nodes.state.identity import summary_diff
+from zephon_nodes.state.layout import load_checkpoint
+from zephon_nodes.state.lineage import LINEAGE_KEY, check_lineage, describe_lineage
+from zephon_nodes.state.mixture import LOG_KEY, check_effects, parse_mixture_state
+from zephon_nodes.state.schema import (
+    FINGERPRINT_KEY,
+    FORMAT_KEY,
+    LANES_KEY,
+    MICRO_KEY,
+    MIXTURE_KEY,
+    NUM_LANES_KEY,
+    PASS_KEY,
+    RECIPE_KEY,
+    STEP_KEY,
+)
+from zephon_nodes.state.validate import validate_state
 
 __all__ = ["add_parser", "load_any", "resume_check", "run"]
 
@@ -53,56 +63,41 @@ def load_any(path: str | Path) -> dict[str, Any]:
         return load_state(p)
     if not p.exists():
         raise CheckpointError(f"no checkpoint at {p}")
-    from zephon_nodes.engine import checkpoint
-
-    load_checkpoint = getattr(checkpoint, "load_checkpoint", None)
-    if load_checkpoint is None:
-        raise CheckpointError(f"{p}: no {STATE_FILE} in this directory")
-    state: dict[str, Any] = load_checkpoint(p)
-    return state
+    return load_checkpoint(p)
 
 
 def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list[str]]:
-    """Check whether ``recipe`` can resume from ``state``.
+    """Check whether ``recipe`` can resume from ``state``, as a resume would check it.
+
+    The recipe is compiled (:class:`~zephon_nodes.engine.pipeline.Pipeline`, the same
+    fingerprint and summary a resume compares, the mixture's token estimate included), and
+    the state is held to it by the state package's checks.
 
     Returns:
         ``(ok, message, differing fields)``; the fields are lines such as
         ``seq_len: checkpoint has 128, recipe has 256``.
     """
-    from zephon_nodes.io.identity import content_summary
-    from zephon_nodes.io.storage.checksum import one_pass
+    from zephon_nodes.engine.relane import for_state
 
-    with one_pass():
-        canonical = recipe.canonical()
-    summary = recipe_summary(canonical)
-    contents = content_summary(recipe.datasets, canonical)
-    if contents:
-        summary["contents"] = contents
-    blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
-    fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
-    lanes = state.get("lanes")
+    pipeline = Pipeline(recipe)
+    diffs = summary_diff(state.get(RECIPE_KEY), pipeline.summary, hashes=True)
+    lanes = state.get(LANES_KEY)
     owned = [int(k) for k in lanes if str(k).isdigit()] if isinstance(lanes, dict) else []
-    diffs: list[str] = []
-    saved = state.get("recipe")
-    if isinstance(saved, dict):
-        for key in sorted(set(saved) | set(summary)):
-            a, b = saved.get(key, "<absent>"), summary.get(key, "<absent>")
-            if a != b:
-                if key == "contents" and isinstance(a, dict) and isinstance(b, dict):
-                    diffs.extend(contents_diff(a, b))
-                elif isinstance(a, str) and a.startswith("sha256:"):
-                    diffs.append(f"{key}: differs (checkpoint {a}, recipe {b})")
-                else:
-                    diffs.append(f"{key}: checkpoint has {a!r}, recipe has {b!r}")
     try:
-        validate_state(
+        resuming = for_state(pipeline, state)
+        positions = validate_state(
             state,
-            fingerprint=fingerprint,
-            summary=summary,
+            fingerprint=resuming.fingerprint,
+            summary=resuming.summary,
             num_lanes=recipe.num_lanes,
             lanes=owned,
             samples_per_lane=recipe.samples_per_lane,
         )
+        check_lineage(state.get(LINEAGE_KEY), getattr(resuming, "lineage", None))
+        names = [d.name for d in recipe.datasets]
+        log = parse_mixture_state(state.get(MIXTURE_KEY), names, owned, state[STEP_KEY])
+        if state.get(LINEAGE_KEY) is None:
+            check_effects(log, positions, state[STEP_KEY], recipe.samples_per_lane)
     except CheckpointError as e:
         return False, str(e), diffs
     missing = sorted(set(range(recipe.num_lanes)) - set(owned))
@@ -119,24 +114,24 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon inspect``; exit status 1 if ``--recipe`` cannot resume."""
     state = load_any(args.checkpoint)
-    lanes = state.get("lanes") if isinstance(state.get("lanes"), dict) else {}
+    lanes = state.get(LANES_KEY) if isinstance(state.get(LANES_KEY), dict) else {}
     assert isinstance(lanes, dict)
     positions = {str(k): v for k, v in sorted(lanes.items(), key=lambda kv: _lane_key(kv[0]))}
     out: dict[str, Any] = {
         "checkpoint": str(args.checkpoint),
-        "format": state.get("format"),
-        "fingerprint": state.get("fingerprint"),
-        "step": state.get("step"),
-        "micro": state.get("micro"),
-        "pass": state.get("pass", 0),
-        "num_lanes": state.get("num_lanes"),
+        "format": state.get(FORMAT_KEY),
+        "fingerprint": state.get(FINGERPRINT_KEY),
+        "step": state.get(STEP_KEY),
+        "micro": state.get(MICRO_KEY),
+        "pass": state.get(PASS_KEY, 0),
+        "num_lanes": state.get(NUM_LANES_KEY),
         "lanes": positions,
     }
-    mixture = state.get("mixture")
-    if isinstance(mixture, dict) and isinstance(mixture.get("log"), list):
-        out["mixture_log"] = mixture["log"]  # decisions of a dynamic mixture
-    if state.get("lineage") is not None:
-        out["lineage"] = state["lineage"]  # a re-laned checkpoint (zephon relane)
+    mixture = state.get(MIXTURE_KEY)
+    if isinstance(mixture, dict) and isinstance(mixture.get(LOG_KEY), list):
+        out["mixture_log"] = mixture[LOG_KEY]  # decisions of a dynamic mixture
+    if state.get(LINEAGE_KEY) is not None:
+        out["lineage"] = state[LINEAGE_KEY]  # a re-laned checkpoint (zephon relane)
     status = 0
     if args.recipe is not None:
         ok, message, diffs = resume_check(state, Recipe.from_toml(args.recipe))
@@ -157,8 +152,6 @@ def run(args: argparse.Namespace) -> int:
     for k, v in positions.items():
         print(f"  lane {k:>4}: {v}")
     if "lineage" in out:
-        from zephon_nodes.engine.relane import describe_lineage
-
         for line in describe_lineage(out["lineage"]):
             print(f"lineage:      {line}")
     for entry in out.get("mixture_log", []):

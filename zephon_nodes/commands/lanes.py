@@ -173,23 +173,24 @@ def run(args: argparse.Namespace) -> int:
 def _show_checkpoint(args: argparse.Namespace) -> None:
     """Print a checkpoint's lane count and lineage; default ``--global-batch`` from it."""
     from zephon_nodes.commands.inspect import load_any
-    from zephon_nodes.engine.relane import describe_lineage
+    from zephon_nodes.state.lineage import describe_lineage
+    from zephon_nodes.state.schema import LINEAGE_KEY, NUM_LANES_KEY, RECIPE_KEY, STEP_KEY
 
     state = load_any(args.checkpoint)
-    recipe = state.get("recipe") if isinstance(state.get("recipe"), dict) else {}
+    recipe = state.get(RECIPE_KEY) if isinstance(state.get(RECIPE_KEY), dict) else {}
     assert isinstance(recipe, dict)
     if args.global_batch is None and isinstance(recipe.get("global_batch_size"), int):
         args.global_batch = recipe["global_batch_size"]
-    lines = describe_lineage(state.get("lineage"))
+    lines = describe_lineage(state.get(LINEAGE_KEY))
     if args.json:  # with --dp, the JSON list of lane counts alone
         if args.dp is None:
-            out = {"num_lanes": state.get("num_lanes"), "step": state.get("step")}
-            out["lineage"] = state.get("lineage")
+            out = {"num_lanes": state.get(NUM_LANES_KEY), "step": state.get(STEP_KEY)}
+            out["lineage"] = state.get(LINEAGE_KEY)
             print(json.dumps(out, sort_keys=True))
         return
     print(
-        f"checkpoint {args.checkpoint}: num_lanes={state.get('num_lanes')} at step "
-        f"{state.get('step')}" + ("" if lines else " (never re-laned)")
+        f"checkpoint {args.checkpoint}: num_lanes={state.get(NUM_LANES_KEY)} at step "
+        f"{state.get(STEP_KEY)}" + ("" if lines else " (never re-laned)")
     )
     for line in lines:
         print(f"  {line}")

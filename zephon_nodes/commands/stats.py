@@ -12,7 +12,6 @@ import numpy as np
 
 from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
 from zephon_nodes.core.settings import current, using
-from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.mixture_log import read_updates
 from zephon_nodes.engine.multiplexer import Multiplexer
@@ -21,6 +20,8 @@ from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.pack import IGNORE_INDEX
 from zephon_nodes.recipe import Recipe
+from zephon_nodes.state.merge import merge_states
+from zephon_nodes.state.schema import LANES_KEY
 
 __all__ = ["add_parser", "compute_stats", "run"]
 
@@ -174,7 +175,7 @@ def compute_stats(
         cache = pipeline.cache_stats()  # before the documents are counted (they read again)
         lanes: dict[int, Any] = {}
         for node in ranks:
-            for lane, (w, c) in node.get_state()["lanes"].items():
+            for lane, (w, c) in node.get_state()[LANES_KEY].items():
                 lanes[int(lane)] = (w, c)
         documents, skipped = _count_items(pipeline, lanes, pool)
         end_of_data: dict[str, Any] | None = None

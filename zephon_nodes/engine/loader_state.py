@@ -7,7 +7,7 @@ since (``steps_since_snapshot``). To restart at another dp size:
 
 1. :func:`rank_state` takes each rank's ``Loader`` state and returns the rank node's state
    at the step the training loop reached (replaying the few steps after an older snapshot);
-2. :func:`~zephon_nodes.engine.checkpoint.merge_states` merges the ranks (it also accepts
+2. :func:`~zephon_nodes.state.merge.merge_states` merges the ranks (it also accepts
    ``Loader`` states whose nested state is exact); :func:`reshard_loader_states` does 1 + 2;
 3. :func:`with_rank_state` puts the merged state into a new rank's ``Loader`` state, and
    :func:`load_rank_state` loads it into the new rank's ``Loader``.
@@ -20,11 +20,12 @@ from typing import Any
 
 from torchdata.nodes import Loader
 
-from zephon_nodes.engine.checkpoint import FORMAT, merge_states, unwrap_state
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.state_paths import LocatedState, locate_state, replace_state
 from zephon_nodes.errors import CheckpointError
+from zephon_nodes.state.locate import LocatedState, locate_state, replace_state, unwrap_state
+from zephon_nodes.state.merge import merge_states
+from zephon_nodes.state.schema import FORMAT, LANES_KEY, LAYOUT_KEY, MICRO_KEY, STEP_KEY, is_int
 
 __all__ = [
     "load_rank_state",
@@ -80,8 +81,8 @@ def rank_state(
     """
     found = locate_rank_state(loader_state)
     inner = dict(found.state)
-    micro = inner.get("micro", 0)
-    s = inner.get("step")
+    micro = inner.get(MICRO_KEY, 0)
+    s = inner.get(STEP_KEY)
     if found.exact and micro == 0 and (step is None or step == s):
         return unwrap_state(inner)
     if step is None or pipeline is None:
@@ -90,14 +91,14 @@ def rank_state(
             f"the rank state at {found.where} is not at the consumer's step boundary ({lag}): "
             f"pass pipeline= and step= (the steps the training loop consumed) to replay it"
         )
-    if not isinstance(s, int) or isinstance(s, bool):
+    if not is_int(s) or s is None:
         raise CheckpointError(f"the rank state at {found.where} has step={s!r}")
     if step < s or (step == s and micro):
         raise CheckpointError(
             f"step={step} is before the rank state at {found.where} (step {s}, micro-batch "
             f"{micro}): pass the number of steps the training loop consumed"
         )
-    lanes = inner.get("lanes")
+    lanes = inner.get(LANES_KEY)
     if not isinstance(lanes, Mapping) or not lanes:
         raise CheckpointError(f"the rank state at {found.where} has no lanes")
     try:
@@ -105,8 +106,8 @@ def rank_state(
     except (TypeError, ValueError):
         raise CheckpointError(f"the rank state at {found.where} has bad lane keys") from None
     # The lane positions are those at the start of step s: restart there, run step - s steps.
-    start = {k: v for k, v in inner.items() if k != "layout"}
-    start["micro"] = 0
+    start = {k: v for k, v in inner.items() if k != LAYOUT_KEY}
+    start[MICRO_KEY] = 0
     from zephon_nodes.engine.relane import for_state
 
     with WorkerPool(num_workers, "thread") as pool:

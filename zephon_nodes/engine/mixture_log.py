@@ -10,25 +10,29 @@ most two flush windows of work items per lane (the rest of window ``w`` plus, at
 whole window if nothing of it was consumed yet); work computed ahead under the old weights
 is thrown away and recomputed (the rank node replays window ``w``).
 
-The log lives in the checkpoint state under ``"mixture"``::
-
-    {"log": [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...],
-     "effects": {"0": [w1, ...], "1": [...], ...}}
-
-``log`` is the same on every rank (weights normalized, in recipe order, by name);
-``effects`` holds, per lane, the flush window where each decision starts. An entry costs
-about ``20 + 24 * D`` bytes of JSON for ``D`` datasets plus ~8 bytes per lane.
+The log lives in the checkpoint state under ``"mixture"``; its schema, parsing and checks
+are :mod:`zephon_nodes.state.mixture` (re-exported here). An entry costs about
+``20 + 24 * D`` bytes of JSON for ``D`` datasets plus ~8 bytes per lane. This module keeps
+the ``--mixture-updates`` file: its parsing and its agreement with a checkpoint's log.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zephon_nodes.core.plain import is_int
 from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.state.mixture import (
+    ENTRY_STEP_KEY,
+    MIXTURE_KEY,
+    WEIGHTS_KEY,
+    MixtureLog,
+    normalize_weights,
+    parse_mixture_state,
+    with_decision,
+)
+from zephon_nodes.state.schema import STEP_KEY, is_int
 
 __all__ = [
     "MIXTURE_KEY",
@@ -41,170 +45,6 @@ __all__ = [
     "with_decision",
 ]
 
-MIXTURE_KEY = "mixture"
-
-
-def normalize_weights(names: Sequence[str], weights: Any, *, where: str = "mixture") -> dict:
-    """Check a decision's weights against the recipe's datasets and normalize them.
-
-    Args:
-        names: The recipe's dataset names, in order.
-        weights: ``{name: weight}``, one weight >= 0 per dataset (0 pauses a dataset).
-        where: What the weights are, for messages.
-
-    Returns:
-        ``{name: weight / sum}`` in recipe order.
-
-    Raises:
-        RecipeError: Naming an unknown or missing dataset, or a bad weight.
-    """
-    if not isinstance(weights, Mapping):
-        raise RecipeError(
-            f"{where}: weights must be a mapping {{dataset: weight}}, got {type(weights).__name__}"
-        )
-    unknown = sorted(str(k) for k in weights if k not in names)
-    if unknown:
-        raise RecipeError(
-            f"{where}: unknown dataset(s) {unknown}; the recipe's datasets are {list(names)}"
-        )
-    missing = [n for n in names if n not in weights]
-    if missing:
-        raise RecipeError(
-            f"{where}: no weight for dataset(s) {missing}; give every dataset a weight "
-            f"(0 pauses it)"
-        )
-    out: dict[str, float] = {}
-    for n in names:
-        w = weights[n]
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
-            raise RecipeError(f"{where}: weight of {n!r} is {w!r}, expected a number >= 0")
-        out[n] = float(w)
-    total = sum(out.values())
-    if not total > 0:
-        raise RecipeError(f"{where}: the weights sum to 0 (at least one dataset needs weight > 0)")
-    return {n: w / total for n, w in out.items()}
-
-
-class MixtureLog:
-    """The decisions in force on a rank: weights per decision and each lane's effect window.
-
-    Attributes:
-        entries: ``[(step, {name: weight}), ...]`` in order (normalized weights).
-        effects: ``{lane: [window, ...]}``, one window per entry, for the lanes known here.
-    """
-
-    def __init__(
-        self,
-        entries: Sequence[tuple[int, dict[str, float]]] = (),
-        effects: Mapping[int, Sequence[int]] | None = None,
-    ) -> None:
-        self.entries = [(int(s), dict(w)) for s, w in entries]
-        self.effects = {int(k): [int(x) for x in v] for k, v in (effects or {}).items()}
-
-    def __bool__(self) -> bool:
-        return bool(self.entries)
-
-    def to_state(self, lanes: Sequence[int]) -> dict[str, Any]:
-        """Return the JSON-safe ``"mixture"`` section for ``lanes``."""
-        return {
-            "log": [{"step": s, "weights": dict(w)} for s, w in self.entries],
-            "effects": {str(i): list(self.effects[i]) for i in lanes},
-        }
-
-
-def with_decision(state: Mapping[str, Any], weights: Mapping[str, float]) -> dict[str, Any]:
-    """Return a copy of a step-boundary state with one more decision made after its step.
-
-    The decision's effect window in each lane of the state is the lane's window + 1.
-
-    Raises:
-        RecipeError: If the state was taken in the middle of a step.
-    """
-    if state.get("micro", 0):
-        raise RecipeError(
-            f"set_mixture is called between steps; this rank is after micro-batch "
-            f"{state['micro']} of step {int(state['step']) + 1}"
-        )
-    out = dict(state)
-    old = state.get(MIXTURE_KEY) or {"log": [], "effects": {}}
-    lanes = state["lanes"]
-    log = [dict(e) for e in old["log"]] + [{"step": int(state["step"]), "weights": dict(weights)}]
-    effects = {str(k): [*old["effects"].get(str(k), []), int(v[0]) + 1] for k, v in lanes.items()}
-    out[MIXTURE_KEY] = {"log": log, "effects": effects}
-    return out
-
-
-def parse_mixture_state(
-    raw: Any, names: Sequence[str], lanes: Sequence[int], step: int
-) -> MixtureLog:
-    """Validate a checkpoint's ``"mixture"`` section (untrusted) and return its log.
-
-    Args:
-        raw: The section (or None: no decision).
-        names: The recipe's dataset names.
-        lanes: Lanes this rank owns (each needs its effect windows).
-        step: The checkpoint's step (no entry may be later).
-
-    Raises:
-        CheckpointError: Naming the entry, the dataset or the lane that is wrong.
-    """
-    if raw is None:
-        return MixtureLog()
-    if not isinstance(raw, Mapping) or set(raw) != {"log", "effects"}:
-        raise CheckpointError("checkpoint 'mixture' must be a dict with 'log' and 'effects'")
-    log, effects = raw["log"], raw["effects"]
-    if not isinstance(log, list) or not isinstance(effects, Mapping):
-        raise CheckpointError("checkpoint mixture: 'log' must be a list, 'effects' a dict")
-    entries: list[tuple[int, dict[str, float]]] = []
-    last = 0
-    for k, e in enumerate(log):
-        if not isinstance(e, Mapping) or set(e) != {"step", "weights"} or not is_int(e["step"]):
-            raise CheckpointError(
-                f"checkpoint mixture log entry {k}: expected {{'step': int, 'weights': {{...}}}}, "
-                f"got {e!r:.120}"
-            )
-        s = e["step"]
-        if not last <= s <= step:
-            raise CheckpointError(
-                f"checkpoint mixture log entry {k}: step {s} must be in [{last}, {step}] "
-                f"(entries in order, none after the checkpoint's step)"
-            )
-        w = e["weights"]
-        if isinstance(w, Mapping):
-            for n in w:
-                if n not in names:
-                    raise CheckpointError(
-                        f"checkpoint mixture decision at step {s} names dataset {n!r}, which "
-                        f"the recipe does not have (its datasets: {list(names)})"
-                    )
-            for n in names:
-                if n not in w:
-                    raise CheckpointError(
-                        f"checkpoint mixture decision at step {s} has no weight for the "
-                        f"recipe's dataset {n!r}"
-                    )
-        try:
-            weights = normalize_weights(names, w, where=f"checkpoint mixture decision at step {s}")
-        except RecipeError as err:
-            raise CheckpointError(str(err)) from None
-        entries.append((s, weights))
-        last = s
-    out: dict[int, list[int]] = {}
-    for lane in lanes:
-        v = effects.get(str(lane))
-        if (
-            not isinstance(v, list)
-            or len(v) != len(entries)
-            or not all(is_int(x) and 1 <= x < 2**62 for x in v)
-            or v != sorted(v)
-        ):
-            raise CheckpointError(
-                f"checkpoint mixture: lane {lane} needs {len(entries)} non-decreasing effect "
-                f"windows >= 1 (one per decision), got {v!r:.120}"
-            )
-        out[lane] = list(v)
-    return MixtureLog(entries, out)
-
 
 def parse_updates(raw: Any, names: Sequence[str], where: str) -> list[tuple[int, dict]]:
     """Parse a ``--mixture-updates`` list ``[{"step": 5, "weights": {...}}, ...]``.
@@ -216,17 +56,17 @@ def parse_updates(raw: Any, names: Sequence[str], where: str) -> list[tuple[int,
         raise RecipeError(f"{where}: expected a JSON list of {{'step', 'weights'}} entries")
     out: list[tuple[int, dict]] = []
     for k, e in enumerate(raw):
-        if not isinstance(e, dict) or set(e) != {"step", "weights"}:
+        if not isinstance(e, dict) or set(e) != {ENTRY_STEP_KEY, WEIGHTS_KEY}:
             raise RecipeError(
                 f"{where}: entry {k} must be {{'step': int, 'weights': {{dataset: weight}}}}, "
                 f"got {e!r:.120}"
             )
-        s = e["step"]
+        s = e[ENTRY_STEP_KEY]
         if not is_int(s) or s < 0 or (out and s < out[-1][0]):
             raise RecipeError(
                 f"{where}: entry {k} has step {s!r}; steps are integers >= 0 in order"
             )
-        out.append((s, normalize_weights(names, e["weights"], where=f"{where}: entry {k}")))
+        out.append((s, normalize_weights(names, e[WEIGHTS_KEY], where=f"{where}: entry {k}")))
     return out
 
 
@@ -262,7 +102,7 @@ def updates_after(
     """
     if state is None:
         return list(updates)
-    step = int(state["step"])
+    step = int(state[STEP_KEY])
     try:
         saved = parse_mixture_state(state.get(MIXTURE_KEY), names, [], step).entries
     except CheckpointError as e:

@@ -13,25 +13,41 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.checkpoint import FORMAT, validate_state
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
-from zephon_nodes.engine.mixture_log import (
-    MIXTURE_KEY,
-    MixtureLog,
-    normalize_weights,
-    parse_mixture_state,
-    with_decision,
-)
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
+from zephon_nodes.state.lineage import check_lineage
+from zephon_nodes.state.mixture import (
+    MIXTURE_KEY,
+    MixtureLog,
+    check_effects,
+    normalize_weights,
+    parse_mixture_state,
+    with_decision,
+)
+from zephon_nodes.state.schema import (
+    LAYOUT_KEY,
+    LAYOUT_LANES_KEY,
+    LINEAGE_KEY,
+    LOCAL_BATCH_SIZE_KEY,
+    MICRO_KEY,
+    PASS_KEY,
+    STEP_KEY,
+    RankState,
+)
+from zephon_nodes.state.validate import check_replayed, validate_state
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
 
 LANE_KEY = "lane"
+REPLAY_CHECK_SAMPLES = 256
+"""A restore replays each lane from the start of its pass to check its saved position
+exactly while the lane has handed out at most this many samples of the pass (later, the
+position is checked against the step's bounds only; see ``docs/checkpoint.md``)."""
 
 
 class Closable(Protocol):
@@ -147,6 +163,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._partial: dict[int, int] = {}
         self._unused: dict[int, int] | None = None
         self._metrics = StepMetrics()
+        self._own_state = False
         self._owned: list[Closable] = []
         # Closes what the node owns when it is garbage-collected (e.g. its Loader dropped).
         self._finalizer = weakref.finalize(self, _close_collected, self._owned)
@@ -193,7 +210,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         return self._step
 
     def _layout(self) -> dict[str, Any]:
-        return {"lanes": list(self.lanes), "local_batch_size": self.local_batch_size}
+        return {LAYOUT_LANES_KEY: list(self.lanes), LOCAL_BATCH_SIZE_KEY: self.local_batch_size}
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start from step 0, or restore a state (validated first; raises CheckpointError)."""
@@ -242,19 +259,19 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             lanes=self.lanes,
             samples_per_lane=self.samples_per_lane,
         )
-        from zephon_nodes.engine.relane import check_lineage
-
-        check_lineage(initial_state, p)
-        self._install(
-            parse_mixture_state(
-                initial_state.get(MIXTURE_KEY),
-                [d.name for d in p.recipe.datasets],
-                list(self.lanes),
-                initial_state["step"],
-            )
+        check_lineage(initial_state.get(LINEAGE_KEY), getattr(p, "lineage", None))
+        step = initial_state[STEP_KEY]
+        mixture = parse_mixture_state(
+            initial_state.get(MIXTURE_KEY),
+            [d.name for d in p.recipe.datasets],
+            list(self.lanes),
+            step,
         )
+        if initial_state.get(LINEAGE_KEY) is None:
+            check_effects(mixture, positions, step, self.samples_per_lane)
+        self._install(mixture)
         flush_every = p.recipe.flush_every
-        pass_index = initial_state.get("pass", 0)
+        pass_index = initial_state.get(PASS_KEY, 0)
         source = self.work_source.for_pass(pass_index)
         for i in self.lanes:
             w = positions[i][0]
@@ -263,16 +280,18 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                     f"checkpoint lane {i}: window {w} is beyond the end of the lane's stream "
                     f"(its work item {(w - 1) * flush_every} does not exist)"
                 )
-        micro = initial_state["micro"]
+        micro = initial_state[MICRO_KEY]
         if micro:
-            if initial_state.get("layout") != self._layout():
+            if initial_state.get(LAYOUT_KEY) != self._layout():
                 raise CheckpointError(
                     f"the checkpoint was taken after micro-batch {micro} of step "
-                    f"{initial_state['step'] + 1}; it can resume only on the same layout "
-                    f"{initial_state.get('layout')!r}, this rank has {self._layout()!r}"
+                    f"{step + 1}; it can resume only on the same layout "
+                    f"{initial_state.get(LAYOUT_KEY)!r}, this rank has {self._layout()!r}"
                 )
             if micro >= self.micro_per_step:
                 raise CheckpointError(f"checkpoint micro={micro} >= {self.micro_per_step}")
+        if not self._own_state:  # a state this node just made (set_mixture) needs no replay
+            self._check_by_replay(positions, step, pass_index, initial_state.get(LINEAGE_KEY))
         self._positions = {i: positions[i] for i in self.lanes}
         self._notify_positions()
         for i, lane in self.lanes.items():
@@ -280,11 +299,49 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             lane.reset({Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c, Lane.PASS_KEY: pass_index})
         self._pass, self._used = pass_index, True
         self._positions = {i: positions[i] for i in self.lanes}
-        self._step = initial_state["step"]
+        self._step = step
         self._micro = 0
         if micro:
             self._build_step()
             self._micro = micro
+
+    def _check_by_replay(
+        self,
+        positions: Mapping[int, tuple[int, int]],
+        step: int,
+        pass_index: int,
+        lineage: Any,
+    ) -> None:
+        """Replay each owned lane from the start of its pass to the saved step, if short.
+
+        A legitimate state holds exactly the position each lane reaches after
+        ``step x G/L`` samples of its pass (counted from the re-lane point for a re-laned
+        pass 0), so an edited step, a moved position or swapped lanes are refused, naming
+        the lane (:func:`~zephon_nodes.state.validate.check_replayed`). Done only while that
+        is at most :data:`REPLAY_CHECK_SAMPLES` samples per lane.
+        """
+        base = 0
+        if lineage is not None and not pass_index and isinstance(lineage, Mapping):
+            base = int(lineage.get(STEP_KEY, 0))
+        samples = (step - base) * self.samples_per_lane
+        if not 0 < samples <= REPLAY_CHECK_SAMPLES:
+            return
+        start = {Lane.WINDOW_KEY: 0, Lane.CONSUMED_KEY: 0, Lane.PASS_KEY: pass_index}
+        for i, lane in self.lanes.items():
+            lane.reset(dict(start))
+            for k in range(samples):
+                try:
+                    next(lane)
+                except StopIteration:
+                    raise CheckpointError(
+                        f"checkpoint lanes[{str(i)!r}]: position {list(positions[i])} is not "
+                        f"reachable at step={step}: the lane's stream ends after {k} of the "
+                        f"{samples} samples the steps took"
+                    ) from None
+            st = lane.get_state()
+            check_replayed(
+                i, positions[i], (st[Lane.WINDOW_KEY], st[Lane.CONSUMED_KEY]), step, samples
+            )
 
     def _install(self, mixture: MixtureLog) -> None:
         """Install a decision log into this rank's work source."""
@@ -318,7 +375,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self.work_source.refuse_decisions()  # a re-laned stream refuses
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="set_mixture")
-        self.reset(with_decision(self.get_state(), normalized))
+        self._own_state = True
+        try:
+            self.reset(with_decision(self.get_state(), normalized))
+        finally:
+            self._own_state = False
 
     def _build_step(self) -> None:
         rows: list[dict[str, np.ndarray]] = []
@@ -408,21 +469,15 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     def get_state(self) -> dict[str, Any]:
         """Return the checkpoint state (a fresh, JSON-safe dict)."""
         p = self.pipeline
-        state: dict[str, Any] = {
-            "format": FORMAT,
-            "fingerprint": p.fingerprint,
-            "recipe": dict(p.summary),
-            "num_lanes": p.num_lanes,
-            "step": self._step,
-            "micro": self._micro,
-            "lanes": {str(i): [w, c] for i, (w, c) in self._positions.items()},
-        }
-        if self._micro:
-            state["layout"] = self._layout()
-        if self._mixture:
-            state[MIXTURE_KEY] = self._mixture.to_state(list(self.lanes))
-        if self._pass:
-            state["pass"] = self._pass
-        if p.lineage is not None:  # a re-laned stream (engine/relane/)
-            state["lineage"] = p.lineage
-        return state
+        return RankState(
+            fingerprint=p.fingerprint,
+            recipe=p.summary,
+            num_lanes=p.num_lanes,
+            step=self._step,
+            micro=self._micro,
+            lanes=self._positions,
+            layout=self._layout() if self._micro else None,
+            pass_index=self._pass,
+            mixture=self._mixture.to_state(list(self.lanes)) if self._mixture else None,
+            lineage=p.lineage,  # a re-laned stream (engine/relane/)
+        ).to_dict()

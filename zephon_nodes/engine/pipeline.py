@@ -10,7 +10,6 @@ from torchdata.nodes import BaseNode
 
 from zephon_nodes.core.settings import InSettings, Settings, current, using
 from zephon_nodes.engine.accumulate import AccumulatorNode
-from zephon_nodes.engine.checkpoint import recipe_summary
 from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode, chain_nodes
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.operator_pools import PoolSpec, split_stages
@@ -26,6 +25,7 @@ from zephon_nodes.operators.shuffle import ShuffleBuffer
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
+from zephon_nodes.state.identity import recipe_identity
 
 __all__ = ["Pipeline", "lanes_for_rank"]
 
@@ -140,7 +140,6 @@ class Pipeline:
         from zephon_nodes.engine.assembly import stateless_chain, work_source
         from zephon_nodes.io.identity import content_summary
         from zephon_nodes.io.sources import open_dataset
-        from zephon_nodes.recipe.canonical import canonical_sha256
 
         self.recipe = recipe
         self.provenance = provenance
@@ -197,11 +196,8 @@ class Pipeline:
                 f"the recipe's datasets hold no records, so it can produce no batch (files "
                 f"skipped: {self.skipped_files})"
             )
-        self.fingerprint = canonical_sha256(self.canonical)
-        self.summary = recipe_summary(self.canonical)
         contents = content_summary(recipe.datasets, self.canonical)
-        if contents:
-            self.summary["contents"] = contents
+        self.fingerprint, self.summary = recipe_identity(self.canonical, contents)
         self._cache_feed: Any = None
         #: The re-lane lineage of the streams read (engine/relane/), None if never re-laned.
         self.lineage: dict[str, Any] | None = None

@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.operator_pools import PoolSpec
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.recipe.bounds import check_setting
+from zephon_nodes.state.merge import merge_states
 from zephon_nodes.verification.digest import digest_microbatches
 
 __all__ = ["StepResult", "simulate"]

@@ -50,6 +50,8 @@ from zephon_nodes.engine.relane.nodes import RelanedLane, RelanedWorkItemNode
 from zephon_nodes.engine.relane.sources import RelanedWorkSource
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.state.lineage import LINEAGE_KEY, Lineage, describe_lineage
+from zephon_nodes.state.lineage import check_lineage as _check_lineage
 
 __all__ = [
     "LINEAGE_KEY",
@@ -63,118 +65,6 @@ __all__ = [
     "pipeline_at",
     "relane_state",
 ]
-
-LINEAGE_KEY = "lineage"
-
-
-@dataclasses.dataclass(frozen=True)
-class Lineage:
-    """Where a re-laned stream came from: the checkpoint it was re-laned at.
-
-    Attributes:
-        fingerprint: The old checkpoint's recipe fingerprint (the recipe with ``num_lanes``).
-        num_lanes: The old lane count ``L``.
-        step: The step the old checkpoint was taken after.
-        lanes: Per old lane, ``(window, consumed)``.
-        pass_index: The pass the old lanes were reading.
-        mixture: The old checkpoint's dynamic-mixture section, or None.
-        parent: The old checkpoint's own lineage (it was re-laned too), or None.
-    """
-
-    fingerprint: str
-    num_lanes: int
-    step: int
-    lanes: tuple[tuple[int, int], ...]
-    pass_index: int = 0
-    mixture: dict[str, Any] | None = None
-    parent: Lineage | None = None
-
-    @property
-    def depth(self) -> int:
-        """Re-lanes in this chain (1 for a single re-lane)."""
-        return 1 + (self.parent.depth if self.parent is not None else 0)
-
-    def to_state(self) -> dict[str, Any]:
-        """Return the JSON-safe form stored under ``"lineage"`` in a checkpoint."""
-        out: dict[str, Any] = {
-            "fingerprint": self.fingerprint,
-            "num_lanes": self.num_lanes,
-            "step": self.step,
-            "lanes": [[w, c] for w, c in self.lanes],
-        }
-        if self.pass_index:
-            out["pass"] = self.pass_index
-        if self.mixture is not None:
-            out["mixture"] = copy.deepcopy(self.mixture)
-        if self.parent is not None:
-            out["parent"] = self.parent.to_state()
-        return out
-
-    @classmethod
-    def from_state(cls, raw: Any, where: str = "checkpoint lineage") -> Lineage:
-        """Validate an (untrusted) ``"lineage"`` section and return it.
-
-        Raises:
-            CheckpointError: Naming the field that is wrong.
-        """
-        if not isinstance(raw, Mapping):
-            raise CheckpointError(f"{where} must be a dict, got {type(raw).__name__}")
-        allowed = {"fingerprint", "num_lanes", "step", "lanes", "pass", "mixture", "parent"}
-        extra = sorted(set(map(str, raw)) - allowed)
-        if extra:
-            raise CheckpointError(f"{where}: unexpected key(s) {extra}")
-        missing = sorted({"fingerprint", "num_lanes", "step", "lanes"} - set(raw))
-        if missing:
-            raise CheckpointError(f"{where}: missing key(s) {missing}")
-        fp = raw["fingerprint"]
-        if not isinstance(fp, str) or len(fp) != 64:
-            raise CheckpointError(f"{where}: fingerprint must be 64 hex digits, got {fp!r:.80}")
-        for key in ("num_lanes", "step", "pass"):
-            v = raw.get(key, 0)
-            if not is_int(v) or not 0 <= v < 2**62 or (key == "num_lanes" and v < 1):
-                raise CheckpointError(f"{where}: {key}={v!r} must be an integer >= 0 (lanes >= 1)")
-        lanes = raw["lanes"]
-        if not isinstance(lanes, list) or len(lanes) != raw["num_lanes"]:
-            raise CheckpointError(
-                f"{where}: 'lanes' must be a list of {raw['num_lanes']} [window, consumed] pairs"
-            )
-        pairs = []
-        for k, v in enumerate(lanes):
-            if (
-                not isinstance(v, list)
-                or len(v) != 2
-                or not all(is_int(x) and 0 <= x < 2**62 for x in v)
-            ):
-                raise CheckpointError(f"{where}: lane {k} must be [window, consumed], got {v!r}")
-            pairs.append((int(v[0]), int(v[1])))
-        mixture = raw.get("mixture")
-        if mixture is not None and not isinstance(mixture, Mapping):
-            raise CheckpointError(f"{where}: 'mixture' must be a dict")
-        parent = raw.get("parent")
-        return cls(
-            fingerprint=fp,
-            num_lanes=int(raw["num_lanes"]),
-            step=int(raw["step"]),
-            lanes=tuple(pairs),
-            pass_index=int(raw.get("pass", 0)),
-            mixture=copy.deepcopy(dict(mixture)) if mixture is not None else None,
-            parent=cls.from_state(parent, where + " parent") if parent is not None else None,
-        )
-
-
-def describe_lineage(raw: Any) -> list[str]:
-    """One line per re-lane of a checkpoint's lineage (newest first), for ``inspect``/``lanes``."""
-    out = []
-    node = raw
-    while isinstance(node, Mapping):
-        lanes = node.get("lanes")
-        out.append(
-            f"re-laned after step {node.get('step')} from {node.get('num_lanes')} lanes "
-            f"(fingerprint {str(node.get('fingerprint'))[:16]}...; "
-            f"{len(lanes) if isinstance(lanes, list) else '?'} old lane positions kept)"
-        )
-        node = node.get("parent")
-    return out
 
 
 # -- building re-laned pipelines ------------------------------------------------------------------
@@ -328,31 +218,14 @@ def for_state(pipeline: Any, state: Mapping[str, Any] | None) -> Any:
 
 
 def check_lineage(state: Mapping[str, Any], pipeline: Any) -> None:
-    """Refuse a state whose lineage is not the one the pipeline reads.
+    """Refuse a state whose lineage is not the one ``pipeline`` reads.
+
+    See :func:`zephon_nodes.state.lineage.check_lineage`.
 
     Raises:
         CheckpointError: Naming what to do.
     """
-    saved = state.get(LINEAGE_KEY)
-    mine = pipeline.lineage
-    if saved == mine:
-        return
-    if mine is None:
-        first = Lineage.from_state(saved)
-        raise CheckpointError(
-            f"the checkpoint was re-laned (after step {first.step}, from {first.num_lanes} "
-            f"lanes); build the pipeline with zephon_nodes.engine.relane.for_state(pipeline, "
-            f"state) before its rank nodes (the zephon commands and the TorchTitan loader do)"
-        )
-    if saved is None:
-        raise CheckpointError(
-            "this pipeline reads re-laned streams but the checkpoint has no lineage; build "
-            "the pipeline afresh for a checkpoint that was never re-laned"
-        )
-    raise CheckpointError(
-        "the checkpoint's lineage differs from the one this pipeline was built for; build "
-        "it with zephon_nodes.engine.relane.for_state(pipeline, state) for this checkpoint"
-    )
+    _check_lineage(state.get(LINEAGE_KEY), pipeline.lineage)
 
 
 def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dict[str, Any]:
