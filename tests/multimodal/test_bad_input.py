@@ -132,7 +132,7 @@ def test_text_recipe_refuses_tar_shards(tmp_path: Path) -> None:
     write_tar(tmp_path / "a.tar", good_members())
     spec = DatasetSpec("pics", paths=("a.tar",), base_dir=tmp_path)
     recipe = mm_recipe([], datasets=(spec,)).replace(image=None)
-    from zephon_nodes.errors import RecipeError
+    from zephon_nodes.core.errors import RecipeError
 
     with pytest.raises(RecipeError, match=r"needs an \[image\] table"):
         Pipeline(recipe)

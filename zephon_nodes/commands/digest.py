@@ -8,12 +8,12 @@ import sys
 from typing import Any
 
 from zephon_nodes.commands.progress import progress_bar
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.checkpoint import check_writable, load_state, save_state
 from zephon_nodes.engine.decisions import read_updates, updates_after
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.nodecache.nodecache import set_cache_limit
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.dump import write_step

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.checkpoint import (
     STATE_FILE,
     contents_diff,
@@ -15,7 +16,6 @@ from zephon_nodes.engine.checkpoint import (
     recipe_summary,
     validate_state,
 )
-from zephon_nodes.errors import CheckpointError
 from zephon_nodes.recipe import Recipe
 
 __all__ = ["add_parser", "load_any", "resume_check", "run"]

@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.decisions import read_updates
 from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.nodecache.nodecache import set_cache_limit
 from zephon_nodes.operators.pack import IGNORE_INDEX
 from zephon_nodes.recipe import Recipe

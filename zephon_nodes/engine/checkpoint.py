@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.state_paths import locate_state
-from zephon_nodes.errors import CheckpointError
 
 __all__ = [
     "FORMAT",

@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 
 __all__ = [
     "MIXTURE_KEY",

@@ -6,9 +6,9 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.core.errors import CheckpointError, RecipeError
+from zephon_nodes.core.flush import Flush, is_flush
 from zephon_nodes.engine.work import WorkItem, WorkSource
-from zephon_nodes.errors import CheckpointError, RecipeError
 
 __all__ = ["Lane", "WorkItemNode", "check_window_restore"]
 

@@ -20,11 +20,11 @@ from typing import Any
 
 from torchdata.nodes import Loader
 
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.checkpoint import FORMAT, merge_states, unwrap_state
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.state_paths import LocatedState, locate_state, replace_state
-from zephon_nodes.errors import CheckpointError
 
 __all__ = [
     "load_rank_state",

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.engine.checkpoint import FORMAT, validate_state
 from zephon_nodes.engine.decisions import (
     MIXTURE_KEY,
@@ -24,7 +25,6 @@ from zephon_nodes.engine.decisions import (
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
-from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting

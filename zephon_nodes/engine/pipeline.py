@@ -8,13 +8,13 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.checkpoint import recipe_summary
 from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.stages import PoolSpec, split_stages
 from zephon_nodes.engine.work import WorkSource
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.operators.accumulate import AccumulatorNode
 from zephon_nodes.operators.bestfit import BestFitPacker

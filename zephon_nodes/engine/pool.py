@@ -21,8 +21,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine import shm
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["RUNNERS", "WorkerPool"]

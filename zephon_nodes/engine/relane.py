@@ -50,11 +50,11 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.core.errors import CheckpointError, RecipeError
+from zephon_nodes.core.flush import Flush, is_flush
+from zephon_nodes.core.seeding import derive_seed
 from zephon_nodes.engine.lane import Lane, WorkItemNode
-from zephon_nodes.engine.seeding import derive_seed
 from zephon_nodes.engine.work import WorkItem, WorkSource, lane_length
-from zephon_nodes.errors import CheckpointError, RecipeError
 
 __all__ = [
     "LINEAGE_KEY",

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.chain import Chain
 
 __all__ = [

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zephon_nodes.engine.seeding import permutation
+from zephon_nodes.core.seeding import permutation
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.formats.shards import Shard
 

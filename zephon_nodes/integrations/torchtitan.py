@@ -45,6 +45,7 @@ import torch
 from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.engine.checkpoint import FORMAT, fingerprint_pair, validate_state
 from zephon_nodes.engine.decisions import (
     MIXTURE_KEY,
@@ -58,7 +59,6 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.engine.stages import parse_operator_workers
-from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.io.nodecache.nodecache import parse_size, set_cache_limit
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.io.formats.arrow import expand_dataset_dirs
 from zephon_nodes.io.index.index import use_index
 from zephon_nodes.io.storage import storage

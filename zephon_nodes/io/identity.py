@@ -64,7 +64,7 @@ def _open_remote(uri: str) -> str:
         with fetched(uri, storage.stat(uri)) as (_, checksum):
             return checksum
 
-    from zephon_nodes.errors import DataError
+    from zephon_nodes.core.errors import DataError
     from zephon_nodes.io.storage.remote import fetched
 
     try:

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.discovery import RecipeDataset, dataset_files
 from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard

@@ -9,9 +9,9 @@ from typing import Any, Protocol
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.core.errors import CheckpointError
+from zephon_nodes.core.flush import Flush, is_flush
 from zephon_nodes.engine.metrics import OperatorClock
-from zephon_nodes.errors import CheckpointError
 from zephon_nodes.operators.windowed import WindowedNode
 
 __all__ = ["Accumulator", "AccumulatorNode"]

@@ -10,10 +10,10 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import is_flush
+from zephon_nodes.core.errors import WorkerError, ZephonError
+from zephon_nodes.core.flush import is_flush
 from zephon_nodes.engine.metrics import OperatorClock, TimedCall
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.errors import WorkerError, ZephonError
 
 __all__ = ["OrderedParallelMap"]
 

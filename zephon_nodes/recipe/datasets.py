@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.io.discovery import dataset_files
 from zephon_nodes.io.identity import dataset_identities
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting

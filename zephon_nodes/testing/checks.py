@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 from torchdata.nodes import BaseNode, Loader
 
-from zephon_nodes.engine.flush import is_flush
+from zephon_nodes.core.flush import is_flush
 from zephon_nodes.engine.lane import WorkItemNode
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool

@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-from zephon_nodes.errors import DataError, RecipeError
+from zephon_nodes.core.errors import DataError, RecipeError
 from zephon_nodes.io.storage.cache import cache_dir
 
 __all__ = [

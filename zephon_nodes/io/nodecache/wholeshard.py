@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.formats.shards import FileShard
 from zephon_nodes.io.nodecache.nodecache import node_cache
