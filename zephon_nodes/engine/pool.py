@@ -188,7 +188,7 @@ class WorkerPool:
             ``"ray"`` (Ray tasks on any node of a Ray cluster, see
             :class:`~zephon_nodes.engine.ray_executor.RayExecutor`; needs the ``ray`` extra).
         timeout_s: Longest wait for one result before the lane raises
-            :class:`~zephon_nodes.errors.WorkerError` (a blocked or killed worker never hangs
+            :class:`~zephon_nodes.core.errors.WorkerError` (a blocked or killed worker never hangs
             the loader). A thread blocked forever does not keep the process from exiting
             either (the threads are daemons); process workers are stopped by :meth:`close`.
         shared_memory: Process runner: send large arrays of results (token ids, image

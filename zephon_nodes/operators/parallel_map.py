@@ -31,9 +31,9 @@ class OrderedParallelMap(BaseNode[Any]):
 
     Items are numbered work groups (e.g. work items of a few dozen documents), submitted up
     to ``lookahead`` ahead and re-sequenced, so the output is the same for any number of
-    workers or runner. :class:`~zephon_nodes.engine.flush.Flush` markers bypass the pool and keep
+    workers or runner. :class:`~zephon_nodes.core.flush.Flush` markers bypass the pool and keep
     their place. The first failure (exception, timeout, dead worker process) is raised as
-    :class:`~zephon_nodes.errors.WorkerError` naming the item, and raised again on every
+    :class:`~zephon_nodes.core.errors.WorkerError` naming the item, and raised again on every
     later call: the node never hangs and never skips an item.
 
     State: the source's state just before the next item to be yielded (a few integers for a

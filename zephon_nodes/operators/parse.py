@@ -82,7 +82,7 @@ def _text_of(raw: Any, field_name: str) -> tuple[str | None, str, str]:
 class ParseJsonl:
     """Stateless operator: ``WorkItem -> TextBatch`` (JSON lines -> the text field).
 
-    Raises :class:`~zephon_nodes.errors.DataError` naming the dataset, file, line and reason
+    Raises :class:`~zephon_nodes.core.errors.DataError` naming the dataset, file, line and reason
     for invalid UTF-8, invalid JSON, a record that is not an object, or a missing or
     non-string field. For datasets in ``skip`` such records are dropped instead and counted
     per reason in :attr:`TextBatch.skipped` (a pure function of the work item, so the same
