@@ -12,12 +12,13 @@ from zephon_nodes.core.errors import (
     ZephonError,
 )
 from zephon_nodes.core.flush import Flush
+from zephon_nodes.core.workitem import WorkItem
 from zephon_nodes.engine.checkpoint import load_state, merge_states, save_state
 from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.recipe.datasets import DatasetSpec
 from zephon_nodes.recipe.mixture import MixtureSpec

@@ -64,7 +64,7 @@ def jsonl_recipe(tmp_path: Path, case: str, policy: str):
 
 def all_counts(pipeline: Pipeline) -> tuple[int, dict[str, int]]:
     """Documents and skips over every work item of the (single) dataset, read once."""
-    from zephon_nodes.engine.work import WorkItem
+    from zephon_nodes.core.workitem import WorkItem
 
     ds = pipeline.datasets[0]
     docs, counts = 0, {}

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.core.workitem import WorkItem
+from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
 from zephon_nodes.io.dataset import Dataset
 
 __all__ = ["EXACT_RECORDS", "MAX_BALANCED_ITEMS", "BalancedWorkSource", "item_sizes"]

@@ -8,7 +8,8 @@ from torchdata.nodes import BaseNode
 
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.flush import Flush, is_flush
-from zephon_nodes.engine.work import WorkItem, WorkSource
+from zephon_nodes.core.workitem import WorkItem
+from zephon_nodes.engine.work import WorkSource
 
 __all__ = ["Lane", "WorkItemNode", "check_window_restore"]
 

@@ -44,7 +44,8 @@ import numpy as np
 
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.seeding import permutation
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, pass_epoch_offset
+from zephon_nodes.core.workitem import WorkItem
+from zephon_nodes.engine.work import DatasetWorkSource, WorkSource, pass_epoch_offset
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.recipe.schedule import WeightSchedule
 

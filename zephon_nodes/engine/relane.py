@@ -53,8 +53,9 @@ from torchdata.nodes import BaseNode
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.flush import Flush, is_flush
 from zephon_nodes.core.seeding import derive_seed
+from zephon_nodes.core.workitem import WorkItem
 from zephon_nodes.engine.lane import Lane, WorkItemNode
-from zephon_nodes.engine.work import WorkItem, WorkSource, lane_length
+from zephon_nodes.engine.work import WorkSource, lane_length
 
 __all__ = [
     "LINEAGE_KEY",

@@ -5,13 +5,12 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 
 from zephon_nodes.core.seeding import permutation
+from zephon_nodes.core.workitem import WorkItem
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.io.formats.shards import Shard
 
 __all__ = ["DatasetWorkSource", "WorkItem", "WorkSource", "lane_length", "probe_lane_length"]
 
@@ -48,42 +47,6 @@ def probe_lane_length(source: WorkSource, lane: int, limit: int | None = None) -
         else:
             lo = mid
     return hi
-
-
-@dataclass(frozen=True, slots=True)
-class WorkItem:
-    """A group of consecutive records of one shard: the unit operators run on.
-
-    Attributes:
-        dataset: Index of the dataset in the recipe.
-        dataset_name: Name of the dataset.
-        text_field: JSON field holding the text.
-        item: Index of the work item within its dataset.
-        epoch: Epoch of the dataset this item belongs to.
-        shard: The shard to read.
-        start: First record (inclusive).
-        stop: End record (exclusive).
-        lane: Lane the item was dealt to.
-        position: Index of the item in its lane's stream.
-    """
-
-    dataset: int
-    dataset_name: str
-    text_field: str
-    item: int
-    epoch: int
-    shard: Shard
-    start: int
-    stop: int
-    lane: int
-    position: int
-
-    def describe(self) -> str:
-        """Say where the item's records are, for error messages."""
-        return (
-            f"dataset {self.dataset_name!r}, {self.shard.path} records [{self.start}, "
-            f"{self.stop}) (lane {self.lane}, work item {self.position})"
-        )
 
 
 class WorkSource(ABC):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_nodes.core.errors import DataError
-from zephon_nodes.engine.work import WorkItem
+from zephon_nodes.core.workitem import WorkItem
 from zephon_nodes.operators.documents import Skipped, TextBatch, add_skipped
 
 __all__ = ["ParseJsonl", "classify_file_error", "record_object"]

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from zephon_nodes.io.nodecache.nodecache import Cacheable, Fetch, NodeCache
 
 if TYPE_CHECKING:  # io does not import the engine at run time
-    from zephon_nodes.engine.work import WorkItem, WorkSource
+    from zephon_nodes.core.workitem import WorkItem
+    from zephon_nodes.engine.work import WorkSource
 
 __all__ = ["AccessPlan", "CacheFeed", "cacheable"]
 
