@@ -45,6 +45,7 @@ lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: lint
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest

@@ -2,72 +2,99 @@
 
 The same recipe yields the same global batches, byte for byte, whatever the number of
 data-parallel ranks, loader workers or restarts.
+
+This package exports what a user writes: the recipe and its tables, the registries of named
+user code, the pipeline and its worker pool, checkpoint files, the checks (``simulate``, the
+digests, the testing kit's ``assert_elastic``) and the errors. The parts are reached through
+their packages (``zephon_nodes.engine.lane.Lane``, ``zephon_nodes.io``, ...); the TorchTitan
+loader is ``zephon_nodes.integrations.torchtitan.ZephonDataLoader``. ``docs/architecture.md``
+says where each concept lives.
 """
 
-from zephon_nodes.core.flush import Flush
+from typing import TYPE_CHECKING, Any
+
+from zephon_nodes.core.errors import (
+    CheckpointError,
+    DataError,
+    RecipeError,
+    WorkerError,
+    ZephonError,
+)
 from zephon_nodes.engine.accumulate import AccumulatorNode
-from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.loader_state import rank_state
-from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.parallel_map import OrderedParallelMap
-from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
+from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.torchdata_stage import TorchdataStage
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
-from zephon_nodes.errors import CheckpointError, DataError, RecipeError, WorkerError, ZephonError
-from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.recipe.datasets import DatasetSpec
-from zephon_nodes.recipe.mixture import MixtureSpec
-from zephon_nodes.recipe.operators import OperatorSpec
-from zephon_nodes.recipe.packing import PackSpec
-from zephon_nodes.recipe.recipe import Recipe
+from zephon_nodes.recipe import (
+    ChatSpec,
+    DatasetSpec,
+    ImageSpec,
+    MixtureSpec,
+    OperatorSpec,
+    PackSpec,
+    Recipe,
+    ShuffleSpec,
+    TokenizerSpec,
+    WorkSpec,
+)
 from zephon_nodes.recipe.registry import register_filter, register_map, register_tokenizer
-from zephon_nodes.recipe.shuffle import ShuffleSpec
-from zephon_nodes.recipe.tokenizer import TokenizerSpec
-from zephon_nodes.recipe.work import WorkSpec
 from zephon_nodes.state import load_state, merge_states, save_state
 from zephon_nodes.verification.digest import digest_microbatches, global_batch_digest
 from zephon_nodes.verification.simulate import simulate
 
+if TYPE_CHECKING:
+    from zephon_nodes.testing import assert_elastic
+
 __version__ = "0.1.0"
 
 __all__ = [
-    "AccumulatorNode",
-    "CheckpointError",
-    "DataError",
-    "Dataset",
-    "DatasetSpec",
-    "DatasetWorkSource",
-    "Flush",
-    "Lane",
-    "MixtureSpec",
-    "Multiplexer",
-    "OperatorSpec",
-    "OrderedParallelMap",
-    "PackSpec",
-    "Pipeline",
+    # The recipe and its tables
     "Recipe",
-    "RecipeError",
-    "ShuffleSpec",
+    "DatasetSpec",
     "TokenizerSpec",
-    "TorchdataStage",
-    "WorkItem",
-    "WorkItemNode",
-    "WorkSource",
     "WorkSpec",
-    "WorkerError",
-    "WorkerPool",
-    "ZephonError",
-    "__version__",
-    "digest_microbatches",
-    "global_batch_digest",
-    "lanes_for_rank",
-    "load_state",
-    "merge_states",
-    "rank_state",
+    "ShuffleSpec",
+    "PackSpec",
+    "MixtureSpec",
+    "OperatorSpec",
+    "ImageSpec",
+    "ChatSpec",
+    # Named user code a recipe refers to
     "register_filter",
     "register_map",
     "register_tokenizer",
+    # Running a recipe
+    "Pipeline",
+    "WorkerPool",
+    # Nodes for custom operators inside lanes (docs/custom-operator.md, docs/torchdata.md)
+    "AccumulatorNode",
+    "OrderedParallelMap",
+    "TorchdataStage",
+    # Checkpoint files, and one rank's state inside a whole torchdata Loader state
+    "load_state",
+    "merge_states",
     "save_state",
+    "rank_state",
+    # Checking a recipe
     "simulate",
+    "global_batch_digest",
+    "digest_microbatches",
+    "assert_elastic",
+    # Errors
+    "ZephonError",
+    "RecipeError",
+    "DataError",
+    "CheckpointError",
+    "WorkerError",
+    "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the testing kit on first use: it needs ``hypothesis`` (the ``testing`` extra)."""
+    if name == "assert_elastic":
+        from zephon_nodes.testing import assert_elastic
+
+        return assert_elastic
+    raise AttributeError(f"module 'zephon_nodes' has no attribute {name!r}")

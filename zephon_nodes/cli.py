@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from zephon_nodes.errors import ZephonError
+from zephon_nodes.core.errors import ZephonError
 from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["main"]

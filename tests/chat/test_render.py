@@ -14,7 +14,7 @@ from tests.strategies import conversations
 from zephon_nodes import DataError, DatasetSpec, RecipeError, TokenizerSpec
 from zephon_nodes.chat.assembly import chat_chain
 from zephon_nodes.chat.template import ChatTemplate
-from zephon_nodes.engine.work import WorkItem
+from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.io.formats.shards import memory_shard
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe

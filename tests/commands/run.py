@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 from zephon_nodes import cli
-from zephon_nodes.errors import ZephonError
+from zephon_nodes.core.errors import ZephonError
 
 
 def zephon(*argv: str) -> int:

@@ -11,7 +11,7 @@ import torch
 
 from tests.commands.conftest import write_recipe
 from tests.commands.run import zephon
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.verification.dump import StepDumper, dump_digests, write_step
 
 STEPS = 5

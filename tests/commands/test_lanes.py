@@ -9,7 +9,7 @@ import pytest
 
 from tests.commands.run import zephon
 from zephon_nodes.commands.lanes import suggest_lanes
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 
 
 class TestSuggestLanes:

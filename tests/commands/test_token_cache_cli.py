@@ -110,7 +110,7 @@ def test_bad_environment_value_is_one_line(
 
 def test_torchtitan_config_fields() -> None:
     pytest.importorskip("torchtitan")
-    from zephon_nodes.errors import RecipeError
+    from zephon_nodes.core.errors import RecipeError
     from zephon_nodes.integrations.torchtitan import ZephonDataLoader
 
     c = ZephonDataLoader.Config(recipe="r.toml", token_cache="on", token_cache_limit="2G")

@@ -78,7 +78,7 @@ class TestMatrix:
         assert micro == [(1, 1), (2, 1), (4, 1), (1, 4), (2, 4)]
 
     def test_a_dp_size_that_does_not_divide_the_lanes_is_refused(self) -> None:
-        from zephon_nodes.errors import RecipeError
+        from zephon_nodes.core.errors import RecipeError
 
         with pytest.raises(RecipeError, match="does not divide"):
             default_matrix(4, dp_sizes=[3])

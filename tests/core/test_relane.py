@@ -21,9 +21,9 @@ from zephon_nodes import (
     WorkSpec,
     simulate,
 )
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.relane import for_state, relane_state
-from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.operators import IGNORE_INDEX
 from zephon_nodes.recipe import MixtureSpec, PackSpec
 

@@ -33,7 +33,7 @@ from zephon_nodes import (
     digest_microbatches,
     register_map,
 )
-from zephon_nodes.errors import WorkerError
+from zephon_nodes.core.errors import WorkerError
 from zephon_nodes.verification.simulate import simulate
 
 from .ray_ops import die_in_ray_worker, tag_node
@@ -216,7 +216,7 @@ def test_ray_runner_without_ray_is_refused_up_front(monkeypatch: pytest.MonkeyPa
     """Without Ray installed, the pool is refused when built, naming the extra."""
     import importlib.util
 
-    from zephon_nodes.errors import RecipeError
+    from zephon_nodes.core.errors import RecipeError
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -357,7 +357,7 @@ class TestWriting:
         script = (
             "import json, resource, signal, sys\n"
             "from zephon_nodes.engine.checkpoint import save_state\n"
-            "from zephon_nodes.errors import CheckpointError\n"
+            "from zephon_nodes.core.errors import CheckpointError\n"
             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))\n"
             "try:\n"

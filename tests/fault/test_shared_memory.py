@@ -15,9 +15,9 @@ from torchdata.nodes import IterableWrapper
 from tests.core.helpers import digests, texts_recipe
 from tests.fault.shm_ops import arrays, export_then
 from zephon_nodes import Pipeline, WorkerPool
+from zephon_nodes.core.errors import WorkerError
 from zephon_nodes.engine import shm
 from zephon_nodes.engine.parallel_map import OrderedParallelMap
-from zephon_nodes.errors import WorkerError
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs /dev/shm (Linux)")
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.integrations import cross_checkpoint as cc
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.integrations.torchtitan import API
 
 OTHER = cc.DATA / ("ckpt_030" if API == "main" else "ckpt_main")

@@ -18,8 +18,8 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from tests.integrations.assets import Assets, write_hf_assets, write_recipe
 from tests.integrations.tt_helpers import Row, rows_of, step_digest, take_steps
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader, lane_key
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.simulate import simulate

@@ -14,8 +14,8 @@ from tests.integrations.mixture_assets import write_two_dataset_recipe
 from tests.integrations.test_torchtitan_loader import build, dcp_load, union
 from tests.integrations.test_torchtitan_torchrun import tail, torchrun
 from tests.integrations.tt_helpers import rows_of, step_digest
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.simulate import simulate

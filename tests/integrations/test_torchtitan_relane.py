@@ -14,9 +14,9 @@ import pytest
 
 from tests.integrations.assets import Assets, write_recipe
 from tests.integrations.test_torchtitan_loader import build, dcp_load, run_ranks, union
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.relane import relane_state
-from zephon_nodes.errors import CheckpointError
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.simulate import simulate
 

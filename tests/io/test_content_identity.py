@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.formats.arrow import open_arrow_shard
 from zephon_nodes.io.formats.parquet import open_parquet_shard
 from zephon_nodes.io.formats.shards import open_shard

@@ -18,7 +18,7 @@ from tests.commands.run import zephon
 from tests.io.conftest import S3Server, s3_put_tree
 from tests.io.test_remote_digests import recipe, run, write_corpus
 from zephon_nodes import DatasetSpec, Pipeline
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io import identity
 from zephon_nodes.io.formats import parquet, shards, tar
 from zephon_nodes.io.index import index

@@ -13,7 +13,7 @@ import pytest
 from tests.commands.run import zephon
 from tests.io.test_remote_digests import recipe, write_corpus
 from zephon_nodes import DatasetSpec, Pipeline, WorkSpec, simulate
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.identity import dataset_identities, file_identity
 from zephon_nodes.io.index import index
 from zephon_nodes.io.index.lazyshards import LazyShards

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zephon_nodes.core.errors import DataError, RecipeError
 from zephon_nodes.engine.work import WorkSource
-from zephon_nodes.errors import DataError, RecipeError
 from zephon_nodes.io.nodecache.future import AccessPlan, CacheFeed
 from zephon_nodes.io.nodecache.nodecache import (
     LIMIT_ENV,

@@ -76,7 +76,7 @@ def test_bad_limit_is_one_line(recipe: Path, capsys: pytest.CaptureFixture[str])
 def test_torchtitan_config_field() -> None:
     """The TorchTitan loader's Config takes cache_limit and refuses a bad one."""
     pytest.importorskip("torchtitan")
-    from zephon_nodes.errors import RecipeError
+    from zephon_nodes.core.errors import RecipeError
     from zephon_nodes.integrations.torchtitan import ZephonDataLoader
 
     assert ZephonDataLoader.Config(recipe="r.toml", cache_limit="50G").cache_limit == "50G"

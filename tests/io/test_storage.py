@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.io.conftest import HttpServer, S3Server, free_port, s3_put_tree
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.storage import storage
 
 

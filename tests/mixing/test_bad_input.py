@@ -109,7 +109,7 @@ def all_skipped(pipeline: Pipeline) -> dict[str, int]:
     """Skip counts over one pass of the dataset's work items (reading every record once)."""
     ds = pipeline.datasets[0]
     counts: dict[str, int] = {}
-    from zephon_nodes.engine.work import WorkItem
+    from zephon_nodes.core.work_item import WorkItem
 
     for item in range(ds.num_work_items):
         shard, start, stop = ds.locate(item)

@@ -64,7 +64,7 @@ def jsonl_recipe(tmp_path: Path, case: str, policy: str):
 
 def all_counts(pipeline: Pipeline) -> tuple[int, dict[str, int]]:
     """Documents and skips over every work item of the (single) dataset, read once."""
-    from zephon_nodes.engine.work import WorkItem
+    from zephon_nodes.core.work_item import WorkItem
 
     ds = pipeline.datasets[0]
     docs, counts = 0, {}
@@ -132,7 +132,7 @@ def test_text_recipe_refuses_tar_shards(tmp_path: Path) -> None:
     write_tar(tmp_path / "a.tar", good_members())
     spec = DatasetSpec("pics", paths=("a.tar",), base_dir=tmp_path)
     recipe = mm_recipe([], datasets=(spec,)).replace(image=None)
-    from zephon_nodes.errors import RecipeError
+    from zephon_nodes.core.errors import RecipeError
 
     with pytest.raises(RecipeError, match=r"needs an \[image\] table"):
         Pipeline(recipe)

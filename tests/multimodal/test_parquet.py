@@ -33,7 +33,7 @@ def test_binary_and_list_columns(tmp_path: Path) -> None:
     pipeline = Pipeline(recipe)
     assert all_counts(pipeline) == (31, {})
     shard = pipeline.datasets[0].shards[1]
-    from zephon_nodes.engine.work import WorkItem
+    from zephon_nodes.core.work_item import WorkItem
 
     batch = pipeline.stateless(WorkItem(0, "pq", "caption", 0, 0, shard, 0, 1, 0, 0))
     assert isinstance(batch, MMDocBatch) and [len(i) for i in batch.images] == [2]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.multimodal.helpers import mm_recipe, records
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe import OperatorSpec, PackSpec, Recipe
 from zephon_nodes.recipe.image import ImageSpec
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.multimodal.helpers import encode, noise, write_tar
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.formats import tar as tarmod
 from zephon_nodes.io.formats.tar import TarSample, open_tar_shard
 

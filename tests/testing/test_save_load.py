@@ -17,17 +17,16 @@ from torchdata.nodes import BaseNode
 from zephon_nodes import (
     AccumulatorNode,
     DatasetSpec,
-    Lane,
-    Multiplexer,
     OrderedParallelMap,
     Pipeline,
     Recipe,
     ShuffleSpec,
     TokenizerSpec,
     WorkerPool,
-    WorkItemNode,
     WorkSpec,
 )
+from zephon_nodes.engine.lane import Lane, WorkItemNode
+from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.operators import ConcatPacker
 from zephon_nodes.testing import assert_save_load_state, assert_state_roundtrip
 

@@ -16,10 +16,10 @@ from zephon_nodes import (
     DatasetSpec,
     Pipeline,
     WorkerPool,
-    WorkItemNode,
     WorkSpec,
     merge_states,
 )
+from zephon_nodes.engine.lane import WorkItemNode
 from zephon_nodes.testing import ListWorkSource, assert_save_load_state
 from zephon_nodes.verification.digest import digest_microbatches
 

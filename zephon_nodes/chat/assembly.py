@@ -6,7 +6,7 @@ from typing import Any
 
 from zephon_nodes.chat.render import RenderChat
 from zephon_nodes.chat.template import ChatTemplate
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.tokenize import HFTokenizer, SentencePieceTokenizer, Tokenizer

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 
 __all__ = ["ChatTemplate", "TemplateFailure"]
 

@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import Settings
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.nodecache.tokenstore import (
     DEFAULT_LIMIT,
     clear,

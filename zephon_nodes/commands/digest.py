@@ -9,12 +9,12 @@ from typing import Any
 
 from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
 from zephon_nodes.commands.progress import progress_bar
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import current, using
 from zephon_nodes.engine.mixture_log import read_updates, updates_after
 from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.files import check_writable, load_state, save_state
 from zephon_nodes.state.schema import STEP_KEY, RankState

@@ -6,13 +6,13 @@ import argparse
 import json
 from typing import Any
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.operator import operator_name
 from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.lane import chain_nodes
 from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.schema import RankState
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.progress import Progress
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.index.index import EVERY, INDEX_NAME, build_index, write_index
 from zephon_nodes.io.storage import storage
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.errors import CheckpointError
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.files import STATE_FILE, load_state
 from zephon_nodes.state.identity import summary_diff

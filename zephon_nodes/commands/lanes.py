@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 
 __all__ = ["LaneOption", "add_parser", "run", "suggest_lanes"]

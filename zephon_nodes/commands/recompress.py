@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.io.formats.recompress import recompress_file
 from zephon_nodes.io.storage import storage
 

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import current, using
 from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.mixture_log import read_updates
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.pack import IGNORE_INDEX
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.merge import merge_states

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.progress import Progress, is_terminal
 from zephon_nodes.core.settings import current, using
 from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.matrix import (
     SettingResult,

@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from zephon_nodes.core.atomic import atomic_write
+from zephon_nodes.core.settings import current
+
 __all__ = ["recall", "remember"]
 
 
 def _path(n: int, key: int) -> Path:
-    from zephon_nodes.io.storage.cache import cache_dir
-
-    return cache_dir() / f"perm-{n}-{key:016x}.npy"
+    return current().cache_root / f"perm-{n}-{key:016x}.npy"
 
 
 def recall(n: int, key: int) -> np.ndarray | None:
@@ -45,8 +46,6 @@ def recall(n: int, key: int) -> np.ndarray | None:
 
 def remember(n: int, key: int, perm: np.ndarray) -> None:
     """Keep ``perm`` for :func:`recall` (best effort: a read-only cache is fine)."""
-    from zephon_nodes.io.storage.cache import atomic_write
-
     buf = io.BytesIO()
     np.save(buf, perm, allow_pickle=False)
     body = buf.getvalue()

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from zephon_nodes.core.bounds import PHYSICAL
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 
 __all__ = [
     "CACHE_CAP_BYTES",

@@ -1,14 +1,35 @@
-"""The work item: a run of consecutive records of one shard, the unit operators run on."""
+"""The work item: a group of consecutive records of one shard, the unit operators run on.
+
+A :class:`~zephon_nodes.engine.work.WorkSource` deals work items to lanes; operators read
+their records through :class:`ShardReader`, the part of a shard (every format of
+:mod:`zephon_nodes.io.formats`) they use.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # a type only: core sits below io
-    from zephon_nodes.io.formats.shards import Shard
+__all__ = ["ShardReader", "WorkItem"]
 
-__all__ = ["WorkItem"]
+
+class ShardReader(Protocol):
+    """What operators use of a shard: its records by index, and where a record is."""
+
+    @property
+    def path(self) -> str:
+        """Path or URI of the shard, for messages."""
+
+    @property
+    def num_records(self) -> int:
+        """Number of records in the shard."""
+
+    def read(self, start: int, stop: int) -> Sequence[tuple[int, Any]]:
+        """Return ``(record number, record)`` for the records in ``[start, stop)``."""
+
+    def where(self, record: int) -> str:
+        """Say where record ``record`` is (file and line or row), for error messages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +54,7 @@ class WorkItem:
     text_field: str
     item: int
     epoch: int
-    shard: Shard
+    shard: ShardReader
     start: int
     stop: int
     lane: int

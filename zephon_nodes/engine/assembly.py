@@ -64,7 +64,7 @@ def work_source(
     """
     if recipe.wraps:
         if len(datasets) > 1:
-            from zephon_nodes.errors import RecipeError
+            from zephon_nodes.core.errors import RecipeError
 
             raise RecipeError(
                 "work.end_of_data='wrap' applies to single-dataset recipes; in a mixture, "
@@ -78,7 +78,7 @@ def work_source(
             epochs = None
         single = DatasetWorkSource(datasets[0], recipe.seed, recipe.num_lanes, epochs)
         if recipe.balanced_dealing and recipe.image is not None:
-            from zephon_nodes.errors import RecipeError
+            from zephon_nodes.core.errors import RecipeError
 
             raise RecipeError(
                 "work.deal='balanced' applies to text recipes; an image recipe's items are "
@@ -90,7 +90,7 @@ def work_source(
                 sizes, measure = item_sizes(datasets[0], 0, chain)
                 return BalancedWorkSource(single, sizes, measure), None
             if recipe.work.deal == "balanced":
-                from zephon_nodes.errors import RecipeError
+                from zephon_nodes.core.errors import RecipeError
 
                 raise RecipeError(
                     f"work.deal='balanced' deals at most {balance.MAX_BALANCED_ITEMS:,} work "
@@ -100,7 +100,7 @@ def work_source(
                 )
         return single, None
     if recipe.balanced_dealing:
-        from zephon_nodes.errors import RecipeError
+        from zephon_nodes.core.errors import RecipeError
 
         raise RecipeError(
             "work.deal='balanced' applies to single-dataset recipes; a mixture deals its items "

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.core.work_item import WorkItem
+from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.operators.tokencache import cached_item_pairs
 

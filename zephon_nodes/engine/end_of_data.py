@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.errors import CheckpointError
 
 __all__ = ["all_ranks_continue", "format_unused", "unused_samples"]
 

@@ -7,10 +7,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.flush import Flush, is_flush
 from zephon_nodes.engine.windowed import replay
 from zephon_nodes.engine.work import WorkItem, WorkSource
-from zephon_nodes.errors import CheckpointError, RecipeError
 
 __all__ = [
     "Lane",

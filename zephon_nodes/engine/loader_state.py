@@ -20,9 +20,9 @@ from typing import Any
 
 from torchdata.nodes import Loader
 
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.errors import CheckpointError
 from zephon_nodes.state.locate import LocatedState, locate_state, replace_state, unwrap_state
 from zephon_nodes.state.merge import merge_states
 from zephon_nodes.state.schema import FORMAT, LANES_KEY, LAYOUT_KEY, MICRO_KEY, STEP_KEY, is_int

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.seeding import permutation
 from zephon_nodes.engine.estimate import estimate_tokens_per_record
 from zephon_nodes.engine.mixture_plan import (
@@ -52,7 +53,6 @@ from zephon_nodes.engine.mixture_plan import (
     split,
 )
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, pass_epoch_offset
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.recipe.schedule import WeightSchedule
 

@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.state.mixture import (
     ENTRY_STEP_KEY,
     MIXTURE_KEY,

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
-from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.operator import operator_name
 from zephon_nodes.core.settings import Settings
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.chain import Chain
 
 __all__ = [

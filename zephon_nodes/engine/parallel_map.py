@@ -10,11 +10,11 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import WorkerError, ZephonError
 from zephon_nodes.core.flush import is_flush
 from zephon_nodes.core.operator import operator_name
 from zephon_nodes.engine.metrics import OperatorClock, TimedCall
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.errors import WorkerError, ZephonError
 
 __all__ = ["OrderedParallelMap"]
 
@@ -34,7 +34,7 @@ class OrderedParallelMap(BaseNode[Any]):
     to ``lookahead`` ahead and re-sequenced, so the output is the same for any number of
     workers or runner. :class:`~zephon_nodes.core.flush.Flush` markers bypass the pool and keep
     their place. The first failure (exception, timeout, dead worker process) is raised as
-    :class:`~zephon_nodes.errors.WorkerError` naming the item, and raised again on every
+    :class:`~zephon_nodes.core.errors.WorkerError` naming the item, and raised again on every
     later call: the node never hangs and never skips an item.
 
     State: the source's state just before the next item to be yielded (a few integers for a

@@ -8,6 +8,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import InSettings, Settings, current, using
 from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode, chain_nodes
@@ -17,7 +18,6 @@ from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.torchdata_stage import TorchdataStage
 from zephon_nodes.engine.work import WorkItem, WorkSource
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.operators.bestfit import BestFitPacker
 from zephon_nodes.operators.pack import ConcatPacker

@@ -21,9 +21,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import InSettings, Settings, activate, current
 from zephon_nodes.engine import shm
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["RUNNERS", "WorkerPool"]
@@ -195,7 +195,7 @@ class WorkerPool:
             ``"ray"`` (Ray tasks on any node of a Ray cluster, see
             :class:`~zephon_nodes.engine.ray_executor.RayExecutor`; needs the ``ray`` extra).
         timeout_s: Longest wait for one result before the lane raises
-            :class:`~zephon_nodes.errors.WorkerError` (a blocked or killed worker never hangs
+            :class:`~zephon_nodes.core.errors.WorkerError` (a blocked or killed worker never hangs
             the loader). A thread blocked forever does not keep the process from exiting
             either (the threads are daemons); process workers are stopped by :meth:`close`.
         shared_memory: Process runner: send large arrays of results (token ids, image

@@ -9,7 +9,7 @@ closes. A cluster the caller started with ``ray.init`` is used and left running.
 A task whose worker process or node is lost is run again elsewhere by Ray, up to
 ``max_retries`` times (Ray also re-runs a finished task whose result was stored on the lost
 node); after that the call fails with :class:`RayTaskLost`, which the lane raises as a
-:class:`~zephon_nodes.errors.WorkerError` naming the operator and the work item. An exception
+:class:`~zephon_nodes.core.errors.WorkerError` naming the operator and the work item. An exception
 raised by the operator itself is never retried (operators are deterministic: it would fail
 again) and reaches the lane unchanged.
 

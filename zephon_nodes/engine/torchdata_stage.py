@@ -8,9 +8,9 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.core.flush import Flush, is_flush
 from zephon_nodes.engine.windowed import WindowedNode, replay
-from zephon_nodes.errors import CheckpointError
 
 __all__ = ["TorchdataStage"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.core.flush import is_flush
-from zephon_nodes.errors import CheckpointError
 
 __all__ = ["WindowedNode", "replay"]
 

@@ -16,7 +16,8 @@ import bisect
 import dataclasses
 from collections import OrderedDict
 
-from zephon_nodes.engine.work import WorkItem, WorkSource, lane_length
+from zephon_nodes.core.work_item import WorkItem
+from zephon_nodes.engine.work import WorkSource, lane_length
 from zephon_nodes.io.formats.shards import MemoryShard
 
 __all__ = ["WRAP_PASS_STRIDE", "WrappedWorkSource"]

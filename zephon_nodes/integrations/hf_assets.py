@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 
 __all__ = ["main", "write_hf_assets"]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.io.discovery import RecipeDataset, dataset_files
 from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
-from zephon_nodes.recipe import DatasetSpec
 
 __all__ = ["Dataset"]
 
@@ -37,12 +37,12 @@ class Dataset:
     chunk_size: int
 
     @classmethod
-    def from_spec(cls, spec: DatasetSpec, chunk_size: int) -> Dataset:
+    def from_spec(cls, spec: RecipeDataset, chunk_size: int) -> Dataset:
         """Open (and index, once per machine) every shard of a dataset spec."""
         if spec.records is not None:
             shards: tuple[Shard, ...] = (memory_shard(spec.name, spec.records),)
         else:
-            shards = tuple(_open(p) for p in spec.files())
+            shards = tuple(_open(p) for p in dataset_files(spec))
         return cls(spec.name, spec.text_field, shards, chunk_size)
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, overload
 
+from zephon_nodes.io.discovery import RecipeDataset, dataset_files
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
 
@@ -63,7 +64,7 @@ def _open_remote(uri: str) -> str:
         with fetched(uri, storage.stat(uri)) as (_, checksum):
             return checksum
 
-    from zephon_nodes.errors import DataError
+    from zephon_nodes.core.errors import DataError
     from zephon_nodes.io.storage.remote import fetched
 
     try:
@@ -145,7 +146,7 @@ class FileIdentities(Sequence[dict[str, Any]]):
         return self  # immutable: a copied canonical form shares the index's columns
 
 
-def dataset_identities(spec: Any, lazy: bool = False) -> Sequence[dict[str, Any]]:
+def dataset_identities(spec: RecipeDataset, lazy: bool = False) -> Sequence[dict[str, Any]]:
     """The identities of a dataset spec's files, in order (what joins the fingerprint).
 
     Through the dataset's index when one covers its patterns (no file is listed or read;
@@ -155,7 +156,7 @@ def dataset_identities(spec: Any, lazy: bool = False) -> Sequence[dict[str, Any]
 
     files = resolve_indexed(spec)
     if files is None:
-        return [file_identity(p) for p in spec.files()]
+        return [file_identity(p) for p in dataset_files(spec)]
     identities = FileIdentities(files)
     return identities if lazy else list(identities)
 
@@ -191,7 +192,7 @@ def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[
         # An indexed dataset's files come from its index (its folders are not listed).
         # Names below the common folder: the same from the index's names as from the paths.
         indexed = isinstance(files, FileIdentities)
-        names = file_names(files.files.names() if indexed else spec.files())
+        names = file_names(files.files.names() if indexed else dataset_files(spec))
         out[spec.name] = {
             n: f["checksum"].partition(":")[2][:16] for n, f in zip(names, files, strict=True)
         }

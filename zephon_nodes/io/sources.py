@@ -6,11 +6,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError, classify_file_error
 from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.io.discovery import RecipeDataset, dataset_files
 from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
-from zephon_nodes.operators.parse import classify_file_error
-from zephon_nodes.recipe import DatasetSpec
 
 __all__ = ["OpenedDataset", "open_dataset"]
 
@@ -31,7 +30,7 @@ class OpenedDataset:
     skipped_files: dict[str, int] = field(default_factory=dict)
 
 
-def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) -> Shard:
+def _open_file(spec: RecipeDataset, path: str, image_column: str | None = None) -> Shard:
     from zephon_nodes.io.index.index import find_entry
 
     found = find_entry(path)
@@ -72,7 +71,7 @@ HINT_FILES = 100
 _HINTED: set[str] = set()
 
 
-def _hint(spec: DatasetSpec, files: list[Any]) -> None:
+def _hint(spec: RecipeDataset, files: list[Any]) -> None:
     """One line, once per dataset and process: many local shards and no dataset index."""
     from zephon_nodes.io.index.index import find_entry
     from zephon_nodes.io.storage import storage
@@ -89,7 +88,7 @@ def _hint(spec: DatasetSpec, files: list[Any]) -> None:
 
 
 def _open_indexed(
-    spec: DatasetSpec, chunk_size: int, image_column: str | None
+    spec: RecipeDataset, chunk_size: int, image_column: str | None
 ) -> OpenedDataset | None:
     """The dataset from its index's columns, opening no shard (None: no index covers it)."""
     from zephon_nodes.io.index.lazyshards import LazyShards
@@ -105,7 +104,7 @@ def _open_indexed(
 
 
 def open_dataset(
-    spec: DatasetSpec, chunk_size: int, image_column: str | None = None
+    spec: RecipeDataset, chunk_size: int, image_column: str | None = None
 ) -> OpenedDataset:
     """Open (and index, once per machine) every file of ``spec``.
 
@@ -136,7 +135,7 @@ def open_dataset(
         return lazy
     shards = []
     skipped: dict[str, int] = {}
-    files = spec.files()
+    files = dataset_files(spec)
     _hint(spec, files)
     for path in files:
         try:
@@ -154,7 +153,7 @@ def open_dataset(
         shards.append(shard)
     if not shards and skipped:
         raise DataError(
-            f"dataset {spec.name!r}: no readable record in {len(spec.files())} file(s) "
+            f"dataset {spec.name!r}: no readable record in {len(files)} file(s) "
             f"(skipped: {skipped})"
         )
     return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size), skipped)

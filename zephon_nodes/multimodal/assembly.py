@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.multimodal.decode import DecodeImages
 from zephon_nodes.multimodal.pack import MultimodalPacker
 from zephon_nodes.multimodal.records import DEFAULT_IMAGE_FIELD, ParseMultimodal

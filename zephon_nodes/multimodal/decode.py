@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.multimodal.records import MMBatch, MMRecord
 from zephon_nodes.operators.documents import Skipped, add_skipped
 from zephon_nodes.recipe.image import ImageSpec

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.work_item import WorkItem
-from zephon_nodes.errors import DataError
 from zephon_nodes.io.formats.tar import TarSample
 from zephon_nodes.operators.documents import Skipped, add_skipped
 from zephon_nodes.operators.parse import classify_file_error

@@ -6,33 +6,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_nodes.core.errors import DataError, classify_file_error
 from zephon_nodes.core.work_item import WorkItem
-from zephon_nodes.errors import DataError
 from zephon_nodes.operators.documents import Skipped, TextBatch, add_skipped
 
 __all__ = ["ParseJsonl", "classify_file_error", "record_object"]
-
-
-def classify_file_error(message: str, path: str = "") -> str:
-    """Return the skip reason of a file-level :class:`DataError` message about ``path``."""
-    text = message.replace(path, "").lower() if path else message.lower()
-    if "changed since it was indexed" in text:
-        return "changed_file"
-    if "unreadable parquet" in text:  # before "not found": pyarrow says "magic bytes not found"
-        return "unreadable_parquet"
-    if "not found" in text or "no such file" in text:
-        return "missing_file"
-    if "truncated" in text:
-        return "truncated_file"
-    if "zstd" in text:
-        return "corrupt_zstd"
-    if "parquet" in text:
-        return "unreadable_parquet"
-    if "arrow file" in text:
-        return "unreadable_arrow"
-    if "empty" in text:
-        return "empty_file"
-    return "unreadable_file"
 
 
 def record_object(raw: Any) -> tuple[dict[str, Any] | None, str, str]:
@@ -82,7 +60,7 @@ def _text_of(raw: Any, field_name: str) -> tuple[str | None, str, str]:
 class ParseJsonl:
     """Stateless operator: ``WorkItem -> TextBatch`` (JSON lines -> the text field).
 
-    Raises :class:`~zephon_nodes.errors.DataError` naming the dataset, file, line and reason
+    Raises :class:`~zephon_nodes.core.errors.DataError` naming the dataset, file, line and reason
     for invalid UTF-8, invalid JSON, a record that is not an object, or a missing or
     non-string field. For datasets in ``skip`` such records are dropped instead and counted
     per reason in :attr:`TextBatch.skipped` (a pure function of the work item, so the same

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.operators.documents import DocBatch, TextBatch
 from zephon_nodes.recipe import TokenizerSpec
 

@@ -8,8 +8,10 @@ canonical JSON the fingerprint hashes, ``diff`` the fields two canonical forms d
 ``registry`` the named user code a recipe may refer to.
 """
 
+from zephon_nodes.recipe.chat import ChatSpec
 from zephon_nodes.recipe.datasets import DatasetSpec
 from zephon_nodes.recipe.diff import diff_canonical
+from zephon_nodes.recipe.image import ImageSpec
 from zephon_nodes.recipe.mixture import MixtureSpec
 from zephon_nodes.recipe.operators import OperatorSpec
 from zephon_nodes.recipe.packing import PackSpec
@@ -19,7 +21,9 @@ from zephon_nodes.recipe.tokenizer import TokenizerSpec
 from zephon_nodes.recipe.work import WorkSpec
 
 __all__ = [
+    "ChatSpec",
     "DatasetSpec",
+    "ImageSpec",
     "MixtureSpec",
     "OperatorSpec",
     "PackSpec",

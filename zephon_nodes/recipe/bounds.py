@@ -5,7 +5,7 @@ name (``seq_len``, ``work.chunk_size``, ``datasets.weight``, CLI flags such as
 ``--dp-world-size``). The recipe's TOML reader, its dataclasses, the CLI, the Python API
 (:meth:`~zephon_nodes.Pipeline.rank_node`, :func:`~zephon_nodes.simulate`) and the TorchTitan
 config all check values with :func:`check_setting`, so each setting is refused the same way
-wherever it comes from: a :class:`~zephon_nodes.errors.RecipeError` naming the setting, the
+wherever it comes from: a :class:`~zephon_nodes.core.errors.RecipeError` naming the setting, the
 value and the allowed range. A new setting gets the same treatment by adding one row.
 
 Upper bounds are far beyond any real job and only stop absurd sizes (``seq_len =
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from zephon_nodes.core.bounds import PHYSICAL, Bound
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 
 __all__ = ["SETTINGS", "Bound", "check_setting", "did_you_mean"]
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
+from zephon_nodes.io.discovery import dataset_files
+from zephon_nodes.io.identity import dataset_identities
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 
 __all__ = ["ON_ERROR", "ON_EXHAUSTED", "DatasetSpec"]
@@ -84,57 +84,13 @@ class DatasetSpec:
     def files(self) -> list[Any]:
         """Resolve the glob patterns into a sorted list of files.
 
-        Local files come back as :class:`~pathlib.Path`, remote ones (``s3://``, ...) as
-        URI strings (see :mod:`zephon_nodes.io.storage.storage`); each pattern's matches are sorted.
+        Local files come back as :class:`~pathlib.Path`, remote ones (``s3://``, ...) as URI
+        strings; see :func:`zephon_nodes.io.discovery.dataset_files`, which finds them.
 
         Raises:
             RecipeError: If a pattern matches no file.
         """
-        from zephon_nodes.io.storage import storage
-        from zephon_nodes.io.storage.checksum import build_memo
-
-        memo = build_memo()  # one listing per pipeline build
-        if memo is not None and ("files", id(self)) in memo:
-            return list(memo[("files", id(self))])
-        out: list[Any] = []
-        for pattern in self.paths:
-            if storage.is_remote(pattern):
-                matches = storage.expand(pattern)
-            else:
-                local = storage.local_path(pattern)
-                full = local if os.path.isabs(local) else str(Path(self.base_dir) / local)
-                matches = sorted(glob.glob(full, recursive=True))
-                # A Hugging Face `datasets` folder stands for its .arrow files (io/arrow.py).
-                from zephon_nodes.io.formats.arrow import expand_dataset_dirs
-
-                named = not glob.has_magic(local)
-                matches = [m for m in expand_dataset_dirs(matches, named) if os.path.isfile(m)]
-            if not matches:
-                if storage.is_remote(pattern):
-                    where = storage.redact(pattern)
-                else:
-                    where = str((Path(self.base_dir) / storage.local_path(pattern)).parent)
-                raise RecipeError(
-                    f"dataset {self.name!r}: pattern {storage.redact(pattern)!r} matches no "
-                    f"file (looked in {where})"
-                )
-            out.extend(m if storage.is_remote(m) else Path(m) for m in matches)
-        seen: set[Any] = set()
-        unique = []
-        for p in out:
-            if p not in seen:
-                seen.add(p)
-                unique.append(p)
-        if self.index is not None:
-            from zephon_nodes.io.index.index import use_index
-
-            location = self.index
-            if not storage.is_remote(location) and not os.path.isabs(location):
-                location = str(Path(self.base_dir) / location)
-            use_index([str(p) for p in unique], location)
-        if memo is not None:
-            memo[("files", id(self))] = list(unique)
-        return unique
+        return dataset_files(self)
 
     def canonical(self, *, lazy: bool = False) -> dict[str, Any]:
         """Data-defining fields, with each file's content checksum and size, in order.
@@ -155,8 +111,6 @@ class DatasetSpec:
             out["records_sha256"] = hashlib.sha256(blob.encode("utf-8")).hexdigest()
             out["num_records"] = len(self.records)
         else:
-            from zephon_nodes.io.identity import dataset_identities
-
             out["files"] = dataset_identities(self, lazy)
         # New fields join the canonical form only when set, so older recipes keep their
         # fingerprint.

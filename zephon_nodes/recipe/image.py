@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 
 __all__ = ["IMAGE_DTYPES", "IMAGE_MODES", "ImageSpec"]
 

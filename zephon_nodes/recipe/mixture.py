@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 
 __all__ = ["SCHEDULE_UNITS", "MixtureSpec"]

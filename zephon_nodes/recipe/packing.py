@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["LONG_DOCUMENTS", "PACK_MODES", "PackSpec"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe._fields import _Fields
 from zephon_nodes.recipe.bounds import check_setting, did_you_mean
 from zephon_nodes.recipe.chat import ChatSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["DEALS", "END_OF_DATA", "WorkSpec"]

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.core.errors import CheckpointError
 
 __all__ = ["CHECKSUM_KEY", "MAX_FILE_BYTES", "decode_checked", "encode_checked", "parse_json"]
 

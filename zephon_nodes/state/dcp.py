@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.dcp_lineage import (
     lineage_from_dcp,
     lineage_to_dcp,

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.core.errors import CheckpointError
 
 __all__ = ["LINEAGE_DCP_KEY", "LINEAGE_LEN_KEY", "lineage_from_dcp", "lineage_to_dcp"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.codec import MAX_FILE_BYTES, decode_checked, encode_checked
 from zephon_nodes.state.migrate import upgrade
 

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.core.errors import CheckpointError
 
 __all__ = [
     "LINEAGE_KEY",

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.schema import FORMAT, FORMAT_KEY
 
 __all__ = ["LocatedState", "locate_state", "replace_state", "unwrap_state"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.locate import unwrap_state
 from zephon_nodes.state.mixture import merge_mixtures
 from zephon_nodes.state.schema import (

@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from zephon_nodes.errors import CheckpointError
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.locate import unwrap_state
 from zephon_nodes.state.schema import FORMAT, FORMAT_KEY, FORMAT_PREFIX, SCHEMA_VERSION
 

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.state.schema import LANES_KEY, MICRO_KEY, MIXTURE_KEY, STEP_KEY, is_int, lane_key
 
 __all__ = [

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.engine.assembly import work_source
 from zephon_nodes.engine.balance import BalancedWorkSource
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.work import DatasetWorkSource
-from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.formats.shards import FileShard, Shard
 from zephon_nodes.io.nodecache.nodecache import node_cache

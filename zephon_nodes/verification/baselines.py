@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.documents import DocBatch
 from zephon_nodes.operators.pack import ConcatPacker, Sample
 from zephon_nodes.verification.digest import global_batch_digest

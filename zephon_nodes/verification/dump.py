@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.verification.digest import digest_microbatches
 
 __all__ = ["StepDumper", "dump_digests", "write_step"]

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.verification.matrix import VerifyResult
 
 __all__ = ["ReportData", "ReportRow", "render_html", "render_png", "write_report"]

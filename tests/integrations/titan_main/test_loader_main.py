@@ -25,7 +25,7 @@ from tests.integrations.titan_main.helpers import (
     optimizer_steps,
     union,
 )
-from zephon_nodes.errors import CheckpointError, RecipeError
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.integrations.torchtitan import (
     API,
     ZephonDataLoader,

@@ -45,11 +45,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.plain import is_int
 from zephon_nodes.engine.relane.nodes import RelanedLane, RelanedWorkItemNode
 from zephon_nodes.engine.relane.sources import RelanedWorkSource
 from zephon_nodes.engine.work import WorkSource
-from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.state.lineage import LINEAGE_KEY, Lineage, describe_lineage
 from zephon_nodes.state.lineage import check_lineage as _check_lineage
 

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.core.flush import Flush
 from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.windowed import replay
 from zephon_nodes.engine.work import WorkItem
-from zephon_nodes.errors import CheckpointError
 
 if TYPE_CHECKING:
     from zephon_nodes.engine.relane.sources import RelanedWorkSource

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.seeding import derive_seed
 from zephon_nodes.engine.lane import LaneNodes, WorkItemNode
 from zephon_nodes.engine.relane.nodes import RelanedLane, RelanedWorkItemNode
 from zephon_nodes.engine.work import WorkItem, WorkSource
-from zephon_nodes.errors import CheckpointError, RecipeError
 
 if TYPE_CHECKING:
     from zephon_nodes.engine.relane import Lineage

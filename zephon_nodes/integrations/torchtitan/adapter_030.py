@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.integrations.torchtitan.common import check_config
 from zephon_nodes.integrations.torchtitan.lanes import LaneLoader
 from zephon_nodes.recipe import Recipe

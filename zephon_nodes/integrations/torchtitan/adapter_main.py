@@ -29,7 +29,7 @@ import torch
 from torchtitan.components.data.loader import BaseDataLoader, DataloaderExhaustedError
 from torchtitan.components.loss import IGNORE_INDEX
 
-from zephon_nodes.errors import RecipeError
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.integrations.torchtitan.common import check_config
 from zephon_nodes.integrations.torchtitan.lanes import LaneLoader
 from zephon_nodes.recipe import Recipe

@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import parse_limit, parse_size
 from zephon_nodes.engine.checkpoint import FORMAT
 from zephon_nodes.engine.metrics import flatten_metrics
 from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting

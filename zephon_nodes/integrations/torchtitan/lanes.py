@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torchdata.nodes import BaseNode, Prefetcher
 
+from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.settings import Settings, current, using
 from zephon_nodes.engine.checkpoint import FORMAT, validate_state
 from zephon_nodes.engine.end_of_data import all_ranks_continue
@@ -31,7 +32,6 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.integrations.torchtitan.common import (
     check_agreement,
     check_tokenizer,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.errors import DataError, RecipeError
+from zephon_nodes.core.errors import DataError, RecipeError
 
 __all__ = ["ArrowShard", "expand_dataset_dirs", "open_arrow_shard"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
 

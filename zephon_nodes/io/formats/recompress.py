@@ -16,7 +16,7 @@ from pathlib import Path
 
 import zstandard
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.storage.cache import atomic_write
 
 __all__ = ["recompress_file"]

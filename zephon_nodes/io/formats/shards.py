@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.formats.arrow import ArrowShard
 from zephon_nodes.io.formats.parquet import ParquetShard
 from zephon_nodes.io.formats.tar import TarShard

@@ -18,7 +18,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from zephon_nodes.errors import DataError
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.index.table import KINDS, IndexedFiles
 
 __all__ = ["LazyShards"]

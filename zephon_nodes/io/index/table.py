@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import current
-from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import cache_dir
 

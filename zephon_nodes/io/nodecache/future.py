@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.io.nodecache.nodecache import Cacheable, Fetch, NodeCache
 
-if TYPE_CHECKING:  # io does not import the engine at run time
-    from zephon_nodes.engine.work import WorkItem, WorkSource
+__all__ = ["AccessPlan", "CacheFeed", "WorkSchedule", "cacheable"]
 
-__all__ = ["AccessPlan", "CacheFeed", "cacheable"]
+
+class WorkSchedule(Protocol):
+    """What the plan reads of a work source (:class:`~zephon_nodes.engine.work.WorkSource`)."""
+
+    def work(self, lane: int, index: int, /) -> WorkItem | None:
+        """The work item of ``lane`` at position ``index`` (None past the lane's end)."""
 
 
 def cacheable(shard: Any) -> Cacheable | None:
@@ -38,7 +43,7 @@ class AccessPlan:
         horizon: Most accesses listed (the farther future does not change decisions much).
     """
 
-    def __init__(self, work_source: WorkSource, horizon: int = 256) -> None:
+    def __init__(self, work_source: WorkSchedule, horizon: int = 256) -> None:
         self.work_source = work_source
         self.horizon = horizon
         self.positions: dict[int, tuple[int, int]] = {}  # lane -> (start, submitted)
@@ -115,7 +120,7 @@ class CacheFeed:
     """
 
     def __init__(
-        self, cache: NodeCache, work_source: WorkSource, horizon: int = 256, prefetch: int = 4
+        self, cache: NodeCache, work_source: WorkSchedule, horizon: int = 256, prefetch: int = 4
     ) -> None:
         self.cache = cache
         self.plan = AccessPlan(work_source, horizon)

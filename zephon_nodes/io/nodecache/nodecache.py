@@ -64,8 +64,8 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from zephon_nodes.core import settings as _settings
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import Settings, parse_size
-from zephon_nodes.errors import DataError
 
 __all__ = [
     "LIMIT_ENV",

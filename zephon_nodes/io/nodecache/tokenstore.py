@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import current, update
-from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.nodecache.nodecache import CacheFullError, NodeCache, Policy
 from zephon_nodes.io.storage.cache import cache_dir
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import Settings
-from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.formats.shards import FileShard
 from zephon_nodes.io.nodecache.nodecache import check_fits, node_cache

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
-from typing import Any
 
+from zephon_nodes.core.atomic import atomic_write
 from zephon_nodes.core.settings import current
 
 __all__ = ["atomic_write", "cache_dir", "cache_key"]
@@ -27,16 +25,3 @@ def cache_key(path: Path) -> str:
     st = path.stat()
     text = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-
-def atomic_write(target: Path, writer: Any) -> None:
-    """Write ``target`` through ``writer(file)`` into a temporary file, then rename it."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            writer(f)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

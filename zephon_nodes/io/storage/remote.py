@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.progress import Progress
-from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 from zephon_nodes.io.storage.checksum import Hasher

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import Settings, current
-from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage.checksum import build_memo
 
 __all__ = [

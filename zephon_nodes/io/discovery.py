@@ -1,0 +1,118 @@
+"""File discovery: a recipe dataset's glob patterns resolved to its files, its index registered.
+
+The recipe says *which* data (:class:`~zephon_nodes.recipe.datasets.DatasetSpec`: patterns
+relative to the recipe's folder, an optional index location); this module finds it. Local
+patterns are globbed (``**`` recursive), a Hugging Face ``save_to_disk`` folder stands for its
+``.arrow`` files (:func:`~zephon_nodes.io.formats.arrow.expand_dataset_dirs`), remote ones
+(``s3://``, ...) are listed through :mod:`zephon_nodes.io.storage.storage`. A dataset that
+names its index registers it (:func:`~zephon_nodes.io.index.index.use_index`) before any file
+is opened. io reads a recipe dataset only through the :class:`RecipeDataset` protocol, so it
+imports nothing of the recipe.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from zephon_nodes.core.errors import RecipeError
+from zephon_nodes.io.formats.arrow import expand_dataset_dirs
+from zephon_nodes.io.index.index import use_index
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.checksum import build_memo
+
+__all__ = ["RecipeDataset", "dataset_files"]
+
+
+class RecipeDataset(Protocol):
+    """The fields of a recipe's ``[[datasets]]`` entry that io reads.
+
+    :class:`~zephon_nodes.recipe.datasets.DatasetSpec` is the one implementation; see it for
+    what each field means.
+    """
+
+    @property
+    def name(self) -> str:
+        """Name used in errors, stats and the fingerprint."""
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Glob patterns or URIs of the shards, relative to ``base_dir``."""
+
+    @property
+    def base_dir(self) -> Path:
+        """Directory the patterns are relative to."""
+
+    @property
+    def index(self) -> str | None:
+        """Where the dataset index is, if not next to the shards."""
+
+    @property
+    def text_field(self) -> str:
+        """Record field holding the text."""
+
+    @property
+    def records(self) -> Sequence[Mapping[str, Any]] | None:
+        """In-memory records instead of files."""
+
+    @property
+    def on_error(self) -> str:
+        """``"raise"`` or ``"skip"`` bad input."""
+
+    @property
+    def chunk_size(self) -> int | None:
+        """Records per work item of this dataset (None: the recipe's)."""
+
+
+def dataset_files(dataset: RecipeDataset) -> list[Any]:
+    """Resolve a dataset's glob patterns into a sorted list of files.
+
+    Local files come back as :class:`~pathlib.Path`, remote ones (``s3://``, ...) as URI
+    strings (see :mod:`zephon_nodes.io.storage.storage`); each pattern's matches are sorted,
+    and a file matched by two patterns is listed once, where it is first matched. Listed once
+    per pipeline build (:func:`~zephon_nodes.io.storage.checksum.build_memo`).
+
+    Raises:
+        RecipeError: If a pattern matches no file.
+    """
+    memo = build_memo()  # one listing per pipeline build
+    if memo is not None and ("files", id(dataset)) in memo:
+        return list(memo[("files", id(dataset))])
+    out: list[Any] = []
+    for pattern in dataset.paths:
+        if storage.is_remote(pattern):
+            matches = storage.expand(pattern)
+        else:
+            local = storage.local_path(pattern)
+            full = local if os.path.isabs(local) else str(Path(dataset.base_dir) / local)
+            matches = sorted(glob.glob(full, recursive=True))
+            # A Hugging Face `datasets` folder stands for its .arrow files (formats/arrow.py).
+            named = not glob.has_magic(local)
+            matches = [m for m in expand_dataset_dirs(matches, named) if os.path.isfile(m)]
+        if not matches:
+            if storage.is_remote(pattern):
+                where = storage.redact(pattern)
+            else:
+                where = str((Path(dataset.base_dir) / storage.local_path(pattern)).parent)
+            raise RecipeError(
+                f"dataset {dataset.name!r}: pattern {storage.redact(pattern)!r} matches no "
+                f"file (looked in {where})"
+            )
+        out.extend(m if storage.is_remote(m) else Path(m) for m in matches)
+    seen: set[Any] = set()
+    unique = []
+    for p in out:
+        if p not in seen:
+            seen.add(p)
+            unique.append(p)
+    if dataset.index is not None:
+        location = dataset.index
+        if not storage.is_remote(location) and not os.path.isabs(location):
+            location = str(Path(dataset.base_dir) / location)
+        use_index([str(p) for p in unique], location)
+    if memo is not None:
+        memo[("files", id(dataset))] = list(unique)
+    return unique
