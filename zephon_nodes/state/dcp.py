@@ -38,6 +38,8 @@ from zephon_nodes.state.dcp_lineage import (
     lineage_from_dcp,
     lineage_to_dcp,
 )
+from zephon_nodes.state.identity import fingerprint_pair
+from zephon_nodes.state.schema import MIXTURE_KEY
 
 __all__ = [
     "DCP_FORMAT",
@@ -54,8 +56,7 @@ __all__ = [
     "to_dcp_state",
 ]
 
-MIXTURE_STATE_KEY = "mixture"
-"""Where the JSON state keeps the decision log (``engine.decisions.MIXTURE_KEY``)."""
+MIXTURE_STATE_KEY = MIXTURE_KEY  # where the JSON state keeps the decision log (state.schema)
 
 
 class _RecipeShape(Protocol):
@@ -86,14 +87,6 @@ class RecipeIdentity(Protocol):
     def recipe(self) -> _RecipeShape:
         """The recipe (``num_lanes``, ``global_batch_size``, ``datasets``)."""
         ...
-
-
-def _pair(saved: str, current: str) -> str:
-    """Show two fingerprints by prefixes long enough to tell them apart."""
-    n = 12
-    while n < max(len(saved), len(current)) and saved[:n] == current[:n]:
-        n += 8
-    return f"{saved[:n]!r}..., this recipe {current[:n]!r}..."
 
 
 DCP_FORMAT = 2
@@ -433,7 +426,7 @@ def decode_dcp_state(
             )
         raise CheckpointError(
             f"the checkpoint was written with a different recipe (fingerprint "
-            f"{_pair(fingerprint, pipeline.fingerprint)}): {detail}"
+            f"{fingerprint_pair(fingerprint, pipeline.fingerprint)}): {detail}"
         )
     (num_lanes,) = _as_ints(sd, NUM_LANES_KEY, 1)
     (step,) = _as_ints(sd, STEP_KEY, 1)
