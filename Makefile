@@ -13,9 +13,17 @@ install: $(BIN)/python
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e .
 
-install-test: $(BIN)/python
+# Azurite, the Azure Blob server of the storage tests, from npm into a project-local folder
+# (pinned by .ci/node/package-lock.json); the stamp skips npm when nothing changed.
+AZURITE_STAMP := .ci/node/node_modules/.installed
+
+$(AZURITE_STAMP): .ci/node/package.json .ci/node/package-lock.json
+	npm ci --prefix .ci/node --no-audit --no-fund --loglevel=error
+	touch $@
+
+install-test: $(BIN)/python $(AZURITE_STAMP)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat,s3,http]'
+	$(PIP) install -q -e '.[test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat,s3,gcs,azure,hf,http]'
 
 demo: install
 	$(BIN)/zephon demo
