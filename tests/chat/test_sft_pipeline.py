@@ -24,7 +24,7 @@ from zephon_nodes import (
     WorkSpec,
     simulate,
 )
-from zephon_nodes.chat.spec import ChatSpec
+from zephon_nodes.recipe.chat import ChatSpec
 
 # A ChatML template for the byte tokenizer; `reference` below renders it by hand.
 TEMPLATE = (
@@ -309,3 +309,6 @@ def test_stats_padding_is_padding_not_masked_turns(tpl):
     assert stats["padding_fraction"] == pad / cells
     assert stats["tokens"] == sum(int((s["labels"] != -100).sum()) for s in rows)
     assert stats["skipped_records"]["chat"] == {"unknown_role": 1}
+    # Trained tokens are fewer than the non-padding tokens: prompts are input, not targets.
+    assert stats["non_padding_tokens"] == cells - pad
+    assert stats["tokens"] < stats["non_padding_tokens"]

@@ -100,7 +100,7 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     """Point the standard AWS variables at the session's S3 server for one test."""
     for k, v in s3_server.env.items():
         monkeypatch.setenv(k, v)
-    from zephon_nodes.io import storage
+    from zephon_nodes.io.storage import storage
 
     storage._forget_filesystems()
     return s3_server
@@ -139,7 +139,7 @@ def use_store(server: Store, mp: pytest.MonkeyPatch, port: int | None = None) ->
     """Point the store's standard variables at ``server`` (or at a proxy on ``port``)."""
     for k, v in server.endpoint_env(port).items():
         mp.setenv(k, v)
-    from zephon_nodes.io import storage
+    from zephon_nodes.io.storage import storage
 
     storage._forget_filesystems()
 

@@ -26,7 +26,7 @@ from fsspec.spec import AbstractFileSystem
 from tests.io.test_remote_digests import recipe, run, write_corpus
 from zephon_nodes import Pipeline, simulate
 from zephon_nodes.errors import CheckpointError, DataError
-from zephon_nodes.io import storage
+from zephon_nodes.io.storage import storage
 
 
 def git_blob_id(data: bytes) -> str:

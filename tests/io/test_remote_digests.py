@@ -23,8 +23,9 @@ from tests.commands.run import zephon
 from tests.io.conftest import STORES, OutageProxy, Store, use_store
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec, simulate
 from zephon_nodes.errors import CheckpointError
-from zephon_nodes.io import index, storage
-from zephon_nodes.io.nodecache import set_cache_limit
+from zephon_nodes.io.index import index
+from zephon_nodes.io.nodecache.nodecache import set_cache_limit
+from zephon_nodes.io.storage import storage
 
 STEPS = 6
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.io.conftest import AzureServer, FaultProxy, HttpServer, Store, free_port, use_store
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
+from zephon_nodes.io.storage import storage
 
 
 def _tree(root: Path) -> None:

@@ -26,8 +26,8 @@ from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
-from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
 

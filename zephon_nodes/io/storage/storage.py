@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import retry
-from zephon_nodes.io.checksum import build_memo
-from zephon_nodes.io.retry import RetryPolicy, is_transient, redact
+from zephon_nodes.io.storage import retry
+from zephon_nodes.io.storage.checksum import build_memo
+from zephon_nodes.io.storage.retry import RetryPolicy, is_transient, redact
 
 _describe = retry.describe
 

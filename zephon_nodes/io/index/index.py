@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
-from zephon_nodes.io.checksum import file_checksum
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = [
     "EVERY",
@@ -175,7 +175,7 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     Raises:
         DataError: If the index does not match the shard (naming it and the rebuild command).
     """
-    from zephon_nodes.io.checksum import build_memo
+    from zephon_nodes.io.storage.checksum import build_memo
 
     memo = build_memo()
     if memo is not None and ("index", str(uri)) in memo:
@@ -308,7 +308,7 @@ def _common_dir(dirs: Sequence[str]) -> str:
 
 
 def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
-    from zephon_nodes.io import shards, tar
+    from zephon_nodes.io.formats import shards, tar
 
     entry: dict[str, Any] = {"kind": kind}
     if kind in ("jsonl", "jsonl.zst"):
@@ -329,7 +329,7 @@ def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
         entry["offsets"] = [int(x) for x in index[::every, 0].tolist()]
         entry["end"] = int(index[-1, 1]) if len(index) else 0
     elif kind == "parquet":
-        from zephon_nodes.io.parquet import _pq
+        from zephon_nodes.io.formats.parquet import _pq
 
         f = _pq().ParquetFile(str(path))
         meta = f.metadata
@@ -354,7 +354,7 @@ def build_entry(uri: str, every: int = EVERY) -> dict[str, Any]:
     kind = _kind(uri)
     st = storage.stat(uri)
     if storage.is_remote(uri):
-        from zephon_nodes.io.remote import fetched
+        from zephon_nodes.io.storage.remote import fetched
 
         with fetched(uri, st) as (tmp, checksum):
             entry = _local_entry(tmp, kind, every)
@@ -380,7 +380,7 @@ def literal_dir(pattern: str) -> str | None:
 def _pattern_dirs(patterns: Sequence[str]) -> list[str]:
     """Each wildcard pattern's folder before its first wildcard.
 
-    A pipeline looks for the index there (:func:`zephon_nodes.io.table.resolve_indexed`).
+    A pipeline looks for the index there (:func:`zephon_nodes.io.index.table.resolve_indexed`).
     """
     out = []
     for pattern in patterns:
@@ -455,7 +455,7 @@ def write_index(manifest: dict[str, Any], location: str, directory: str | None =
 
         storage.with_retries(put, location, what="write")
     else:
-        from zephon_nodes.io.cache import atomic_write
+        from zephon_nodes.io.storage.cache import atomic_write
 
         target = Path(storage.local_path(location))
         try:
