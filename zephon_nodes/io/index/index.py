@@ -437,8 +437,13 @@ def build_index(
             progress(1)
         return entry
 
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        entries = list(pool.map(one, files))
+    from zephon_nodes.io.storage.remote import finish_progress
+
+    try:
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            entries = list(pool.map(one, files))
+    finally:
+        finish_progress()  # the "fetching" line of remote shards ends with the index
     shards = {f[len(directory) :].lstrip("/"): e for f, e in zip(files, entries, strict=True)}
     return directory, {"format": FORMAT, "version": VERSION, "every": every, "shards": shards}
 
