@@ -9,9 +9,31 @@ PIP := $(BIN)/python -m pip
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# pip runs only when what was installed changed: $(VENV)/.installed-* records the torch
+# pin, the extras and a hash of pyproject.toml; a second `make demo` goes straight to the demo.
+# `rm $(VENV)/.installed-*` forces a reinstall. The package is editable: code edits need none.
+TORCH := torch==2.13.0
+TEST_EXTRAS := test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat,s3,gcs,azure,hf,http
+PYPROJECT_HASH = $(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest()[:16])")
+# $(call pip_install,EXTRAS,NAME[,SUPERSET_EXTRAS,SUPERSET_NAME]): pip install the package with
+# EXTRAS unless .installed-NAME (or the stamp of a superset of them) records this very torch pin,
+# these extras and this pyproject.toml.
+stamp_line = $(TORCH) extras=[$(1)] pyproject=$(PYPROJECT_HASH)
+define pip_install
+	@if [ "$$(cat $(VENV)/.installed-$(2) 2>/dev/null)" = "$(call stamp_line,$(1))" ]; then \
+	  echo "make: $(2) install up to date ($(VENV)/.installed-$(2) matches pyproject.toml)"; \
+	elif [ -n "$(4)" ] && [ "$$(cat $(VENV)/.installed-$(4) 2>/dev/null)" = "$(call stamp_line,$(3))" ]; then \
+	  echo "make: $(2) install up to date ($(VENV)/.installed-$(4) matches pyproject.toml)"; \
+	else \
+	  echo "$(PIP) install -q $(TORCH) && $(PIP) install -q -e '.$(if $(1),[$(1)])'"; \
+	  rm -f $(VENV)/.installed-$(2); \
+	  $(PIP) install -q $(TORCH) && $(PIP) install -q -e '.$(if $(1),[$(1)])' \
+	    && echo "$(call stamp_line,$(1))" > $(VENV)/.installed-$(2); \
+	fi
+endef
+
 install: $(BIN)/python
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
+	$(call pip_install,,base,$(TEST_EXTRAS),test)
 
 # Azurite, the Azure Blob server of the storage tests, from npm into a project-local folder
 # (pinned by .ci/node/package-lock.json); the stamp skips npm when nothing changed.
@@ -22,8 +44,7 @@ $(AZURITE_STAMP): .ci/node/package.json .ci/node/package-lock.json
 	touch $@
 
 install-test: $(BIN)/python $(AZURITE_STAMP)
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat,s3,gcs,azure,hf,http]'
+	$(call pip_install,$(TEST_EXTRAS),test)
 
 demo: install
 	$(BIN)/zephon demo

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from zephon_nodes.core.progress import Progress, is_terminal
+from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
-from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.matrix import (
@@ -66,7 +66,15 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="dp sizes, e.g. 1,2,4 (default: every divisor of num_lanes up to 8)",
     )
-    p.add_argument("--workers", type=_int_list, default=[1, 2], help="pool workers (default 1,2)")
+    p.add_argument(
+        "--num-workers",
+        "--workers",
+        dest="workers",
+        type=_int_list,
+        default=[1, 2],
+        help="pool workers per rank, the counts to compare (default 1,2; --workers is the "
+        "same flag)",
+    )
     p.add_argument(
         "--runners",
         type=_runner_list,
@@ -166,6 +174,7 @@ class _Progress:
                 f"({len(r.digests)} steps, {r.seconds:.2f} s)"
             )
         if self.bar.is_bar:
+            self.bar.describe(r.setting.name)
             if self.done > 0:
                 self.bar.update(1)
         else:

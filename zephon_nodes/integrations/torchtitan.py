@@ -45,21 +45,21 @@ import torch
 from torchdata.nodes import BaseNode, Prefetcher
 from torchtitan.components.dataloader import BaseDataLoader
 
+from zephon_nodes.core.settings import Settings, current, parse_limit
 from zephon_nodes.engine.checkpoint import FORMAT, fingerprint_pair, validate_state
-from zephon_nodes.engine.decisions import (
+from zephon_nodes.engine.end_of_data import all_ranks_continue
+from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
+from zephon_nodes.engine.mixture_log import (
     MIXTURE_KEY,
     normalize_weights,
     parse_mixture_state,
     with_decision,
 )
-from zephon_nodes.engine.end_of_data import all_ranks_continue
-from zephon_nodes.engine.metrics import StepMetrics, flatten_metrics
 from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
-from zephon_nodes.engine.stages import parse_operator_workers
 from zephon_nodes.errors import CheckpointError, RecipeError
-from zephon_nodes.io.nodecache.nodecache import parse_size, set_cache_limit
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
@@ -720,8 +720,8 @@ class ZephonDataLoader(BaseDataLoader):
         """Set by TorchTitan's validator; False refuses an endless recipe (work.epochs='inf')."""
 
         cache_limit: str = ""
-        """Node cache size shared by the node's ranks, e.g. "50G" (sets ZEPHON_CACHE_LIMIT;
-        empty: that variable, or no cache). Physical: never changes a batch."""
+        """Node cache size shared by the node's ranks, e.g. "50G" (the settings' cache_limit;
+        empty: ZEPHON_CACHE_LIMIT, else the default share of the free disk). Physical."""
 
         max_decisions: int = 256
         """Room for set_mixture decisions in the checkpoint (fixed-shape DCP tensors)."""
@@ -752,10 +752,7 @@ class ZephonDataLoader(BaseDataLoader):
             if self.prefetch < 0:
                 raise RecipeError(f"dataloader.prefetch={self.prefetch} must be >= 0")
             if self.cache_limit:
-                try:
-                    parse_size(self.cache_limit)
-                except ValueError as e:
-                    raise RecipeError(f"dataloader.cache_limit: {e}") from None
+                parse_limit(self.cache_limit, "dataloader.cache_limit")
             if self.max_decisions < 0:
                 raise RecipeError(f"dataloader.max_decisions={self.max_decisions} must be >= 0")
             if self.relane_from < 0 or self.max_lineage_bytes < 0:
@@ -815,11 +812,14 @@ class ZephonDataLoader(BaseDataLoader):
         self.dp_world_size = dp_world_size
         self.dp_rank = dp_rank
         self.local_batch_size = local_batch_size
+        settings: Settings = current()
         if config.cache_limit:
-            set_cache_limit(config.cache_limit)
-        self.pipeline = Pipeline(recipe)
+            settings = settings.replace(cache_limit=config.cache_limit)
+        self.pipeline = Pipeline(recipe, settings=settings)
         self.lanes = lanes_for_rank(recipe.num_lanes, dp_world_size, dp_rank)
-        self.pool = WorkerPool(config.num_workers, config.runner, config.worker_timeout_s)
+        self.pool = WorkerPool(
+            config.num_workers, config.runner, config.worker_timeout_s, settings=settings
+        )
         self._build_node()
         self._dumper = (
             StepDumper(config.dump_batches, dp_rank, self.multiplexer.micro_per_step)
@@ -1018,7 +1018,7 @@ class ZephonDataLoader(BaseDataLoader):
 
         The decision ``(step, weights)`` joins the log kept in the checkpoint and takes
         effect in each lane from the first flush window after the lane's position at this
-        step (see :mod:`zephon_nodes.engine.decisions`); micro-batches prefetched under the
+        step (see :mod:`zephon_nodes.engine.mixture_log`); micro-batches prefetched under the
         old weights are thrown away and recomputed. With ``torch.distributed`` initialized,
         one all-gather on ``group`` (default: the whole job; pass the data-parallel group)
         checks that every rank makes the same decision at the same step.
@@ -1033,9 +1033,7 @@ class ZephonDataLoader(BaseDataLoader):
                 middle of a step, a full log (``dataloader.max_decisions``), or when ranks
                 disagree (naming both weight sets).
         """
-        refuse = getattr(self.pipeline.work_source, "refuse_decisions", None)  # re-laned
-        if refuse is not None:
-            refuse()
+        self.pipeline.work_source.refuse_decisions()  # a re-laned stream refuses
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="ZephonDataLoader.set_mixture")
         state = self._restore if self._restore is not None else self._state

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.settings import current
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
@@ -68,12 +69,6 @@ def _dirname(uri: str) -> str:
     return posixpath.dirname(uri) if storage.is_remote(uri) else os.path.dirname(uri)
 
 
-def _join(directory: str, name: str) -> str:
-    if storage.is_remote(directory):
-        return directory.rstrip("/") + "/" + name
-    return os.path.join(directory, name)
-
-
 def rebuild_hint(directory: str) -> str:
     """The command that rebuilds the index of a directory (one that can work there)."""
     if storage.scheme(directory) in ("http", "https"):
@@ -82,7 +77,7 @@ def rebuild_hint(directory: str) -> str:
             "rebuild it: zephon index URL... --output FILE, naming each shard's URL, and "
             'set the dataset\'s index = "FILE"'
         )
-    return f"rebuild it: zephon index '{storage.redact(_join(directory, '*'))}'"
+    return f"rebuild it: zephon index '{storage.redact(storage.join(directory, '*'))}'"
 
 
 def _read_text(uri: str) -> str | None:
@@ -187,7 +182,7 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     if memo is not None and ("index", str(uri)) in memo:
         hit: tuple[dict[str, Any], str] | None = memo[("index", str(uri))]
         return hit
-    if os.environ.get("ZEPHON_NO_INDEX"):
+    if not current().use_index:  # ZEPHON_NO_INDEX=1
         return None
     text = _normal(str(uri))
     found = _lookup(str(uri), text)
@@ -212,7 +207,7 @@ def _candidates(text: str, named: str | None) -> list[str]:
     out = []
     directory = _dirname(text)
     for _ in range(SEARCH_UP + 1):
-        out.append(_join(directory, INDEX_NAME))
+        out.append(storage.join(directory, INDEX_NAME))
         parent = _dirname(directory)
         remote_root = storage.is_remote(text) and "://" not in parent
         if parent == directory or remote_root or not parent:

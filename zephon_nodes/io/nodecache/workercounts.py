@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_nodes.core.operator import operator_name
+
 __all__ = ["CountedCall", "CountedResult", "collect", "merged", "worker_totals"]
 
 # Counters that add up over processes (peak_bytes and limit_bytes do not).
@@ -86,7 +88,7 @@ class CountedCall:
     @property
     def name(self) -> str:
         """The wrapped call's name (messages)."""
-        return str(getattr(self.fn, "name", type(self.fn).__name__))
+        return operator_name(self.fn)
 
 
 def collect(result: Any) -> Any:

@@ -8,17 +8,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.core.settings import current
+
 __all__ = ["atomic_write", "cache_dir", "cache_key"]
 
 
 def cache_dir() -> Path:
-    """Return the directory holding record indexes and decompressed shards."""
-    root = os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "zephon_nodes"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Return the directory holding record indexes and decompressed shards (created).
+
+    The current settings' ``cache_dir`` (``ZEPHON_CACHE_DIR``, default
+    ``~/.cache/zephon_nodes``; see :mod:`zephon_nodes.core.settings`).
+    """
+    return current().cache_root
 
 
 def cache_key(path: Path) -> str:

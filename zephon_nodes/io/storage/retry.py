@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from zephon_nodes.core.settings import Settings, current
 from zephon_nodes.errors import DataError
 
 __all__ = ["RetryPolicy", "describe", "is_transient", "redact", "with_retries"]
@@ -52,27 +53,14 @@ class RetryPolicy:
     max_s: float = 5.0
 
     @classmethod
-    def from_env(cls) -> RetryPolicy:
-        """The policy set by ``ZEPHON_STORAGE_RETRY_S`` and ``ZEPHON_STORAGE_BACKOFF_MAX_S``."""
-        import os
+    def from_settings(cls, settings: Settings | None = None) -> RetryPolicy:
+        """The policy of ``settings`` (default: the current ones).
 
-        values = {}
-        for name, field, default in (
-            ("ZEPHON_STORAGE_RETRY_S", "budget_s", cls.budget_s),
-            ("ZEPHON_STORAGE_BACKOFF_MAX_S", "max_s", cls.max_s),
-        ):
-            raw = os.environ.get(name)
-            if raw is None:
-                values[field] = default
-                continue
-            try:
-                value = float(raw)
-            except ValueError:
-                value = -1.0
-            if not 0 <= value < 1e7:
-                raise DataError(f"{name}={raw!r}: expected seconds in [0, 1e7)")
-            values[field] = value
-        return cls(budget_s=values["budget_s"], max_s=values["max_s"])
+        Its budget is ``storage_retry_s`` (``ZEPHON_STORAGE_RETRY_S``), its longest delay
+        ``storage_backoff_max_s`` (``ZEPHON_STORAGE_BACKOFF_MAX_S``).
+        """
+        s = settings or current()
+        return cls(budget_s=s.storage_retry_s, max_s=s.storage_backoff_max_s)
 
 
 # Exception classes that mean "the connection or the response failed; try again", by the
@@ -293,7 +281,7 @@ def with_retries(
     Args:
         fn: The call (it must be safe to repeat).
         uri: Named in messages (redacted).
-        policy: Default: :meth:`RetryPolicy.from_env`.
+        policy: Default: :meth:`RetryPolicy.from_settings`.
         what: The verb of messages (``read``, ``stat``, ``list``, ``write``).
         on_retry: Called before each retry (the storage layer drops its clients, so a
             restarted endpoint gets fresh connections).
@@ -302,7 +290,7 @@ def with_retries(
         DataError: At once on a permanent error, or when the budget is spent, naming the
             URI and the last error.
     """
-    policy = policy or RetryPolicy.from_env()
+    policy = policy or RetryPolicy.from_settings()
     start = time.monotonic()
     attempt = 0
     while True:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from zephon_nodes.core.settings import current
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage import retry
 from zephon_nodes.io.storage.checksum import build_memo
@@ -41,6 +42,7 @@ __all__ = [
     "fetch",
     "is_remote",
     "is_transient",
+    "join",
     "local_path",
     "read_range",
     "redact",
@@ -79,6 +81,16 @@ def local_path(uri: str | os.PathLike[str]) -> str:
     """Return the local path of a plain path or ``file://`` URI."""
     text = str(uri)
     return text[len("file://") :] if scheme(text) == "file" else text
+
+
+def join(directory: str, name: str) -> str:
+    """``name`` inside ``directory``: with ``/`` for a URI, :func:`os.path.join` for a path.
+
+    (A plain relative path stays relative: ``join("", "a.jsonl")`` is ``"a.jsonl"``.)
+    """
+    if is_remote(directory):
+        return directory.rstrip("/") + "/" + name
+    return os.path.join(directory, name)
 
 
 def with_retries(
@@ -291,14 +303,8 @@ _BLOCKS_BYTES = [0]
 
 
 def _read_cache_limit() -> int:
-    raw = os.environ.get("ZEPHON_READ_CACHE_MB", "128")
-    try:
-        mb = float(raw)
-    except ValueError:
-        mb = -1.0
-    if not 0 <= mb < 1e7:
-        raise DataError(f"ZEPHON_READ_CACHE_MB={raw!r}: expected megabytes in [0, 1e7)")
-    return int(mb * (1 << 20))
+    """Bytes of remote blocks kept (the current settings' ``read_cache_mb``)."""
+    return int(current().read_cache_mb * (1 << 20))
 
 
 def _cat_range(uri: str, start: int, stop: int) -> bytes:
