@@ -13,7 +13,7 @@ $(BIN)/python:
 # pin, the extras and a hash of pyproject.toml; a second `make demo` goes straight to the demo.
 # `rm $(VENV)/.installed-*` forces a reinstall. The package is editable: code edits need none.
 TORCH := torch==2.13.0
-TEST_EXTRAS := test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat,s3,http
+TEST_EXTRAS := test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat,s3,gcs,azure,hf,http
 PYPROJECT_HASH = $(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest()[:16])")
 # $(call pip_install,EXTRAS,NAME[,SUPERSET_EXTRAS,SUPERSET_NAME]): pip install the package with
 # EXTRAS unless .installed-NAME (or the stamp of a superset of them) records this very torch pin,
@@ -35,7 +35,15 @@ endef
 install: $(BIN)/python
 	$(call pip_install,,base,$(TEST_EXTRAS),test)
 
-install-test: $(BIN)/python
+# Azurite, the Azure Blob server of the storage tests, from npm into a project-local folder
+# (pinned by .ci/node/package-lock.json); the stamp skips npm when nothing changed.
+AZURITE_STAMP := .ci/node/node_modules/.installed
+
+$(AZURITE_STAMP): .ci/node/package.json .ci/node/package-lock.json
+	npm ci --prefix .ci/node --no-audit --no-fund --loglevel=error
+	touch $@
+
+install-test: $(BIN)/python $(AZURITE_STAMP)
 	$(call pip_install,$(TEST_EXTRAS),test)
 
 demo: install

@@ -1,8 +1,9 @@
-"""Session servers for storage tests: an S3 endpoint (moto) and a Range-honouring HTTP server.
+"""Session servers for storage tests: S3 (moto), GCS (gcp-storage-emulator), Azure Blob
+(Azurite) and a Range-honouring HTTP server (nginx).
 
-Both listen on 127.0.0.1 with a free port and are stopped by finalizers. The S3 credentials
-and endpoint are set in ``os.environ`` only while a test uses :func:`s3_env`, and only in the
-moto server's own subprocess environment otherwise.
+All listen on 127.0.0.1 with a free port and are stopped by finalizers. A store's endpoint
+and credentials are set in ``os.environ`` only while a test uses it (:func:`s3_env`,
+:func:`store`), and only in the server's own subprocess environment otherwise.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,35 +21,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.io.servers import (
+    AzureServer,
+    FaultProxy,
+    GcsServer,
+    free_port,
+    stop_process,
+    wait_port,
+)
 
-def free_port() -> int:
-    """Return a free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"server on port {port} did not start in {timeout} s")
+__all__ = ["AzureServer", "FaultProxy", "GcsServer", "HttpServer", "OutageProxy", "S3Server"]
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+_wait_port = wait_port
+_stop = stop_process
 
 
 @dataclass
@@ -57,7 +42,16 @@ class S3Server:
     """A moto S3 server on 127.0.0.1 that can be stopped and restarted on the same port."""
 
     port: int
+    scheme: str = "s3"
     proc: subprocess.Popen[bytes] | None = None
+
+    def endpoint_env(self, port: int | None = None) -> dict[str, str]:
+        """The standard AWS variables pointing at this server (or at ``port``)."""
+        return {**self.env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port or self.port}"}
+
+    def put_tree(self, bucket: str, root: Path, prefix: str = "") -> str:
+        """Upload every file under ``root`` with boto3; return the URI."""
+        return s3_put_tree(self, bucket, root, prefix)
 
     @property
     def env(self) -> dict[str, str]:
@@ -110,6 +104,52 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
 
     storage._forget_filesystems()
     return s3_server
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[GcsServer]:
+    """A gcp-storage-emulator for the whole session."""
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("gcp_storage_emulator")
+    server = GcsServer(free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def azure_server() -> Iterator[AzureServer]:
+    """An Azurite Blob service for the whole session."""
+    pytest.importorskip("adlfs")
+    server = AzureServer(free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+Store = S3Server | GcsServer | AzureServer
+STORES = ("s3", "gcs", "azure")
+
+
+def use_store(server: Store, mp: pytest.MonkeyPatch, port: int | None = None) -> None:
+    """Point the store's standard variables at ``server`` (or at a proxy on ``port``)."""
+    for k, v in server.endpoint_env(port).items():
+        mp.setenv(k, v)
+    from zephon_nodes.io.storage import storage
+
+    storage._forget_filesystems()
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """Each object store in turn (S3, GCS, Azure), its variables set for one test."""
+    server: Store = request.getfixturevalue(f"{request.param}_server")
+    use_store(server, monkeypatch)
+    return server
 
 
 def s3_put_tree(server: S3Server, bucket: str, root: Path, prefix: str = "") -> str:
@@ -277,9 +317,13 @@ class OutageProxy:
                 c.setsockopt(
                     socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
                 )
-                c.close()
+                # shutdown wakes the pipe thread blocked in recv(); a bare close() would not
+                # (the socket lives on, unanswered, while a thread is inside recv on it).
+                c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            with contextlib.suppress(OSError):
+                c.close()
 
     def outage(self, seconds: float) -> None:
         """Disappear for ``seconds``, then come back."""

@@ -1,13 +1,14 @@
-"""Storage URIs against real servers on 127.0.0.1: moto's S3 and nginx."""
+"""Storage URIs against real servers on 127.0.0.1: moto, gcp-storage-emulator, Azurite, nginx."""
 
 from __future__ import annotations
 
+import base64
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.io.conftest import HttpServer, S3Server, free_port, s3_put_tree
+from tests.io.conftest import AzureServer, FaultProxy, HttpServer, Store, free_port, use_store
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.storage import storage
 
@@ -43,13 +44,13 @@ class TestUris:
         assert got == [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
 
 
-class TestS3:
-    """s3:// through s3fs against moto's server."""
+class TestObjectStores:
+    """s3://, gs:// and az:// against moto, gcp-storage-emulator and Azurite."""
 
-    def test_glob_is_sorted_and_reads_ranges(self, s3_env: S3Server, tmp_path):
+    def test_glob_is_sorted_and_reads_ranges(self, store: Store, tmp_path):
         """A glob lists by the backend, sorted; ranges and stat match the local file."""
         _tree(tmp_path)
-        base = s3_put_tree(s3_env, "glob", tmp_path, "p")
+        base = store.put_tree("glob", tmp_path, "p")
         assert storage.expand(base + "/*.jsonl") == [base + "/a.jsonl", base + "/b.jsonl"]
         assert storage.expand(base + "/**/*.jsonl")[-1] == base + "/sub/d.jsonl"
         assert storage.expand(base + "/*.parquet") == []
@@ -61,15 +62,57 @@ class TestS3:
         assert storage.fetch(base + "/b.jsonl", chunks.append, block=5) == len(data)
         assert b"".join(chunks) == data
 
-    def test_missing_key_and_bucket_fail_fast(self, s3_env: S3Server, tmp_path):
+    def test_new_upload_changes_the_version_tag(self, store: Store, tmp_path):
+        """Re-uploading other bytes of the same size gives another version tag."""
+        (tmp_path / "v.jsonl").write_bytes(b"version one\n")
+        base = store.put_tree("versions", tmp_path)
+        before = storage.stat(base + "/v.jsonl")
+        (tmp_path / "v.jsonl").write_bytes(b"version two\n")
+        store.put_tree("versions", tmp_path)
+        after = storage.stat(base + "/v.jsonl")
+        assert after.size == before.size and after.version != before.version
+
+    def test_missing_key_and_bucket_fail_fast(self, store: Store, tmp_path):
         """404s (key, bucket) fail at once naming the URI, without retrying."""
         _tree(tmp_path)
-        base = s3_put_tree(s3_env, "missing", tmp_path)
-        for uri in (base + "/nope.jsonl", "s3://no-such-bucket-zn/x.jsonl"):
+        base = store.put_tree("missing", tmp_path)
+        for uri in (base + "/nope.jsonl", f"{store.scheme}://no-such-bucket-zn/x.jsonl"):
             t = time.monotonic()
             with pytest.raises(DataError, match=uri.replace(".", r"\.") + ".*not found"):
                 storage.stat(uri)
             assert time.monotonic() - t < 5
+
+    def test_access_denied_fails_fast(self, store: Store, tmp_path, monkeypatch):
+        """A 403 fails at once naming the URI, for a read and for a listing.
+
+        Azurite checks the account key (a wrong key gives its real 403); moto and the GCS
+        emulator check no credentials, so a proxy answers their 403 in their error format.
+        """
+        _tree(tmp_path)
+        base = store.put_tree("denied", tmp_path)
+        proxy = None
+        if isinstance(store, AzureServer):
+            wrong = base64.b64encode(b"not the account key").decode()
+            monkeypatch.setenv(
+                "AZURE_STORAGE_CONNECTION_STRING", store.connection_string(key=wrong)
+            )
+            storage._forget_filesystems()
+        else:
+            proxy = FaultProxy.refusing(store.port, 403, store.scheme)
+            use_store(store, monkeypatch, proxy.port)
+        try:
+            for call in (
+                lambda: storage.read_range(base + "/a.jsonl", 0, 5, cache=False),
+                lambda: storage.expand(base + "/*.jsonl"),
+            ):
+                t = time.monotonic()
+                with pytest.raises(DataError, match=f"{base}.*(access denied|403)"):
+                    call()
+                assert time.monotonic() - t < 5
+        finally:
+            if proxy is not None:
+                proxy.close()
+            storage._forget_filesystems()
 
 
 class TestHttp:

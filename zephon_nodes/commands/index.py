@@ -23,7 +23,8 @@ def add_parser(sub: Any) -> None:
             f"and write a JSON dataset index ({INDEX_NAME}) in the shards' common directory, "
             "or at --output. A pipeline over indexed shards starts without reading any shard. "
             "Patterns may be local paths or storage URIs (s3://, gs://, az://, hf://, "
-            "http(s):// single files, file://)."
+            "http(s):// single files, file://); over http(s):// URLs --output is required "
+            "(a web server cannot be written to)."
         ),
     )
     p.add_argument("patterns", nargs="+", metavar="PATTERN", help="glob patterns or URIs")
@@ -52,6 +53,13 @@ def run(args: argparse.Namespace) -> int:
         )
     if not 1 <= args.jobs <= 256:
         raise RecipeError(f"--jobs={args.jobs} must be in [1, 256]")
+    web = [p for p in args.patterns if storage.scheme(p) in ("http", "https")]
+    if web and args.output is None:
+        raise RecipeError(
+            f"zephon index over http(s):// URLs ({storage.redact(web[0])}) needs --output "
+            "FILE: a web server cannot be written to (nor listed: name each shard's URL); "
+            'then set the dataset\'s index = "FILE"'
+        )
     bar = Progress(None, "indexing shards", "shard", disable=args.quiet)
     try:
         directory, manifest = build_index(

@@ -121,6 +121,8 @@ class Settings:
         ray_address: The Ray cluster to join (``RAY_ADDRESS``); None starts a local one.
         token_cache: Reuse tokenized work items across runs (``ZEPHON_TOKEN_CACHE=on`` /
             ``--token-cache on``; default off).
+        gcs_emulator_host: A GCS emulator or private endpoint (``STORAGE_EMULATOR_HOST``, the
+            variable Google's clients read); the plain JSON-API gcsfs class is used for it.
         token_cache_limit: Bytes the token cache may hold (``ZEPHON_TOKEN_CACHE_LIMIT`` /
             ``--token-cache-limit``, default 16 GiB).
 
@@ -145,6 +147,7 @@ class Settings:
     ray_address: str | None = None
     token_cache: bool = False
     token_cache_limit: int = TOKEN_CACHE_LIMIT
+    gcs_emulator_host: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -242,11 +245,14 @@ def _bytes_under(folder: Path) -> int:
 
 def _problem(name: str, value: Any) -> str | None:
     """Why ``value`` is refused for field ``name``, or None."""
-    if name in ("cache_limit", "cache_free_bytes", "ray_address") and value is None:
+    if (
+        name in ("cache_limit", "cache_free_bytes", "ray_address", "gcs_emulator_host")
+        and value is None
+    ):
         return None
     if name in ("cache_dir",):
         return None if isinstance(value, str) and value else "must be a non-empty path"
-    if name == "ray_address":
+    if name in ("ray_address", "gcs_emulator_host"):
         return None if isinstance(value, str) else f"must be an address, got {value!r}"
     if name == "cache_policy":
         return None if value in ("belady", "lru") else "must be 'belady' or 'lru'"
@@ -374,6 +380,7 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("ZEPHON_NO_INDEX", "use_index", lambda t: not _bool(t), "1/0 (true/false, yes/no)", "0"),
     EnvVar("ZEPHON_RAY_MAX_RETRIES", "ray_max_retries", _number(int), "an integer", "3"),
     EnvVar("RAY_ADDRESS", "ray_address", str, "a Ray address", "none: a local cluster"),
+    EnvVar("STORAGE_EMULATOR_HOST", "gcs_emulator_host", str, "a host:port URL", "none"),
     EnvVar("ZEPHON_TOKEN_CACHE", "token_cache", _bool, "'on' or 'off' (1/0, true/false)", "off"),
     EnvVar(
         "ZEPHON_TOKEN_CACHE_LIMIT",

@@ -70,7 +70,13 @@ def _dirname(uri: str) -> str:
 
 
 def rebuild_hint(directory: str) -> str:
-    """The command that rebuilds the index of a directory."""
+    """The command that rebuilds the index of a directory (one that can work there)."""
+    if storage.scheme(directory) in ("http", "https"):
+        # A web server can be neither listed nor written to.
+        return (
+            "rebuild it: zephon index URL... --output FILE, naming each shard's URL, and "
+            'set the dataset\'s index = "FILE"'
+        )
     return f"rebuild it: zephon index '{storage.redact(storage.join(directory, '*'))}'"
 
 
@@ -242,13 +248,23 @@ def _check(uri: str, entry: dict[str, Any], directory: str) -> None:
             f"{storage.redact(uri)}: the dataset index says {entry.get('bytes')} bytes, the "
             f"file has {st.size}; {rebuild_hint(directory)}"
         )
-    if st.version == entry.get("version"):
+    if st.version and st.version == entry.get("version"):
         return
     if storage.is_remote(uri):
-        raise DataError(
-            f"{storage.redact(uri)}: version tag {st.version!r} differs from the dataset "
-            f"index ({entry.get('version')!r}); {rebuild_hint(directory)}"
-        )
+        # Another version tag (an index built on another copy: local files, another
+        # bucket) or none at all: the entry holds for this copy only if its content is the
+        # same. It is fetched and hashed once (remembered under its version tag).
+        from zephon_nodes.io.storage.remote import content_checksum
+
+        if content_checksum(uri, st) != entry.get("checksum"):
+            raise DataError(
+                f"{storage.redact(uri)}: content differs from the dataset index at "
+                f"{storage.redact(directory)} (same size, other checksum; version tag "
+                f"{st.version!r}, the index's {entry.get('version')!r}); "
+                f"{rebuild_hint(directory)}"
+            )
+        entry["version"] = st.version
+        return
     # A local copy has a new modification time: accept it only with the same content.
     if file_checksum(uri) != entry.get("checksum"):
         raise DataError(
@@ -416,8 +432,13 @@ def build_index(
             progress(1)
         return entry
 
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        entries = list(pool.map(one, files))
+    from zephon_nodes.io.storage.remote import finish_progress
+
+    try:
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            entries = list(pool.map(one, files))
+    finally:
+        finish_progress()  # the "fetching" line of remote shards ends with the index
     shards = {f[len(directory) :].lstrip("/"): e for f, e in zip(files, entries, strict=True)}
     return directory, {"format": FORMAT, "version": VERSION, "every": every, "shards": shards}
 

@@ -26,7 +26,7 @@ from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 from zephon_nodes.io.storage.checksum import Hasher
 
-__all__ = ["fetched", "finish_progress", "known_checksum"]
+__all__ = ["content_checksum", "fetched", "finish_progress", "known_checksum", "remember"]
 
 
 def _memo(uri: str, st: storage.FileStat) -> Path:
@@ -35,7 +35,13 @@ def _memo(uri: str, st: storage.FileStat) -> Path:
 
 
 def known_checksum(uri: str, st: storage.FileStat) -> str | None:
-    """The remembered checksum of ``uri`` at this size and version tag, if any."""
+    """The remembered checksum of ``uri`` at this size and version tag, if any.
+
+    A file whose backend reports no version tag has none remembered: nothing would show
+    that its content changed.
+    """
+    if not st.version:
+        return None
     memo = _memo(uri, st)
     try:
         data = json.loads(memo.read_text())
@@ -68,6 +74,30 @@ def finish_progress() -> None:
         bar.close()
 
 
+def remember(uri: str, st: storage.FileStat, checksum: str) -> None:
+    """Remember ``checksum`` for ``uri`` at this size and version tag (not without a tag)."""
+    if st.version:
+        blob = json.dumps({"checksum": checksum, "size": st.size}).encode()
+        atomic_write(_memo(uri, st), lambda f: f.write(blob))
+
+
+def content_checksum(uri: str, st: storage.FileStat) -> str:
+    """The checksum of ``uri``'s content: remembered, or fetched once, hashed and remembered.
+
+    Raises:
+        DataError: If the fetch fails (after retries) or the size changes meanwhile.
+    """
+    known = known_checksum(uri, st)
+    if known is not None:
+        return known
+    h = Hasher()
+    if storage.fetch(uri, h.update) != st.size:
+        raise DataError(f"{storage.redact(uri)}: size changed while fetching")
+    checksum = h.hexdigest()
+    remember(uri, st, checksum)
+    return checksum
+
+
 @contextmanager
 def fetched(
     uri: str, st: storage.FileStat, sink: Callable[[bytes], Any] | None = None
@@ -95,8 +125,7 @@ def fetched(
         if n != st.size:
             raise DataError(f"{storage.redact(uri)}: size changed while fetching")
         checksum = h.hexdigest()
-        blob = json.dumps({"checksum": checksum, "size": st.size}).encode()
-        atomic_write(_memo(uri, st), lambda f: f.write(blob))
+        remember(uri, st, checksum)
         yield Path(tmp), checksum
     finally:
         if os.path.exists(tmp):

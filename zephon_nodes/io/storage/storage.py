@@ -17,14 +17,10 @@ Where bytes come from never changes a byte of output: retries only cost time.
 
 from __future__ import annotations
 
-import errno
 import glob as globlib
 import os
-import random
 import re
-import sys
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,8 +28,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from zephon_nodes.core.errors import DataError
-from zephon_nodes.core.settings import Settings, current
+from zephon_nodes.core.settings import current
+from zephon_nodes.io.storage import retry
 from zephon_nodes.io.storage.checksum import build_memo
+from zephon_nodes.io.storage.retry import RetryPolicy, is_transient, redact
+
+_describe = retry.describe
 
 __all__ = [
     "FileStat",
@@ -41,6 +41,7 @@ __all__ = [
     "expand",
     "fetch",
     "is_remote",
+    "is_transient",
     "join",
     "local_path",
     "read_range",
@@ -63,12 +64,6 @@ BACKENDS: dict[str, tuple[str, str, str]] = {
     "https": ("https", "aiohttp", "http"),
 }
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
-
-
-def redact(uri: str) -> str:
-    """Return ``uri`` without a ``user:password@`` part (for messages)."""
-    return _USERINFO.sub(r"\1", uri)
 
 
 def scheme(uri: str) -> str:
@@ -82,6 +77,12 @@ def is_remote(uri: str | os.PathLike[str]) -> bool:
     return scheme(str(uri)) not in ("", "file")
 
 
+def local_path(uri: str | os.PathLike[str]) -> str:
+    """Return the local path of a plain path or ``file://`` URI."""
+    text = str(uri)
+    return text[len("file://") :] if scheme(text) == "file" else text
+
+
 def join(directory: str, name: str) -> str:
     """``name`` inside ``directory``: with ``/`` for a URI, :func:`os.path.join` for a path.
 
@@ -92,163 +93,19 @@ def join(directory: str, name: str) -> str:
     return os.path.join(directory, name)
 
 
-def local_path(uri: str | os.PathLike[str]) -> str:
-    """Return the local path of a plain path or ``file://`` URI."""
-    text = str(uri)
-    return text[len("file://") :] if scheme(text) == "file" else text
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How transient storage errors are retried (a physical setting: never in a fingerprint).
-
-    Attributes:
-        budget_s: Seconds of retrying before giving up (``ZEPHON_STORAGE_RETRY_S``, default
-            120).
-        base_s: First backoff delay; it doubles on each retry.
-        max_s: Longest single delay (``ZEPHON_STORAGE_BACKOFF_MAX_S``, default 5).
-    """
-
-    budget_s: float = 120.0
-    base_s: float = 0.1
-    max_s: float = 5.0
-
-    @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> RetryPolicy:
-        """The policy of ``settings`` (default: the current ones).
-
-        Its budget is ``storage_retry_s`` (``ZEPHON_STORAGE_RETRY_S``), its longest delay
-        ``storage_backoff_max_s`` (``ZEPHON_STORAGE_BACKOFF_MAX_S``).
-        """
-        s = settings or current()
-        return cls(budget_s=s.storage_retry_s, max_s=s.storage_backoff_max_s)
-
-
-_TRANSIENT_TEXT = re.compile(
-    r"(connection (reset|refused|aborted|closed)|timed? ?out|temporar|throttl|slow ?down|"
-    r"too many requests|service unavailable|internal ?error|bad gateway|gateway timeout|"
-    r"cannot connect|could not connect|server disconnected|broken pipe|"
-    r"\b(429|500|502|503|504)\b|RequestTimeout|EndpointConnectionError)",
-    re.IGNORECASE,
-)
-_CONNECTION_ERRNOS = (
-    errno.ECONNRESET,
-    errno.ECONNREFUSED,
-    errno.ECONNABORTED,
-    errno.ETIMEDOUT,
-    errno.EPIPE,
-    errno.EHOSTUNREACH,
-    errno.ENETUNREACH,
-)
-_PERMANENT_TEXT = re.compile(
-    r"(\b(403|404)\b|access ?denied|forbidden|no ?such ?(bucket|key)|not ?found)",
-    re.IGNORECASE,
-)
-
-
-def _cause(exc: BaseException) -> BaseException:
-    """The error behind a backend's ``FileNotFoundError`` when it is not a 404.
-
-    fsspec's HTTP ``info`` turns every failure (a 403, a refused connection) into
-    ``FileNotFoundError(url)``; the error it wraps tells them apart.
-    """
-    inner = exc
-    for _ in range(8):
-        if not isinstance(inner, FileNotFoundError) or inner.__cause__ is None:
-            break
-        inner = inner.__cause__
-    if inner is exc:
-        return exc
-    status = getattr(inner, "status", None)
-    if isinstance(status, int):
-        return inner if status != 404 else exc
-    if isinstance(inner, (TimeoutError, ConnectionError)) or (
-        isinstance(inner, OSError) and inner.errno in _CONNECTION_ERRNOS
-    ):
-        return inner
-    text = f"{type(inner).__name__}: {inner}"
-    if _TRANSIENT_TEXT.search(text) and not _PERMANENT_TEXT.search(text):
-        return inner
-    return exc
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is worth retrying (network trouble, 5xx, 429, throttling)."""
-    exc = _cause(exc)
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
-        return False
-    status = getattr(exc, "status", None) or getattr(exc, "code", None)
-    if isinstance(status, int):
-        return status == 429 or 500 <= status < 600
-    if isinstance(exc, (TimeoutError, ConnectionError)):
-        return True
-    if isinstance(exc, OSError) and exc.errno in _CONNECTION_ERRNOS:
-        return True
-    text = f"{type(exc).__name__}: {exc}"
-    if _PERMANENT_TEXT.search(text) and not re.search(r"\b(429|5\d\d)\b", text):
-        return False
-    return bool(_TRANSIENT_TEXT.search(text))
-
-
-def _describe(exc: BaseException) -> str:
-    exc = _cause(exc)
-    status = getattr(exc, "status", None)
-    if status == 404:
-        return "not found (404)"
-    if status == 403:
-        return "access denied (403; check the backend's credentials)"
-    if isinstance(exc, FileNotFoundError):
-        return "not found (404 or a missing bucket)"
-    if isinstance(exc, PermissionError):
-        return "access denied (403; check the backend's credentials)"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
-_LAST_WARNING = [-1e9]
-
-
-def _warn(text: str) -> None:
-    """Say on stderr that a transient error is being retried (at most every 10 s)."""
-    now = time.monotonic()
-    if now - _LAST_WARNING[0] >= 10:
-        _LAST_WARNING[0] = now
-        print(f"zephon: {text}", file=sys.stderr)
-
-
 def with_retries(
     fn: Callable[[], T], uri: str, policy: RetryPolicy | None = None, what: str = "read"
 ) -> T:
-    """Call ``fn()``; retry transient errors with backoff and jitter within the budget.
+    """Call ``fn()``; retry transient errors (:mod:`zephon_nodes.io.retry`) within the budget.
+
+    Before each retry the process's filesystem clients are dropped, so a restarted endpoint
+    gets fresh connections.
 
     Raises:
         DataError: At once on a permanent error, or when the budget is spent, naming the
             URI and the last error.
     """
-    policy = policy or RetryPolicy.from_settings()
-    start = time.monotonic()
-    attempt = 0
-    while True:
-        try:
-            return fn()
-        except DataError:
-            raise
-        except Exception as e:
-            if not is_transient(e):
-                raise DataError(f"{redact(uri)}: cannot {what}: {_describe(e)}") from None
-            elapsed = time.monotonic() - start
-            if elapsed >= policy.budget_s:
-                raise DataError(
-                    f"{redact(uri)}: cannot {what}: transient errors for {elapsed:.1f} s "
-                    f"({attempt + 1} attempts, retry budget {policy.budget_s:g} s, "
-                    f"ZEPHON_STORAGE_RETRY_S); last error: {_describe(e)}"
-                ) from None
-            _warn(f"{redact(uri)}: {_describe(e)}; retrying (budget {policy.budget_s:g} s)")
-            delay = min(policy.max_s, policy.base_s * 2**attempt)
-            delay = random.uniform(0, delay)
-            time.sleep(min(delay, max(0.0, policy.budget_s - elapsed)))
-            attempt += 1
-            _forget_filesystems()
+    return retry.with_retries(fn, uri, policy, what, on_retry=_forget_filesystems)
 
 
 _FS: dict[tuple[int, str], Any] = {}
@@ -258,6 +115,26 @@ _FS_LOCK = threading.Lock()
 def _forget_filesystems() -> None:
     with _FS_LOCK:
         _FS.clear()
+
+
+def _gcs_emulator_class() -> Any:
+    """The plain JSON-API class of gcsfs when ``STORAGE_EMULATOR_HOST`` names a custom endpoint.
+
+    From gcsfs 2026.3 on, ``gs://`` maps by default to ``ExtendedGcsFileSystem``
+    (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` defaults to true), which first asks the gRPC
+    Storage Control API for the bucket's type; an emulator or a private endpoint never
+    answers, and each first open of a bucket waits about 60 s for that probe. With an
+    emulator endpoint the plain ``gcsfs.core.GCSFileSystem`` is used instead (the JSON API
+    only, what an emulator serves), with anonymous credentials, as Google's own client does
+    for ``STORAGE_EMULATOR_HOST``; setting ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` does
+    the same for every endpoint. Returns None for the standard endpoint.
+    """
+    host = current().gcs_emulator_host or ""
+    if host in ("", "default"):
+        return None
+    from gcsfs.core import GCSFileSystem
+
+    return GCSFileSystem
 
 
 def filesystem(uri: str) -> Any:
@@ -282,7 +159,12 @@ def filesystem(uri: str) -> Any:
 
                 # skip_instance_cache: fsspec's shared instances are not safe across fork;
                 # no listings cache: a changed object must show its new size and version tag.
-                fs = fsspec.filesystem(protocol, skip_instance_cache=True, use_listings_cache=False)
+                options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+                cls = _gcs_emulator_class() if protocol == "gcs" else None
+                if cls is not None:
+                    fs = cls(token="anon", **options)
+                else:
+                    fs = fsspec.filesystem(protocol, **options)
             except ImportError:
                 raise DataError(
                     f"{redact(uri)}: reading {sch}:// needs {package}: "
@@ -308,11 +190,23 @@ class FileStat:
 
 
 def _version(info: dict[str, Any]) -> str:
+    """The version tag in a backend's ``info`` (``""`` when it reports none)."""
+    lfs = info.get("lfs")
+    if isinstance(lfs, dict) and lfs.get("sha256"):
+        return f"sha256:{lfs['sha256']}"  # hf://: the LFS object's content hash
+    for key in ("xet_hash", "blob_id"):  # hf://: the Xet or git object id of the content
+        if info.get(key):
+            return f"{key}:{info[key]}"
     for key in ("ETag", "etag", "generation", "VersionId", "version_id", "last_modified"):
         value = info.get(key)
         if value:
             return str(value).strip('"')
-    mtime = info.get("LastModified") or info.get("mtime") or info.get("updated")
+    mtime = (
+        info.get("LastModified")
+        or info.get("Last-Modified")
+        or info.get("mtime")
+        or info.get("updated")
+    )
     return str(mtime) if mtime else ""
 
 
@@ -334,8 +228,12 @@ def stat(uri: str | os.PathLike[str]) -> FileStat:
             raise DataError(f"{text}: data file not found: {_describe(e)}") from None
         return FileStat(st.st_size, str(st.st_mtime_ns))
 
+    hf = scheme(text) == "hf"
+
     def info() -> dict[str, Any]:
-        result: dict[str, Any] = filesystem(text).info(text)
+        # HfFileSystem.info drops the file's blob id and LFS hash unless asked to expand.
+        extra = {"expand_info": True} if hf else {}
+        result: dict[str, Any] = filesystem(text).info(text, **extra)
         return result
 
     meta = with_retries(info, text, what="stat")
@@ -344,7 +242,13 @@ def stat(uri: str | os.PathLike[str]) -> FileStat:
     size = meta.get("size")
     if size is None:
         raise DataError(f"{redact(text)}: the server does not report the file's size")
-    return FileStat(int(size), _version(meta))
+    version = _version(meta)
+    if hf and not version:
+        raise DataError(
+            f"{redact(text)}: the Hub reported no blob id or LFS hash for the file, so a "
+            "change to it could not be detected; refusing to read it"
+        )
+    return FileStat(int(size), version)
 
 
 def expand(pattern: str, base_dir: str | os.PathLike[str] | None = None) -> list[str]:
@@ -403,6 +307,31 @@ def _read_cache_limit() -> int:
     return int(current().read_cache_mb * (1 << 20))
 
 
+def _cat_range(uri: str, start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` of a remote file in one request (retried).
+
+    Raises:
+        DataError: If the server answers with more bytes than asked: it ignored the
+            ``Range`` header (an HTTP 200 with the whole file instead of a 206), which
+            ``python -m http.server`` does.
+    """
+
+    def cat() -> bytes:
+        data: bytes = filesystem(uri).cat_file(uri, start=start, end=stop)
+        return data
+
+    blob = with_retries(cat, uri)
+    if len(blob) > stop - start:
+        raise DataError(
+            f"{redact(uri)}: the server ignored a Range request (asked for bytes [{start}, "
+            f"{stop}), got {len(blob):,} bytes: an HTTP 200 with the whole file, not a 206); "
+            "zephon reads remote files in parts, so serve them with a server that honours "
+            "Range (nginx, Apache, object storage; `python -m http.server` does not) or "
+            "read a local copy"
+        )
+    return blob
+
+
 def _block(uri: str, tag: str, k: int, limit: int) -> bytes:
     """Block ``k`` (``BLOCK`` bytes, shorter at the end of the file) of a remote file."""
     key = (uri, tag, k)
@@ -412,11 +341,7 @@ def _block(uri: str, tag: str, k: int, limit: int) -> bytes:
             _BLOCKS.move_to_end(key)
             return hit
 
-    def cat() -> bytes:
-        data: bytes = filesystem(uri).cat_file(uri, start=k * BLOCK, end=(k + 1) * BLOCK)
-        return data
-
-    blob = with_retries(cat, uri)
+    blob = _cat_range(uri, k * BLOCK, (k + 1) * BLOCK)
     with _BLOCKS_LOCK:
         if key not in _BLOCKS:
             _BLOCKS[key] = blob
@@ -461,12 +386,7 @@ def read_range(uri: str, start: int, stop: int, *, cache: bool = True, tag: str 
             joined = b"".join(parts)
             blob = joined[start - first * BLOCK : stop - first * BLOCK]
         else:
-
-            def cat() -> bytes:
-                data: bytes = filesystem(uri).cat_file(uri, start=start, end=stop)
-                return data
-
-            blob = with_retries(cat, uri)
+            blob = _cat_range(uri, start, stop)
     if len(blob) != stop - start:
         raise DataError(
             f"{redact(uri)}: file changed since it was indexed (asked bytes [{start}, {stop}), "
