@@ -118,11 +118,15 @@ class FileShard:
             raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
         rows = _split_records(blob)
         base = first * self.every
+        # Between two kept offsets lie exactly `every` records, after the last one exactly
+        # the rest: a record count or offset that is not the file's is refused here.
+        expected = min(last * self.every, self.num_records) - base
         want = rows[start - base : stop - base].tolist()
-        if len(want) != stop - start:
+        if len(rows) != expected or len(want) != stop - start:
             raise DataError(
                 f"{self.path}: file changed since it was indexed (records [{start}, {stop}) "
-                f"not where the dataset index says)"
+                f"not where the dataset index says: {len(rows)} records between offsets "
+                f"{lo} and {hi}, the index says {expected}); rebuild it with `zephon index`"
             )
         return [(start + k, blob[a:b]) for k, (a, b) in enumerate(want)]
 
