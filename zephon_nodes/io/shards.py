@@ -65,6 +65,27 @@ class FileShard:
     offsets: tuple[int, ...] = field(default=(), repr=False)
     end: int = 0
     frames: tuple[tuple[int, int, int], ...] = field(default=(), repr=False)
+    version: str = ""
+
+    def _check_unchanged(self) -> None:
+        """Refuse a local shard whose size or modification time changed since it was opened.
+
+        Every read checks (one ``stat``), whatever is cached: the records of a shard edited
+        during a run would differ from the checkpointed ones.
+        """
+        source = self.uri or self.path
+        if not self.version or storage.is_remote(source):
+            return
+        try:
+            st = os.stat(storage.local_path(source))
+        except OSError as e:
+            raise DataError(f"{self.path}: cannot read: {e.strerror}") from None
+        if st.st_size != self.size or str(st.st_mtime_ns) != self.version:
+            raise DataError(
+                f"{self.path}: the file changed during the run (size {self.size} -> "
+                f"{st.st_size}, modification time {self.version} -> {st.st_mtime_ns} ns); "
+                "a shard must not be edited while a run reads it"
+            )
 
     def _read_plain(self, lo: int, hi: int) -> bytes:
         """Uncompressed bytes ``[lo, hi)``: a range read, or the zstd frames covering it."""
@@ -136,11 +157,16 @@ class FileShard:
             raise DataError(f"{self.path}: records [{start}, {stop}) out of range")
         if start == stop:
             return []
+        rows = self._read(start, stop)
+        self._check_unchanged()  # after the read: what was read is what was opened
+        return rows
+
+    def _read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
         if not self.index_path:
             if self.every:
                 return self._read_sparse(start, stop)
             data_path, index_path = self._local_copy()
-            return dataclasses.replace(self, data_path=data_path, index_path=index_path).read(
+            return dataclasses.replace(self, data_path=data_path, index_path=index_path)._read(
                 start, stop
             )
         index = _load_index(self.index_path)
@@ -219,8 +245,11 @@ def _load_index(index_path: str) -> np.ndarray:
     return index
 
 
-def _decompress_to(src: Path, dst: Any) -> None:
-    """Decompress every zstd frame of ``src`` into the file object ``dst``."""
+def _decompress_to(src: Path, dst: Any, hasher: Any = None) -> None:
+    """Decompress every zstd frame of ``src`` into the file object ``dst``.
+
+    ``hasher`` (optional) is updated with every compressed block read.
+    """
     dctx = zstandard.ZstdDecompressor()
     obj = dctx.decompressobj()
     frame_done = True
@@ -229,6 +258,8 @@ def _decompress_to(src: Path, dst: Any) -> None:
             block = f.read(1 << 20)
             if not block:
                 break
+            if hasher is not None:
+                hasher.update(block)
             while block:
                 try:
                     out = obj.decompress(block)
@@ -290,6 +321,7 @@ def indexed_shard(uri: str, entry: Mapping[str, Any]) -> FileShard:
         offsets=() if compressed else tuple(int(x) for x in entry["offsets"]),
         end=int(entry.get("end", 0)),
         frames=() if compressed else frames,  # type: ignore[arg-type]
+        version=str(entry.get("version", "")),
     )
 
 
@@ -337,8 +369,21 @@ def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
     """Build the decompressed copy and record index of ``src`` (content ``checksum``)."""
     data_path, index_path = _artifacts(checksum)
     if compressed and not data_path.exists():
+        from zephon_nodes.io.checksum import Hasher
+
+        def write(f: Any) -> None:
+            # Hashed as it is decompressed: a copy is never kept under another content's
+            # checksum (a trusted modification time, an index, ZEPHON_IMMUTABLE_DATA).
+            hasher = Hasher()
+            _decompress_to(src, f, hasher)
+            if hasher.hexdigest() != checksum:
+                raise DataError(
+                    f"{src}: content differs from its checksum {checksum} (got "
+                    f"{hasher.hexdigest()}): edited in place with its modification time kept?"
+                )
+
         try:
-            atomic_write(data_path, lambda f: _decompress_to(src, f))
+            atomic_write(data_path, write)
         except DataError as e:
             raise DataError(f"{src}: {str(e).partition(': ')[2]}") from None
     if not index_path.exists():
@@ -393,10 +438,10 @@ def open_shard(path: str | os.PathLike[str]) -> FileShard:
         raise DataError(f"{p}: data file not found")
     try:
         compressed = p.name.endswith(".zst")
+        st = p.stat()
         checksum = file_checksum(p)
         data_path, index_path = _build(p, checksum, compressed)
         n = int(_load_index(str(index_path)).shape[0])
-        size = p.stat().st_size
     except OSError as e:
         raise DataError(f"{p}: cannot read: {e}") from None
     return FileShard(
@@ -405,7 +450,8 @@ def open_shard(path: str | os.PathLike[str]) -> FileShard:
         index_path=str(index_path),
         num_records=n,
         checksum=checksum,
-        size=size,
+        size=st.st_size,
+        version=str(st.st_mtime_ns),
     )
 
 

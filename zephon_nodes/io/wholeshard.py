@@ -71,11 +71,15 @@ class NodeCachedShard:
         s = self.shard
 
         def decompress(src: Path) -> None:
+            from zephon_nodes.io.checksum import Hasher
+
+            hasher = Hasher()  # the copy is of the checksummed content, whatever was trusted
             try:
                 with open(dest, "wb") as f:
-                    _decompress_to(src, f)
+                    _decompress_to(src, f, hasher)
             except DataError as e:
                 raise DataError(f"{s.path}: {str(e).partition(': ')[2]}") from None
+            _check_same(s, hasher.hexdigest())
 
         if storage.is_remote(s.uri):
             from zephon_nodes.io.remote import fetched
@@ -240,5 +244,6 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
         size=st.size,
         uri=uri,
         end=int(index[-1, 1]) if len(index) else 0,
+        version="" if storage.is_remote(uri) else st.version,
     )
     return NodeCachedShard(shard, plain_size=plain)
