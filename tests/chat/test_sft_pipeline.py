@@ -309,3 +309,6 @@ def test_stats_padding_is_padding_not_masked_turns(tpl):
     assert stats["padding_fraction"] == pad / cells
     assert stats["tokens"] == sum(int((s["labels"] != -100).sum()) for s in rows)
     assert stats["skipped_records"]["chat"] == {"unknown_role": 1}
+    # Trained tokens are fewer than the non-padding tokens: prompts are input, not targets.
+    assert stats["non_padding_tokens"] == cells - pad
+    assert stats["tokens"] < stats["non_padding_tokens"]

@@ -104,7 +104,13 @@ def test_bad_layout_is_refused(recipe):
 @pytest.mark.slow
 def test_demo_shows_identical_batches(tmp_path):
     """The bundled demo builds its corpus offline and reports identical digests."""
-    out = zephon("demo", "--steps", "6", "--save-at", "3")
-    assert "all 6 global batches identical" in out.stdout
+    out = zephon("demo", "--steps", "11", "--save-at", "10")
+    assert "all 11 global batches identical" in out.stdout
     assert "naive rank-sharded loader: its global batches change" in out.stdout
     assert out.stdout.count("identical") >= 9
+    # Every row of the table is aligned with its header (the resume rows once were not).
+    rows = [line for line in out.stdout.splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + 11
+    assert len({len(line) for line in rows}) == 1
+    assert [line.index("|", 1) for line in rows] == [rows[0].index("|", 1)] * len(rows)
+    assert sum(line.split("|")[2].strip() == "11-11" for line in rows) == 2

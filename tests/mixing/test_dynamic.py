@@ -335,6 +335,9 @@ class TestShares:
         assert len(late) == 16
         assert abs(np.mean(late) - 0.2) < 0.03, late
         assert stats["mixture_log"] == [{"step": 4, "weights": {"web": 0.2, "code": 0.8}}]
+        # The recipe's weights and those in force after the decision, told apart.
+        assert stats["weights"] == {"web": 0.5, "code": 0.5}
+        assert stats["weights_in_force"] == {"web": 0.2, "code": 0.8}
 
 
 class TestCli:

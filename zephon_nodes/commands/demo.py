@@ -49,7 +49,8 @@ def add_parser(sub: Any) -> None:
 def _row(name: str, got: list[str], ref: list[str], first: int, secs: float) -> bool:
     same = got == ref[first - 1 : first - 1 + len(got)] and len(got) > 0
     verdict = "identical" if same else _first_diff(got, ref, first)
-    print(f"| {name:<38} | {first}-{first + len(got) - 1:<5} | {verdict:<22} | {secs:5.2f} s |")
+    steps = f"{first}-{first + len(got) - 1}"
+    print(f"| {name:<38} | {steps:<7} | {verdict:<22} | {secs:5.2f} s |")
     return same
 
 
@@ -87,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     print("|----------------------------------------|---------|------------------------|---------|")
     ref, secs = run_digests(1, 1)
     label, head = "reference: dp 1, 1 worker", (ref[0][:16] + "...") if ref else "(no data)"
-    print(f"| {label:<38} | 1-{len(ref):<5} | {head:<22} | {secs:5.2f} s |")
+    steps = f"1-{len(ref)}"
+    print(f"| {label:<38} | {steps:<7} | {head:<22} | {secs:5.2f} s |")
     ok = len(ref) == args.steps
     for dp in (1, 2, 4):
         for workers in (1, 2):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
+from zephon_nodes.core.progress import Progress
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io import storage
 from zephon_nodes.io.index import EVERY, INDEX_NAME, build_index, write_index
@@ -44,9 +44,7 @@ def run(args: argparse.Namespace) -> int:
         raise RecipeError(f"--every={args.every} must be in [1, 1048576]")
     if not 1 <= args.workers <= 256:
         raise RecipeError(f"--workers={args.workers} must be in [1, 256]")
-    from tqdm import tqdm
-
-    bar = tqdm(desc="indexing shards", unit="shard", disable=args.quiet, file=sys.stderr)
+    bar = Progress(None, "indexing shards", "shard", disable=args.quiet)
     try:
         directory, manifest = build_index(
             args.patterns, every=args.every, workers=args.workers, progress=bar.update

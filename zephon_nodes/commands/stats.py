@@ -33,9 +33,10 @@ def add_parser(sub: Any) -> None:
         help="token shares per dataset, padding and skipped records over the first S steps",
         description=(
             "Run the recipe for --steps global batches and report, over those batches: "
-            "non-padding tokens per dataset and their shares (token_shares), the padding "
-            "fraction (padding_fraction), and, over the work items read to make them (whole "
-            "flush windows), documents per dataset and records skipped by reason."
+            "trained tokens (labels that count in the loss) per dataset and their shares "
+            "(token_shares), non-padding tokens, the padding fraction (padding_fraction), "
+            "and, over the work items read to make them (whole flush windows), documents per "
+            "dataset and records skipped by reason."
         ),
     )
     p.add_argument("recipe", help="recipe TOML file")
@@ -94,8 +95,12 @@ def compute_stats(
     made before the window, or the recipe's static weights).
 
     Returns:
-        A JSON-safe dict; ``token_shares`` maps dataset names to fractions of non-padding
-        tokens and ``padding_fraction`` is the padded share of all positions. With a node
+        A JSON-safe dict. ``tokens`` counts trained tokens (label positions that count in
+        the loss: not padding, not a chat recipe's prompt or system turns);
+        ``non_padding_tokens`` counts input positions holding a document's token;
+        ``token_shares`` maps dataset names to fractions of the trained tokens;
+        ``padding_fraction`` is the padded share of all positions; ``weights`` are the
+        recipe's and ``weights_in_force`` those after the last decision. With a node
         cache limit set, ``cache`` holds its counters over the run (hits, misses,
         bytes_fetched, peak_bytes, ...).
     """
@@ -107,7 +112,7 @@ def compute_stats(
     pipeline.check_produces()
     names = [d.name for d in recipe.datasets]
     tokens = np.zeros(len(names), dtype=np.int64)
-    padding = positions = produced = 0
+    padding = positions = produced = non_padding = 0
     with WorkerPool(num_workers, "thread") as pool:
         ranks: list[Multiplexer] = [
             pipeline.rank_node(dp_world_size, r, pool=pool) for r in range(dp_world_size)
@@ -141,6 +146,7 @@ def compute_stats(
                     tokens += counts
                     window += counts
                     padding += int((ds < 0).sum())  # -1 on padding (chat masks are not)
+                    non_padding += int((ds >= 0).sum())
                     positions += labels.size
                 produced += 1
                 if window_steps and (produced % window_steps == 0 or produced == steps):
@@ -188,6 +194,7 @@ def compute_stats(
         "steps": produced,
         "dp_world_size": dp_world_size,
         "tokens": int(tokens.sum()),
+        "non_padding_tokens": non_padding,
         "positions": positions,
         "padding_fraction": padding / positions if positions else 0.0,
         "tokens_per_dataset": per_dataset,
@@ -203,6 +210,8 @@ def compute_stats(
         out["cache"] = cache
     if len(names) > 1 and recipe.mixture.schedule is None:
         out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
+        # The weights in force after the last step: the recipe's, or the last decision's.
+        out["weights_in_force"] = in_force
     if mixture_updates:
         out["mixture_log"] = [{"step": s, "weights": dict(w)} for s, w in ranks[0].mixture_log]
     if window_steps:
@@ -257,14 +266,19 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(stats, sort_keys=True))
         return 0
     print(
-        f"{stats['steps']} steps, {stats['tokens']} tokens, padding {stats['padding_fraction']:.4f}"
+        f"{stats['steps']} steps, {stats['tokens']} trained tokens "
+        f"({stats['non_padding_tokens']} non-padding), padding {stats['padding_fraction']:.4f}"
     )
-    weights = stats.get("weights", {})
-    print(f"{'dataset':<20} {'tokens':>12} {'token share':>12} {'weight':>8} {'doc share':>10}")
+    # The weights in force at the end: after a decision (--mixture-updates) that decision's.
+    weights = stats.get("weights_in_force") or {}
+    header = "weight now" if stats.get("mixture_log") else "weight"
+    print(
+        f"{'dataset':<20} {'trained tokens':>14} {'token share':>12} {header:>10} {'doc share':>10}"
+    )
     for name, count in stats["tokens_per_dataset"].items():
         w = f"{weights[name]:.4f}" if name in weights else "-"
         print(
-            f"{name:<20} {count:>12} {stats['token_shares'][name]:>12.4f} {w:>8} "
+            f"{name:<20} {count:>14} {stats['token_shares'][name]:>12.4f} {w:>10} "
             f"{stats['document_shares'][name]:>10.4f}"
         )
     if "cache" in stats:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from zephon_nodes.core.progress import Progress, is_terminal
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
@@ -140,37 +141,38 @@ def format_table(result: VerifyResult) -> str:
 
 
 class _Progress:
-    """A tqdm bar on a terminal, plain lines otherwise (both on ``stream``)."""
+    """Each setting's verdict: a live bar on a terminal, one plain line each otherwise.
+
+    The reference run is announced apart, so the count is the count of the summary.
+    """
 
     def __init__(self, total: int, stream: TextIO) -> None:
         self.stream = stream
         self.total = total
-        self.done = 0
-        self.bar: Any = None
-        if stream.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, file=stream, unit="setting", leave=False)
+        self.done = -1  # the first result is the reference
+        # On a terminal a live bar; elsewhere the plain lines below are the progress.
+        self.bar = Progress(
+            total, "settings", "setting", stream=stream, disable=not is_terminal(stream)
+        )
 
     def __call__(self, r: SettingResult) -> None:
         self.done += 1
-        verdict = "identical" if r.identical else "DIFFERS"
-        if self.done == 1:
-            verdict = "reference"
-        if self.bar is not None:
-            self.bar.set_description(r.setting.name)
-            self.bar.update(1)
+        if self.done == 0:
+            line = f"[reference] {r.setting.name}: {len(r.digests)} steps, {r.seconds:.2f} s"
         else:
-            print(
+            verdict = "identical" if r.identical else "DIFFERS"
+            line = (
                 f"[{self.done}/{self.total}] {r.setting.name}: {verdict} "
-                f"({len(r.digests)} steps, {r.seconds:.2f} s)",
-                file=self.stream,
-                flush=True,
+                f"({len(r.digests)} steps, {r.seconds:.2f} s)"
             )
+        if self.bar.is_bar:
+            if self.done > 0:
+                self.bar.update(1)
+        else:
+            print(line, file=self.stream, flush=True)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         micro_batch_sizes=[b for b in args.micro_batch_sizes if b != 0],
         global_batch_size=recipe.global_batch_size,
     )
-    progress = _Progress(len(settings) + 1, sys.stderr)
+    progress = _Progress(len(settings), sys.stderr)
     try:
         result = run_matrix(
             pipeline,

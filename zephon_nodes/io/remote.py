@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.core.progress import Progress
 from zephon_nodes.errors import DataError
 from zephon_nodes.io import storage
 from zephon_nodes.io.cache import atomic_write, cache_dir
@@ -51,16 +52,12 @@ def _announce(uri: str, st: storage.FileStat) -> None:
     """Say what is fetched: the first shard by name, then a progress bar on stderr."""
     bar = _PROGRESS.get("bar")
     if bar is None:
-        from tqdm import tqdm
-
         print(
             f"zephon: fetching and indexing remote shards without a dataset index (first: "
             f"{storage.redact(uri)}, {st.size:,} bytes); `zephon index` builds one",
             file=sys.stderr,
         )
-        bar = _PROGRESS["bar"] = tqdm(
-            desc="fetching and indexing", unit="shard", file=sys.stderr, mininterval=1.0
-        )
+        bar = _PROGRESS["bar"] = Progress(None, "fetching and indexing", "shard")
     bar.update(1)
 
 
