@@ -195,7 +195,7 @@ class RenderChat:
         try:
             rows = item.shard.read(item.start, item.stop)
         except DataError as e:
-            if not skipping:
+            if not skipping or getattr(e, "refused_under_skip", False):
                 raise DataError(f"dataset {item.dataset_name!r}: {e}") from None
             reason = classify_file_error(str(e), item.shard.path)
             skipped = add_skipped((), reason, item.stop - item.start)

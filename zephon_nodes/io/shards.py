@@ -30,9 +30,18 @@ from zephon_nodes.io.checksum import file_checksum
 from zephon_nodes.io.parquet import ParquetShard
 from zephon_nodes.io.tar import TarShard
 
-__all__ = ["FileShard", "MemoryShard", "Shard", "cache_dir", "open_shard"]
+__all__ = ["FileShard", "MemoryShard", "Shard", "ShardChanged", "cache_dir", "open_shard"]
 
 _BLOCK = 16 << 20
+
+
+class ShardChanged(DataError):
+    """A shard changed during the run: refused even under ``on_error = "skip"``.
+
+    What a skip would leave out depends on when the edit happened, so the output would too.
+    """
+
+    refused_under_skip = True
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,7 @@ class FileShard:
         except OSError as e:
             raise DataError(f"{self.path}: cannot read: {e.strerror}") from None
         if st.st_size != self.size or str(st.st_mtime_ns) != self.version:
-            raise DataError(
+            raise ShardChanged(
                 f"{self.path}: the file changed during the run (size {self.size} -> "
                 f"{st.st_size}, modification time {self.version} -> {st.st_mtime_ns} ns); "
                 "a shard must not be edited while a run reads it"
