@@ -203,6 +203,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         cache = getattr(self.pipeline, "cache_stats", lambda: None)()
         if cache is not None:  # with a node-cache limit; process workers' counters included
             out["node_cache"] = cache
+        from zephon_nodes.io.workercounts import bad_cache_entries
+
+        out["bad_cache_entries"] = bad_cache_entries()  # dropped and made again, never served
         return out
 
     def _restore(self, initial_state: dict[str, Any] | None) -> None:

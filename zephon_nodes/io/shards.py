@@ -25,8 +25,12 @@ import zstandard
 from zephon_nodes.errors import DataError
 from zephon_nodes.io import storage
 from zephon_nodes.io.arrow import ArrowShard
-from zephon_nodes.io.cache import atomic_write, cache_dir
+from zephon_nodes.io.cache import cache_dir
 from zephon_nodes.io.checksum import file_checksum
+from zephon_nodes.io.copies import artifacts as _artifacts
+from zephon_nodes.io.copies import build as _build
+from zephon_nodes.io.copies import load_index as _load_index
+from zephon_nodes.io.entrysums import BadEntry, count_bad, read_checked
 from zephon_nodes.io.parquet import ParquetShard
 from zephon_nodes.io.tar import TarShard
 
@@ -166,9 +170,38 @@ class FileShard:
             raise DataError(f"{self.path}: records [{start}, {stop}) out of range")
         if start == stop:
             return []
-        rows = self._read(start, stop)
+        try:
+            rows = self._read(start, stop)
+        except BadEntry:
+            if self._foreign_copy():
+                raise  # the node cache's entry: its owner drops and fetches it again
+            count_bad()  # a damaged cache copy or record index: made again, never served
+            self._remake()
+            rows = self._read(start, stop)
         self._check_unchanged()  # after the read: what was read is what was opened
         return rows
+
+    def _compressed(self) -> bool:
+        return (self.uri or self.path).endswith(".zst") and not self.frames
+
+    def _foreign_copy(self) -> bool:
+        """Whether the copy read is not this content's own cache copy (a node-cache entry)."""
+        own = {str(p) for p in _artifacts(self.checksum)}
+        return bool(self.data_path) and self._compressed() and self.data_path not in own
+
+    def _remake(self) -> None:
+        """Make this content's cache copy, record index and sums again from the shard."""
+        from zephon_nodes.io.copies import remake
+
+        source = self.uri or self.path
+        if storage.is_remote(source):
+            from zephon_nodes.io.remote import fetched
+
+            with fetched(source, storage.stat(source)) as (tmp, checksum):
+                _check_same(self, checksum)
+                remake(tmp, checksum, self._compressed())
+        else:
+            remake(Path(storage.local_path(source)), self.checksum, self._compressed())
 
     def _read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
         if not self.index_path:
@@ -181,10 +214,13 @@ class FileShard:
         index = _load_index(self.index_path)
         lo = int(index[start, 0])
         hi = int(index[stop - 1, 1])
-        try:
-            blob = storage.read_range(self.data_path, lo, hi, tag=self.checksum)
-        except DataError as e:
-            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
+        if self._compressed():  # a cache copy: each block read is checked
+            blob = read_checked(self.data_path, self.index_path, lo, hi)
+        else:
+            try:
+                blob = storage.read_range(self.data_path, lo, hi, tag=self.checksum)
+            except DataError as e:
+                raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
         rows = index[start:stop] - lo
         return [(start + k, blob[a:b]) for k, (a, b) in enumerate(rows.tolist())]
 
@@ -242,16 +278,6 @@ class MemoryShard:
 
 
 Shard = FileShard | MemoryShard | ParquetShard | TarShard | ArrowShard
-
-_INDEX_CACHE: dict[str, np.ndarray] = {}
-
-
-def _load_index(index_path: str) -> np.ndarray:
-    index = _INDEX_CACHE.get(index_path)
-    if index is None:
-        index = np.load(index_path, allow_pickle=False)
-        _INDEX_CACHE[index_path] = index
-    return index
 
 
 def _decompress_to(src: Path, dst: Any, hasher: Any = None) -> None:
@@ -368,39 +394,6 @@ def _index_file(data_path: Path) -> np.ndarray:
     return np.stack([starts, ends], axis=1).astype(np.int64)
 
 
-def _artifacts(checksum: str) -> tuple[Path, Path]:
-    root = cache_dir()
-    key = checksum.partition(":")[2][:32]
-    return root / f"{key}.jsonl", root / f"{key}.index.npy"
-
-
-def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
-    """Build the decompressed copy and record index of ``src`` (content ``checksum``)."""
-    data_path, index_path = _artifacts(checksum)
-    if compressed and not data_path.exists():
-        from zephon_nodes.io.checksum import Hasher
-
-        def write(f: Any) -> None:
-            # Hashed as it is decompressed: a copy is never kept under another content's
-            # checksum (a trusted modification time, an index, ZEPHON_IMMUTABLE_DATA).
-            hasher = Hasher()
-            _decompress_to(src, f, hasher)
-            if hasher.hexdigest() != checksum:
-                raise DataError(
-                    f"{src}: content differs from its checksum {checksum} (got "
-                    f"{hasher.hexdigest()}): edited in place with its modification time kept?"
-                )
-
-        try:
-            atomic_write(data_path, write)
-        except DataError as e:
-            raise DataError(f"{src}: {str(e).partition(': ')[2]}") from None
-    if not index_path.exists():
-        index = _index_file(data_path if compressed else src)
-        atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
-    return data_path, index_path
-
-
 def _open_remote(uri: str) -> FileShard:
     from zephon_nodes.io.remote import fetched, known_checksum
 
@@ -417,15 +410,26 @@ def _open_remote(uri: str) -> FileShard:
         except DataError as e:
             text = str(e)
             raise DataError(text.replace(str(cache_dir()), "<cache>")) from None
-    n = int(_load_index(str(index_path)).shape[0])
-    return FileShard(
+    shard = FileShard(
         path=storage.redact(uri),
         data_path=str(data_path) if compressed else uri,
         index_path=str(index_path),
-        num_records=n,
+        num_records=0,
         checksum=checksum,
         size=st.size,
+        uri=uri,
     )
+    return dataclasses.replace(shard, num_records=_records(shard))
+
+
+def _records(shard: FileShard) -> int:
+    """Records of a shard from its cached record index (made again if it is damaged)."""
+    try:
+        return int(_load_index(shard.index_path).shape[0])
+    except BadEntry:
+        count_bad()
+        shard._remake()
+        return int(_load_index(shard.index_path).shape[0])
 
 
 def open_shard(path: str | os.PathLike[str]) -> FileShard:
@@ -450,18 +454,18 @@ def open_shard(path: str | os.PathLike[str]) -> FileShard:
         st = p.stat()
         checksum = file_checksum(p)
         data_path, index_path = _build(p, checksum, compressed)
-        n = int(_load_index(str(index_path)).shape[0])
+        shard = FileShard(
+            path=str(p),
+            data_path=str(data_path) if compressed else str(p),
+            index_path=str(index_path),
+            num_records=0,
+            checksum=checksum,
+            size=st.st_size,
+            version=str(st.st_mtime_ns),
+        )
+        return dataclasses.replace(shard, num_records=_records(shard))
     except OSError as e:
         raise DataError(f"{p}: cannot read: {e}") from None
-    return FileShard(
-        path=str(p),
-        data_path=str(data_path) if compressed else str(p),
-        index_path=str(index_path),
-        num_records=n,
-        checksum=checksum,
-        size=st.st_size,
-        version=str(st.st_mtime_ns),
-    )
 
 
 def memory_shard(name: str, records: Sequence[Mapping[str, Any]]) -> MemoryShard:

@@ -66,7 +66,7 @@ class NodeCachedShard:
         """Fetch (if remote), check the checksum and decompress the shard into ``dest``."""
         from zephon_nodes.io import storage
         from zephon_nodes.io.checksum import file_checksum
-        from zephon_nodes.io.shards import _check_same, _decompress_to
+        from zephon_nodes.io.shards import _check_same, _decompress_to, _index_file
 
         s = self.shard
 
@@ -91,7 +91,19 @@ class NodeCachedShard:
             local = Path(storage.local_path(s.uri))
             _check_same(s, file_checksum(local))
             decompress(local)
-        self._index(dest)
+        from zephon_nodes.io.copies import load_index
+        from zephon_nodes.io.entrysums import BadEntry, write_sums
+
+        index_path = self._index(dest)
+        try:
+            index = load_index(index_path)
+        except BadEntry:  # no sums yet, or an index not of this copy: made from it now
+            index = _index_file(dest)
+            atomic_write(Path(index_path), lambda f: np.save(f, index, allow_pickle=False))
+        write_sums(dest, index, index_path)  # the copy is of the checksummed content
+        from zephon_nodes.io.copies import forget_index
+
+        forget_index(index_path)
 
     def _index(self, data: Path) -> str:
         """The record index of the decompressed copy (built once, kept in the usual cache)."""
@@ -104,14 +116,31 @@ class NodeCachedShard:
         return str(index_path)
 
     def _with_copy(self, fn: Any) -> Any:
+        from zephon_nodes.io.entrysums import BadEntry, count_bad, drop, sums_path
+
         cache = node_cache()
         if cache is None:  # no limit (any more): the shard's own, unbounded copy
             return fn(self.shard)
-        with cache.open(self.cache_key, self.cache_size, self.cache_fetch) as local:
-            local_shard = dataclasses.replace(
-                self.shard, data_path=str(local), index_path=self._index(local)
-            )
-            return fn(local_shard)
+        for attempt in (0, 1):
+            try:
+                with cache.open(self.cache_key, self.cache_size, self.cache_fetch) as local:
+                    local_shard = dataclasses.replace(
+                        self.shard, data_path=str(local), index_path=self._index(local)
+                    )
+                    return fn(local_shard)
+            except BadEntry:
+                if attempt:
+                    raise
+                # A damaged entry (or one without sums): dropped, fetched again, counted.
+                from zephon_nodes.io.copies import forget_index
+                from zephon_nodes.io.shards import _artifacts
+
+                count_bad()
+                index_path = _artifacts(self.shard.checksum)[1]
+                drop(index_path, sums_path(index_path))
+                forget_index(str(index_path))
+                cache.discard(self.cache_key)
+        raise AssertionError("unreachable")
 
     def read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
         """Return records ``[start, stop)`` as ``(record number, raw line)`` pairs."""

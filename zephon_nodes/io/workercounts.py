@@ -17,7 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CountedCall", "CountedResult", "collect", "merged", "worker_totals"]
+__all__ = [
+    "CountedCall",
+    "CountedResult",
+    "bad_cache_entries",
+    "collect",
+    "merged",
+    "worker_totals",
+]
 
 # Counters that add up over processes (peak_bytes and limit_bytes do not).
 ADDITIVE = (
@@ -29,16 +36,18 @@ ADDITIVE = (
     "bytes_read",
     "evictions",
     "waits",
+    "bad_cache_entries",
 )
 _LOCK = threading.Lock()
 _TOTALS: dict[str, int] = {}
 
 
 def _own() -> dict[str, int]:
-    """The counters of this process's node caches (none made here: empty)."""
+    """The counters of this process's node caches, and its bad cache entries dropped."""
     from zephon_nodes.io import nodecache
+    from zephon_nodes.io.entrysums import bad_entries
 
-    out: dict[str, int] = {}
+    out: dict[str, int] = {"bad_cache_entries": bad_entries()}
     with nodecache._SHARED_LOCK:
         caches = [c for k, c in nodecache._SHARED.items() if k[0] == os.getpid()]
     for cache in caches:
@@ -120,3 +129,10 @@ def merged(stats: Mapping[str, int]) -> dict[str, int]:
         else:
             out[key] = int(out.get(key, 0)) + value
     return out
+
+
+def bad_cache_entries() -> int:
+    """Damaged cache entries dropped and made again, by this process and its workers."""
+    from zephon_nodes.io.entrysums import bad_entries
+
+    return bad_entries() + worker_totals().get("bad_cache_entries", 0)
