@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write", "cache_dir", "cache_key"]
+__all__ = ["atomic_write", "cache_dir", "cache_key", "umask_mode"]
 
 
 def cache_dir() -> Path:
@@ -17,7 +17,15 @@ def cache_dir() -> Path:
         os.path.expanduser("~"), ".cache", "zephon_nodes"
     )
     path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        from zephon_nodes.errors import DataError
+
+        raise DataError(
+            f"cache directory {path}: cannot create it ({e.strerror or e}); set "
+            "ZEPHON_CACHE_DIR to a writable folder"
+        ) from None
     return path
 
 
@@ -28,10 +36,32 @@ def cache_key(path: Path) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask would, for every thread)
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_mode(fd: int) -> None:
+    """Give a file made by :func:`tempfile.mkstemp` (0600) the mode ``open`` would (umask)."""
+    os.fchmod(fd, 0o666 & ~_umask())
+
+
 def atomic_write(target: Path, writer: Any) -> None:
-    """Write ``target`` through ``writer(file)`` into a temporary file, then rename it."""
+    """Write ``target`` through ``writer(file)`` into a temporary file, then rename it.
+
+    The file gets the mode ``open`` would give it (0666 less the umask), not mkstemp's 0600.
+    """
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
     try:
+        umask_mode(fd)
         with os.fdopen(fd, "wb") as f:
             writer(f)
         os.replace(tmp, target)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.cache import atomic_write, cache_dir
+from zephon_nodes.io.cache import atomic_write, cache_dir, umask_mode
 from zephon_nodes.io.entrysums import BadEntry, check_index, drop, sums_path, write_sums
 
 __all__ = ["artifacts", "build", "forget_index", "load_index", "remake"]
@@ -65,8 +65,21 @@ def build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
     """Build the decompressed copy, record index and sums of ``src`` (content ``checksum``).
 
     Raises:
-        DataError: ``src`` is corrupt, or (compressed) its bytes do not hash to ``checksum``.
+        DataError: ``src`` is corrupt, (compressed) its bytes do not hash to ``checksum``, or
+            the cache directory cannot be written (named, e.g. a full disk).
     """
+    try:
+        return _build(src, checksum, compressed)
+    except OSError as e:
+        if not os.path.exists(src) or (e.filename and str(e.filename) == str(src)):
+            raise
+        raise DataError(
+            f"cache directory {cache_dir()}: cannot write the copy of {src.name} "
+            f"({e.strerror or e}); free space there or set ZEPHON_CACHE_DIR"
+        ) from None
+
+
+def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
     from zephon_nodes.io.checksum import Hasher
     from zephon_nodes.io.shards import _decompress_to, _index_file
 
@@ -74,6 +87,7 @@ def build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
     if compressed and not data_path.exists():
         fd, tmp = tempfile.mkstemp(dir=data_path.parent, prefix=data_path.name + ".", suffix=".tmp")
         try:
+            umask_mode(fd)
             # Hashed as it is decompressed: a copy is never kept under another content's
             # checksum (a trusted modification time, an index, ZEPHON_IMMUTABLE_DATA).
             hasher = Hasher()

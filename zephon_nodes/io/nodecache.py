@@ -782,7 +782,13 @@ def node_cache() -> NodeCache | None:
     with _SHARED_LOCK:
         cache = _SHARED.get(key)
         if cache is None:
-            cache = NodeCache(root, _parse_limit(limit), policy)  # type: ignore[arg-type]
+            try:
+                cache = NodeCache(root, _parse_limit(limit), policy)  # type: ignore[arg-type]
+            except OSError as e:
+                raise DataError(
+                    f"node cache {root}: cannot use the directory ({e.strerror or e}); the "
+                    "cache directory (ZEPHON_CACHE_DIR) must be writable with --cache-limit"
+                ) from None
             _SHARED[key] = cache
     return cache
 

@@ -61,11 +61,12 @@ BACKENDS: dict[str, tuple[str, str, str]] = {
     "https": ("https", "aiohttp", "http"),
 }
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
+# A URI's user:password@ part, anywhere in a text (a password may hold "@" or ":").
+_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/'\"]*@")
 
 
 def redact(uri: str) -> str:
-    """Return ``uri`` without a ``user:password@`` part (for messages)."""
+    """Return ``uri`` (or a message) without any URI's ``user:password@`` part."""
     return _USERINFO.sub(r"\1", uri)
 
 
@@ -201,7 +202,7 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, PermissionError):
         return "access denied (403; check the backend's credentials)"
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return redact(f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "))
 
 
 _LAST_WARNING = [-1e9]
