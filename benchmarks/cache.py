@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
-from zephon_nodes.io.future import AccessPlan
-from zephon_nodes.io.nodecache import PREFETCH_ENV, node_cache, set_cache_limit
+from zephon_nodes.io.nodecache.future import AccessPlan
+from zephon_nodes.io.nodecache.nodecache import PREFETCH_ENV, node_cache, set_cache_limit
 from zephon_nodes.testing.nodecache import CachedCopyShard, through_node_cache
 from zephon_nodes.verification.simulate import simulate
 

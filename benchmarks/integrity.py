@@ -1,7 +1,7 @@
 """Cost of the integrity checks of issue 27, each beside the unchecked peer in the same run.
 
-1. Reading a cache copy: :func:`zephon_nodes.io.entrysums.read_checked` (each 64 KiB block
-   touched is hashed) against a plain ``seek`` + ``read`` of the same ranges, for reads of
+1. Reading a cache copy: :func:`zephon_nodes.io.formats.entrysums.read_checked` (each
+   16 KiB block touched is hashed) against a plain ``seek`` + ``read`` of the same ranges, for reads of
    4 KiB, 64 KiB and 1 MiB at random offsets of a 256 MiB copy in the page cache. Reported
    as CPU nanoseconds per byte returned (process time).
 2. Opening a dataset index of N shards: the sealed, duplicate-refusing parse with every
@@ -27,7 +27,7 @@ from zephon_nodes.errors import DataError
 
 
 def _reads(path: Path, index_path: str, size: int, span: int, n: int) -> dict[str, float]:
-    from zephon_nodes.io.entrysums import read_checked
+    from zephon_nodes.io.formats.entrysums import read_checked
 
     rng = random.Random(span)
     ranges = [(lo, lo + span) for lo in (rng.randrange(0, size - span) for _ in range(n))]
@@ -50,7 +50,7 @@ def _reads(path: Path, index_path: str, size: int, span: int, n: int) -> dict[st
 
 
 def bench_reads(quick: bool) -> dict[str, Any]:
-    from zephon_nodes.io.entrysums import write_sums
+    from zephon_nodes.io.formats.entrysums import write_sums
 
     size = (16 if quick else 256) << 20
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,7 +68,7 @@ def bench_reads(quick: bool) -> dict[str, Any]:
 
 
 def bench_index(shards: int) -> dict[str, float]:
-    from zephon_nodes.io.indexcheck import check_entry, parse_manifest, seal
+    from zephon_nodes.io.index.indexcheck import check_entry, parse_manifest, seal
 
     entry = {
         "bytes": 100000,

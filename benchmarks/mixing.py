@@ -20,7 +20,7 @@ from pathlib import Path
 
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 from zephon_nodes.commands.stats import compute_stats
-from zephon_nodes.recipe.spec import MixtureSpec, PackSpec
+from zephon_nodes.recipe import MixtureSpec, PackSpec
 from zephon_nodes.verification.simulate import simulate
 
 WORDS = [

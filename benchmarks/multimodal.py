@@ -28,12 +28,12 @@ from benchmarks.corpus import default_root
 from benchmarks.pipelines import tree_cpu_s
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.io.tar import TarShard, open_tar_shard
+from zephon_nodes.io.formats.tar import TarShard, open_tar_shard
 from zephon_nodes.multimodal.corpus import write_tar_shards
 from zephon_nodes.multimodal.decode import decode_image
 from zephon_nodes.multimodal.pack import MultimodalPacker
-from zephon_nodes.multimodal.spec import ImageSpec
 from zephon_nodes.operators.tokenize import ByteTokenizer
+from zephon_nodes.recipe.image import ImageSpec
 
 SPEC = ImageSpec(mode="fixed", size=(224, 224), patch_size=16, max_images=4)
 

@@ -3,7 +3,10 @@
 Every pipeline turns the corpus's documents into packed ``seq_len`` samples in batches of
 ``batch_size`` (tokenize -> pack -> batch; bos/eos around each document) and is timed in
 steady state: the clock starts ``warmup_s`` after the first batch and stops after
-``seconds``. The count is the number of real (non-padding) target tokens delivered.
+``seconds``. zephon-nodes' window also covers at least ``min_flush_periods`` whole flush
+periods of every lane (lanes flush in near lockstep, each shuffle buffer draining and refilling
+at once: a window shorter than a period measures the buffers, not the pipeline), so it may run
+longer than ``seconds``. The count is the number of real (non-padding) target tokens delivered.
 Pipelines repeat their data so they never run dry.
 """
 
@@ -40,6 +43,7 @@ class BenchConfig:
     flush_every: int = 8
     seconds: float = 4.0
     warmup_s: float = 3.0
+    min_flush_periods: int = 2
     runner: str = "thread"
     python_filter: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -65,6 +69,7 @@ class RunResult:
     ckpt_bytes: int | None = None
     padding_tokens: int = 0
     cpu_s: float | None = None
+    flush_periods: int | None = None  # whole flush periods of every lane inside the window
 
     @property
     def tok_s(self) -> float:
@@ -97,13 +102,18 @@ def tree_cpu_s() -> float:
 
 
 def _timed(
-    batches: Iterator[Any], count: Callable[[Any], tuple[int, int]], cfg: BenchConfig
+    batches: Iterator[Any],
+    count: Callable[[Any], tuple[int, int]],
+    cfg: BenchConfig,
+    windows: Callable[[], list[int]] | None = None,
 ) -> RunResult:
     """Pull batches; the clock starts ``warmup_s`` after the first one.
 
     The warm-up drains what the pipeline computed ahead while it filled its buffers before
     the first batch (a lane's look-ahead, a prefetch queue), so the timed window measures
-    steady state, not work done before the clock started.
+    steady state, not work done before the clock started. With ``windows`` (each lane's
+    current flush window), the clock also runs until every lane has passed
+    ``cfg.min_flush_periods`` whole flush periods.
     """
     t0 = time.perf_counter()
     first = next(batches)
@@ -116,15 +126,31 @@ def _timed(
     c1 = tree_cpu_s()
     tokens = pad = n = 0
     deadline = t1 + cfg.seconds
+    start = windows() if windows is not None else []
+    periods = 0  # whole periods of every lane: a lane k windows further covered k - 1 whole
+
+    def covered() -> int:
+        return min(w - w0 for w, w0 in zip(windows(), start, strict=True)) - 1
+
     now = t1
-    while now < deadline:
+    while now < deadline or (windows is not None and periods < cfg.min_flush_periods):
         real, padding = count(next(batches))
         tokens += real
         pad += padding
         n += 1
         now = time.perf_counter()
+        if windows is not None:
+            periods = covered()
     cpu = tree_cpu_s() - c1
-    return RunResult(tokens, now - t1, first_s, n, padding_tokens=pad, cpu_s=cpu)
+    return RunResult(
+        tokens,
+        now - t1,
+        first_s,
+        n,
+        padding_tokens=pad,
+        cpu_s=cpu,
+        flush_periods=periods if windows is not None else None,
+    )
 
 
 def _count_labels(labels: Any) -> tuple[int, int]:
@@ -139,7 +165,7 @@ def _count_labels(labels: Any) -> tuple[int, int]:
 
 def zephon_recipe(corpus: Corpus, cfg: BenchConfig) -> Any:
     """The benchmark recipe for zephon-nodes."""
-    from zephon_nodes.recipe.spec import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
+    from zephon_nodes.recipe import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 
     return Recipe(
         datasets=(DatasetSpec("bench", paths=(corpus.shard_glob,)),),
@@ -195,7 +221,11 @@ def run_zephon(corpus: Corpus, cfg: BenchConfig) -> RunResult:
     """zephon-nodes: one rank, ``num_lanes`` lanes, shuffle buffer, pool of workers."""
     _, node, pool = zephon_pipeline(corpus, cfg)
     try:
-        result = _timed(iter(node), lambda b: _count_labels(b["labels"]), cfg)
+
+        def windows() -> list[int]:
+            return [int(w) for w, _ in node.state_dict()["lanes"].values()]
+
+        result = _timed(iter(node), lambda b: _count_labels(b["labels"]), cfg, windows)
         result.ckpt_bytes = len(json.dumps(node.state_dict()).encode())
     finally:
         pool.close()

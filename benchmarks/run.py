@@ -81,6 +81,7 @@ def measure_one(kind: str, corpus: Corpus, cfg: BenchConfig) -> dict[str, Any]:
             "tok_s": r.tok_s,
             "tokens": r.tokens,
             "seconds": r.seconds,
+            "flush_periods": r.flush_periods,
             "first_batch_s": r.first_batch_s,
             "ckpt_bytes": r.ckpt_bytes,
             "padding_tokens": r.padding_tokens,
@@ -255,6 +256,10 @@ def suite_scaling(base: BenchConfig, rounds: int, measure: Any) -> dict[str, Any
         for name, st in stats.items():
             per_cpu = [x["tok_per_cpu_s"] for x in raw[name] if x.get("tok_per_cpu_s")]
             st["per_cpu_median"] = statistics.median(per_cpu) if per_cpu else 0.0
+            st["per_cpu_min"] = min(per_cpu) if per_cpu else 0.0
+            st["per_cpu_max"] = max(per_cpu) if per_cpu else 0.0
+            periods = [x["flush_periods"] for x in raw[name] if x.get("flush_periods") is not None]
+            st["flush_periods_min"] = min(periods) if periods else None
         out.update(stats)
     return out
 
@@ -317,7 +322,7 @@ def padding_by_interval(
     import numpy as np
 
     from zephon_nodes.engine.pipeline import Pipeline
-    from zephon_nodes.recipe.spec import WorkSpec
+    from zephon_nodes.recipe import WorkSpec
 
     recipe = zephon_recipe(corpus, base)
     recipe = recipe.replace(work=WorkSpec(chunk_size=base.chunk_size, epochs=epochs))
@@ -481,23 +486,28 @@ def markdown(results: dict[str, Any]) -> str:
     if sc:
         lines += [
             "",
-            "| zephon variant | Mtok/s median | min-max | Mtok per CPU-s |",
-            "|---|---|---|---|",
+            "| zephon variant | Mtok/s median | min-max | Mtok per CPU-s median | min-max "
+            "| whole flush periods per lane (min) |",
+            "|---|---|---|---|---|---|",
         ]
         for n, st in sc.items():
             lines.append(
                 f"| {n} | {st['median'] / 1e6:.3f} | {st['min'] / 1e6:.3f}-{st['max'] / 1e6:.3f} "
-                f"| {st.get('per_cpu_median', 0.0) / 1e6:.3f} |"
+                f"| {st.get('per_cpu_median', 0.0) / 1e6:.3f} "
+                f"| {st.get('per_cpu_min', 0.0) / 1e6:.3f}-{st.get('per_cpu_max', 0.0) / 1e6:.3f} "
+                f"| {st.get('flush_periods_min')} |"
             )
 
-        def ratio(a: str, b: str) -> float:
-            return float(sc[a]["median"] / sc[b]["median"])
+        def ratio(a: str, b: str, key: str = "median") -> float:
+            return float(sc[a][key] / sc[b][key]) if sc[b][key] else 0.0
 
-        lines.append(
-            f"\n32 lanes / 1 lane: {ratio('lanes_32', 'lanes_1'):.2f}; 2 workers / 1 worker: "
-            f"{ratio('workers_2', 'workers_1'):.2f}; process / thread (Python operator): "
-            f"{ratio('pyfilter_process', 'pyfilter_thread'):.2f}"
-        )
+        for key, what in (("median", "wall"), ("per_cpu_median", "per CPU-s")):
+            lines.append(
+                f"\n{what}: 32 lanes / 1 lane: {ratio('lanes_32', 'lanes_1', key):.2f}; "
+                f"2 workers / 1 worker: {ratio('workers_2', 'workers_1', key):.2f}; "
+                f"process / thread (Python operator): "
+                f"{ratio('pyfilter_process', 'pyfilter_thread', key):.2f}"
+            )
     ck = results.get("checkpoint")
     if ck:
         lines += [

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec, simulate
-from zephon_nodes.io import index as index_mod
-from zephon_nodes.io import storage
+from zephon_nodes.io.index import index as index_mod
+from zephon_nodes.io.storage import storage
 
 __all__ = ["main"]
 

@@ -329,7 +329,7 @@ def experiment_resume(
 def reference_digests(recipe: Path, s: Settings) -> dict[str, list[str]]:
     """Independent in-process references: the core's simulate and the naive baseline, dp 2."""
     from zephon_nodes.engine.pipeline import Pipeline
-    from zephon_nodes.recipe.spec import Recipe
+    from zephon_nodes.recipe import Recipe
     from zephon_nodes.verification.baselines import naive_digests
     from zephon_nodes.verification.simulate import simulate
 
@@ -370,7 +370,7 @@ def write_heldout(work: Path, recipe_kwargs: dict[str, Any], a: Assets, s: Setti
     """Pack held-out documents (never in the training corpus) into rows; save them as npz."""
     from examples.repro.naive_loader import rank_samples
     from zephon_nodes.engine.pipeline import Pipeline
-    from zephon_nodes.recipe.spec import Recipe
+    from zephon_nodes.recipe import Recipe
 
     docs = stdlib_documents(s.num_docs + s.heldout_docs)[s.num_docs :]
     held = dataclasses.replace(a, corpus=write_corpus(work / "heldout.jsonl", docs))

@@ -14,7 +14,7 @@ from zephon_nodes import (
     WorkerPool,
     WorkSpec,
 )
-from zephon_nodes.recipe.spec import PackSpec
+from zephon_nodes.recipe import PackSpec
 
 documents = st.one_of(
     st.just(""),

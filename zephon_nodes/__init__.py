@@ -13,17 +13,15 @@ from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, DataError, RecipeError, WorkerError, ZephonError
 from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.recipe.datasets import DatasetSpec
+from zephon_nodes.recipe.mixture import MixtureSpec
+from zephon_nodes.recipe.operators import OperatorSpec
+from zephon_nodes.recipe.packing import PackSpec
+from zephon_nodes.recipe.recipe import Recipe
 from zephon_nodes.recipe.registry import register_filter, register_map, register_tokenizer
-from zephon_nodes.recipe.spec import (
-    DatasetSpec,
-    MixtureSpec,
-    OperatorSpec,
-    PackSpec,
-    Recipe,
-    ShuffleSpec,
-    TokenizerSpec,
-    WorkSpec,
-)
+from zephon_nodes.recipe.shuffle import ShuffleSpec
+from zephon_nodes.recipe.tokenizer import TokenizerSpec
+from zephon_nodes.recipe.work import WorkSpec
 from zephon_nodes.verification.digest import digest_microbatches, global_batch_digest
 from zephon_nodes.verification.simulate import simulate
 

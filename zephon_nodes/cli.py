@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_flags(args)
         return int(args.func(args) or 0)
     except ZephonError as e:
-        from zephon_nodes.io.storage import redact
+        from zephon_nodes.io.storage.storage import redact
 
         print(f"zephon {args.command}: error: {redact(str(e))}", file=sys.stderr)
         return 2

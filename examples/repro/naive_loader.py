@@ -31,7 +31,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.operators.documents import DocBatch
 from zephon_nodes.operators.pack import ConcatPacker
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 CONSUMED_KEY = "consumed_samples"
 

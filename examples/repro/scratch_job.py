@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 IGNORE_INDEX = -100
 

@@ -76,3 +76,6 @@ def test_tiny_run_prints_tables_and_positive_json(tmp_path: Path) -> None:
         assert row["total_bytes"] == row["header_bytes"] + round(
             row["bytes_per_lane"] * row["num_lanes"]
         )
+    # Every zephon scaling window covers whole flush periods of every lane.
+    for name, stats in details["scaling"].items():
+        assert stats["flush_periods_min"] >= 2, (name, stats)

@@ -13,12 +13,12 @@ from tests.chat.helpers import CHATML, CHATML_GENERATION, write_chat_tokenizer
 from tests.strategies import conversations
 from zephon_nodes import DataError, DatasetSpec, RecipeError, TokenizerSpec
 from zephon_nodes.chat.assembly import chat_chain
-from zephon_nodes.chat.spec import ChatSpec
 from zephon_nodes.chat.template import ChatTemplate
 from zephon_nodes.engine.work import WorkItem
-from zephon_nodes.io.shards import memory_shard
+from zephon_nodes.io.formats.shards import memory_shard
 from zephon_nodes.operators.tokenize import load_tokenizer
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.chat import ChatSpec
 
 transformers = pytest.importorskip("transformers")
 

@@ -24,7 +24,7 @@ from zephon_nodes import (
     WorkSpec,
     simulate,
 )
-from zephon_nodes.chat.spec import ChatSpec
+from zephon_nodes.recipe.chat import ChatSpec
 
 # A ChatML template for the byte tokenizer; `reference` below renders it by hand.
 TEMPLATE = (

@@ -15,7 +15,7 @@ from zephon_nodes.operators import tokenize as tokmod
 from zephon_nodes.operators.documents import DocBatch, TextBatch
 from zephon_nodes.operators.pack import IGNORE_INDEX, ConcatPacker
 from zephon_nodes.operators.tokenize import Tokenize
-from zephon_nodes.recipe.spec import TokenizerSpec
+from zephon_nodes.recipe import TokenizerSpec
 
 
 def _reference(

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from zephon_nodes.operators import tokenize as tokmod
 from zephon_nodes.operators.documents import TextBatch
 from zephon_nodes.operators.tokenize import HFTokenizer, SentencePieceTokenizer, Tokenize
-from zephon_nodes.recipe.spec import TokenizerSpec
+from zephon_nodes.recipe import TokenizerSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = [

@@ -19,7 +19,7 @@ from tests.strategies import chain_recipes
 from zephon_nodes import OperatorSpec, Pipeline, Recipe, WorkerPool
 from zephon_nodes.engine.stages import PoolSpec, parse_operator_workers, split_stages
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.recipe.spec import PackSpec
+from zephon_nodes.recipe import PackSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

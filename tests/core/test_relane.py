@@ -25,7 +25,7 @@ from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.relane import for_state, relane_state
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.operators import IGNORE_INDEX
-from zephon_nodes.recipe.spec import MixtureSpec, PackSpec
+from zephon_nodes.recipe import MixtureSpec, PackSpec
 
 # Each dataset writes its own letters (byte tokenizer: id = byte + 3, bos 1, eos 2).
 ALPHABETS = ("abcdefgh ", "nopqrstu\n")

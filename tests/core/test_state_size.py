@@ -8,7 +8,7 @@ import pytest
 
 from tests.core.helpers import texts_recipe
 from zephon_nodes import Pipeline, WorkerPool
-from zephon_nodes.recipe.spec import ShuffleSpec, WorkSpec
+from zephon_nodes.recipe import ShuffleSpec, WorkSpec
 
 TEXTS = [("lorem ipsum dolor sit amet " * (1 + i % 7)) for i in range(400)]
 

@@ -12,8 +12,9 @@ import pytest
 import zstandard
 
 from tests.io.test_remote_digests import recipe, run
-from zephon_nodes.io import copies, entrysums, index
-from zephon_nodes.io.nodecache import set_cache_limit
+from zephon_nodes.io.formats import copies, entrysums
+from zephon_nodes.io.index import index
+from zephon_nodes.io.nodecache.nodecache import set_cache_limit
 
 
 @pytest.fixture(autouse=True)

@@ -46,7 +46,7 @@ def _mode(path) -> int:
 
 
 def test_recompress_output_has_the_umask_mode(tmp_path, umask_022):
-    from zephon_nodes.io.recompress import recompress_file
+    from zephon_nodes.io.formats.recompress import recompress_file
 
     text = "".join(json.dumps({"text": f"d {i}"}) + "\n" for i in range(100))
     (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(text.encode()))

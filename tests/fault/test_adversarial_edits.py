@@ -15,7 +15,7 @@ from tests.commands.run import zephon
 from tests.io.test_remote_digests import recipe
 from zephon_nodes import Pipeline, simulate
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import index
+from zephon_nodes.io.index import index
 
 
 @pytest.fixture(autouse=True)

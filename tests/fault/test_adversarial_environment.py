@@ -13,8 +13,8 @@ import zstandard
 from tests.commands.run import zephon
 from tests.io.test_remote_digests import recipe, run
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import copies
-from zephon_nodes.io.nodecache import set_cache_limit
+from zephon_nodes.io.formats import copies
+from zephon_nodes.io.nodecache.nodecache import set_cache_limit
 
 
 def _toml(tmp_path: Path) -> Path:

@@ -17,8 +17,8 @@ from tests.commands.run import zephon
 from tests.io.test_remote_digests import recipe, run
 from zephon_nodes import Pipeline, simulate
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import index
-from zephon_nodes.io.indexcheck import seal
+from zephon_nodes.io.index import index
+from zephon_nodes.io.index.indexcheck import seal
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from zephon_nodes import Recipe
 from zephon_nodes.cli import main
 from zephon_nodes.engine.checkpoint import decode_checked, encode_checked
 from zephon_nodes.errors import CheckpointError, RecipeError
-from zephon_nodes.io.storage import redact
+from zephon_nodes.io.storage.storage import redact
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from zephon_nodes.integrations.torchtitan import (
     mixture_lane_key,
     to_dcp_state,
 )
-from zephon_nodes.recipe.spec import DatasetSpec
+from zephon_nodes.recipe import DatasetSpec
 
 PIPE = memory_pipeline()
 

@@ -21,7 +21,7 @@ from tests.integrations.tt_helpers import Row, rows_of, step_digest, take_steps
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.errors import CheckpointError, RecipeError
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader, lane_key
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.simulate import simulate
 
 SPL = 2  # samples per lane per step in the default recipe (G=8, L=4)

@@ -17,7 +17,7 @@ from tests.integrations.tt_helpers import rows_of, step_digest
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.simulate import simulate
 
 SPL = 2

@@ -17,7 +17,7 @@ from tests.integrations.test_torchtitan_loader import build, dcp_load, run_ranks
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.relane import relane_state
 from zephon_nodes.errors import CheckpointError
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.simulate import simulate
 
 

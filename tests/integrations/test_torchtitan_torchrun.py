@@ -27,7 +27,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from tests.integrations.assets import Assets
 from tests.integrations.tt_helpers import content_digest, load_rows, step_digest
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.simulate import simulate
 
 REPO = Path(__file__).parents[2]

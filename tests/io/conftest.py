@@ -106,7 +106,7 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     """Point the standard AWS variables at the session's S3 server for one test."""
     for k, v in s3_server.env.items():
         monkeypatch.setenv(k, v)
-    from zephon_nodes.io import storage
+    from zephon_nodes.io.storage import storage
 
     storage._forget_filesystems()
     return s3_server

@@ -12,8 +12,8 @@ import pytest
 from tests.core.helpers import digests
 from tests.mixing.helpers import texts, write_jsonl
 from zephon_nodes import DatasetSpec, Pipeline, RecipeError, TokenizerSpec, simulate
-from zephon_nodes.io.arrow import ArrowShard, expand_dataset_dirs
-from zephon_nodes.recipe.spec import Recipe, WorkSpec
+from zephon_nodes.io.formats.arrow import ArrowShard, expand_dataset_dirs
+from zephon_nodes.recipe import Recipe, WorkSpec
 
 datasets = pytest.importorskip("datasets")
 
@@ -92,7 +92,7 @@ class TestRandomAccess:
     def test_read_ranges(self, tmp_path):
         save(tmp_path / "s", [{"text": t, "n": i} for i, t in enumerate(DOCS)])
         (path,) = expand_dataset_dirs([str(tmp_path / "s")])
-        from zephon_nodes.io.arrow import open_arrow_shard
+        from zephon_nodes.io.formats.arrow import open_arrow_shard
 
         shard = open_arrow_shard(path, ("text", "absent"))
         assert isinstance(shard, ArrowShard)
@@ -112,7 +112,7 @@ class TestRandomAccess:
         msgs = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]
         save(tmp_path / "s", [{"messages": msgs[0]}])
         (path,) = expand_dataset_dirs([str(tmp_path / "s")])
-        from zephon_nodes.io.arrow import open_arrow_shard
+        from zephon_nodes.io.formats.arrow import open_arrow_shard
 
         assert open_arrow_shard(path, ("messages",)).read(0, 1) == [(0, {"messages": msgs[0]})]
 

@@ -15,10 +15,10 @@ import pytest
 import zstandard
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.arrow import open_arrow_shard
-from zephon_nodes.io.parquet import open_parquet_shard
-from zephon_nodes.io.shards import open_shard
-from zephon_nodes.io.tar import open_tar_shard
+from zephon_nodes.io.formats.arrow import open_arrow_shard
+from zephon_nodes.io.formats.parquet import open_parquet_shard
+from zephon_nodes.io.formats.shards import open_shard
+from zephon_nodes.io.formats.tar import open_tar_shard
 
 WORDS = ["alpha", "bravo", "charlie", "delta"]
 

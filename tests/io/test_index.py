@@ -19,7 +19,10 @@ from tests.io.conftest import S3Server, s3_put_tree
 from tests.io.test_remote_digests import recipe, run, write_corpus
 from zephon_nodes import DatasetSpec, Pipeline
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import checksum, identity, index, parquet, shards, storage, tar
+from zephon_nodes.io import identity
+from zephon_nodes.io.formats import parquet, shards, tar
+from zephon_nodes.io.index import index
+from zephon_nodes.io.storage import checksum, storage
 
 
 @pytest.fixture(autouse=True)

@@ -14,10 +14,11 @@ from tests.commands.run import zephon
 from tests.io.test_remote_digests import recipe, write_corpus
 from zephon_nodes import DatasetSpec, Pipeline, WorkSpec, simulate
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import index, storage
 from zephon_nodes.io.identity import dataset_identities, file_identity
-from zephon_nodes.io.lazyshards import LazyShards
-from zephon_nodes.io.table import resolve_indexed
+from zephon_nodes.io.index import index
+from zephon_nodes.io.index.lazyshards import LazyShards
+from zephon_nodes.io.index.table import resolve_indexed
+from zephon_nodes.io.storage import storage
 from zephon_nodes.recipe.canonical import canonical_json
 
 

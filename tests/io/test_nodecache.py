@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import DataError, RecipeError
-from zephon_nodes.io.future import AccessPlan, CacheFeed
-from zephon_nodes.io.nodecache import (
+from zephon_nodes.io.nodecache.future import AccessPlan, CacheFeed
+from zephon_nodes.io.nodecache.nodecache import (
     LIMIT_ENV,
     CacheFullError,
     NodeCache,
@@ -470,7 +470,7 @@ _PROC = textwrap.dedent(
     pkg = types.ModuleType("zephon_nodes")
     pkg.__path__ = [os.path.join(os.environ["PYTHONPATH"], "zephon_nodes")]
     sys.modules["zephon_nodes"] = pkg
-    from zephon_nodes.io.nodecache import NodeCache
+    from zephon_nodes.io.nodecache.nodecache import NodeCache
 
     root, log, go, rank = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     keys = [f"shard-{i:02d}" for i in range(12)]

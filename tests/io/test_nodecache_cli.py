@@ -9,7 +9,7 @@ import pytest
 import zstandard
 
 from zephon_nodes.cli import main
-from zephon_nodes.io.nodecache import LIMIT_ENV
+from zephon_nodes.io.nodecache.nodecache import LIMIT_ENV
 
 RECIPE = """
 seed = 7

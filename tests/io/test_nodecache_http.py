@@ -19,7 +19,7 @@ from tests.io.conftest import HttpServer
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
 from zephon_nodes.cli import main
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.io.nodecache import LIMIT_ENV
+from zephon_nodes.io.nodecache.nodecache import LIMIT_ENV
 
 SHARDS = 8
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
-from zephon_nodes.io.nodecache import node_cache, set_cache_limit
+from zephon_nodes.io.nodecache.nodecache import node_cache, set_cache_limit
 from zephon_nodes.testing.nodecache import through_node_cache
 from zephon_nodes.verification.simulate import simulate
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec
 from zephon_nodes.cli import main
-from zephon_nodes.io.nodecache import LIMIT_ENV, set_cache_limit
-from zephon_nodes.io.wholeshard import NodeCachedShard
+from zephon_nodes.io.nodecache.nodecache import LIMIT_ENV, set_cache_limit
+from zephon_nodes.io.nodecache.wholeshard import NodeCachedShard
 from zephon_nodes.verification.simulate import simulate
 
 SHARDS = 16
@@ -153,8 +153,8 @@ def test_unindexed_zst_through_node_cache(
 
 def test_stream_line_index_matches_file_index(tmp_path: Path) -> None:
     """The streaming record index equals the file one, blank and CRLF lines included."""
-    from zephon_nodes.io.shards import _index_file
-    from zephon_nodes.io.wholeshard import _LineCounter
+    from zephon_nodes.io.formats.shards import _index_file
+    from zephon_nodes.io.nodecache.wholeshard import _LineCounter
 
     text = b'{"a":1}\r\n\r\n\n{"b":2}\n\r\n{"c":3}\r\n\r'
     (tmp_path / "f.jsonl").write_bytes(text)

@@ -8,7 +8,7 @@ import zstandard
 
 from tests.commands.run import zephon
 from tests.io.test_remote_digests import recipe, run
-from zephon_nodes.io import index
+from zephon_nodes.io.index import index
 
 
 def test_recompressed_shards_give_the_same_batches(tmp_path):

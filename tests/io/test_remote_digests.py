@@ -15,7 +15,7 @@ import zstandard
 from tests.io.conftest import HttpServer, OutageProxy, S3Server, s3_put_tree
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkSpec, simulate
 from zephon_nodes.errors import CheckpointError
-from zephon_nodes.io import storage
+from zephon_nodes.io.storage import storage
 
 STEPS = 6
 

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 from tests.commands.run import zephon
 from tests.io.conftest import S3Server, s3_put_tree
 from tests.io.test_remote_digests import recipe, run
-from zephon_nodes.io import index
-from zephon_nodes.io.tar import open_tar_shard
+from zephon_nodes.io.formats.tar import open_tar_shard
+from zephon_nodes.io.index import index
 
 
 def test_parquet_over_s3(s3_env: S3Server, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from tests.io.conftest import HttpServer, S3Server, free_port, s3_put_tree
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
+from zephon_nodes.io.storage import storage
 
 
 def _tree(root: Path) -> None:

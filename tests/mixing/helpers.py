@@ -19,7 +19,7 @@ from zephon_nodes import (
     WorkSpec,
     simulate,
 )
-from zephon_nodes.recipe.spec import MixtureSpec, PackSpec
+from zephon_nodes.recipe import MixtureSpec, PackSpec
 
 # Each dataset writes its own letters, so the byte tokenizer's ids tell which dataset a
 # label token came from without trusting the library's provenance field.

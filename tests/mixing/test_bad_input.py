@@ -12,7 +12,7 @@ import zstandard
 from tests.mixing.helpers import digests, texts
 from zephon_nodes import DataError, DatasetSpec, Pipeline, simulate
 from zephon_nodes.commands.stats import compute_stats
-from zephon_nodes.recipe.spec import Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
+from zephon_nodes.recipe import Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 
 GOOD = [json.dumps({"text": t}) for t in texts("abcdefgh", 12, 20, 60, 9)]
 

@@ -10,7 +10,7 @@ from tests.mixing.helpers import base_recipe, memory_dataset, run_batches, texts
 from zephon_nodes import Pipeline
 from zephon_nodes.operators.bestfit import BestFitPacker, LongDocuments
 from zephon_nodes.operators.documents import DocBatch
-from zephon_nodes.recipe.spec import PackSpec
+from zephon_nodes.recipe import PackSpec
 
 PAD = 0
 

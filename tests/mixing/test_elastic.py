@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from tests.mixing.helpers import base_recipe, digests, elastic_check, memory_dataset, texts
 from zephon_nodes import Pipeline, WorkerPool, WorkSpec, simulate
+from zephon_nodes.recipe import MixtureSpec, OperatorSpec, PackSpec
 from zephon_nodes.recipe.registry import register_filter
-from zephon_nodes.recipe.spec import MixtureSpec, OperatorSpec, PackSpec
 
 
 def has_vowel_run(text: str, n: int = 2) -> bool:

@@ -10,8 +10,8 @@ import pytest
 from tests.mixing.helpers import label_counts_by_alphabet, two_length_recipe, write_jsonl
 from zephon_nodes import Pipeline, WorkSpec, simulate
 from zephon_nodes.cli import main
+from zephon_nodes.recipe import MixtureSpec
 from zephon_nodes.recipe.schedule import WeightSchedule
-from zephon_nodes.recipe.spec import MixtureSpec
 
 
 class TestWeightSchedule:

@@ -14,8 +14,8 @@ from tests.mixing.helpers import digests, texts, write_jsonl
 from zephon_nodes import DatasetSpec, Pipeline, RecipeError, TokenizerSpec, WorkerPool, simulate
 from zephon_nodes.operators.documents import TextBatch
 from zephon_nodes.operators.tokenize import Tokenize
+from zephon_nodes.recipe import Recipe, WorkSpec
 from zephon_nodes.recipe.registry import register_tokenizer
-from zephon_nodes.recipe.spec import Recipe, WorkSpec
 
 DOCS = [" ".join(texts("abcdefgh", 8, 2, 6, k)) for k in range(90)]
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from zephon_nodes import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
-from zephon_nodes.multimodal.spec import ImageSpec
+from zephon_nodes.recipe.image import ImageSpec
 
 FORMATS = ("PNG", "JPEG", "WEBP")
 

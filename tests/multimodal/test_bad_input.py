@@ -10,7 +10,7 @@ import pytest
 from tests.multimodal.helpers import b64, encode, mm_recipe, noise, png_header_only, write_tar
 from zephon_nodes import DataError, DatasetSpec, Pipeline, simulate
 from zephon_nodes.commands.stats import compute_stats
-from zephon_nodes.recipe.spec import WorkSpec
+from zephon_nodes.recipe import WorkSpec
 
 JPEG = encode(noise(48, 48, 5), "JPEG")
 GIF = encode(noise(16, 16, 6), "GIF")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.commands.run import zephon
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multimodal"
 

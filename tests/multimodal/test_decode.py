@@ -12,7 +12,7 @@ from PIL import Image
 
 from tests.multimodal.helpers import encode, noise, png_header_only
 from zephon_nodes.multimodal.decode import ImageError, decode_image, patch_grid
-from zephon_nodes.multimodal.spec import ImageSpec
+from zephon_nodes.recipe.image import ImageSpec
 
 BLOCKS = ImageSpec(mode="fixed", size=(16, 24), patch_size=8)
 

@@ -15,8 +15,8 @@ from PIL import Image
 from tests.multimodal.helpers import mm_recipe, mm_recipes, records
 from zephon_nodes import DatasetSpec, Pipeline, simulate
 from zephon_nodes.multimodal.corpus import write_jsonl, write_tar_shards
-from zephon_nodes.multimodal.spec import ImageSpec
-from zephon_nodes.recipe.spec import Recipe, WorkSpec
+from zephon_nodes.recipe import Recipe, WorkSpec
+from zephon_nodes.recipe.image import ImageSpec
 from zephon_nodes.testing import assert_elastic
 from zephon_nodes.verification.digest import digest_microbatches
 

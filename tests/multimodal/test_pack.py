@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zephon_nodes.multimodal.pack import MultimodalPacker
-from zephon_nodes.multimodal.spec import ImageSpec
 from zephon_nodes.multimodal.tokenize import MMDocBatch, PlacedImage
+from zephon_nodes.recipe.image import ImageSpec
 
 P = 999  # placeholder id
 PAD = 0

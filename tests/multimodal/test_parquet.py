@@ -10,7 +10,7 @@ from tests.multimodal.helpers import encode, mm_recipe, noise
 from tests.multimodal.test_bad_input import all_counts
 from zephon_nodes import DataError, DatasetSpec, Pipeline, simulate
 from zephon_nodes.multimodal.tokenize import MMDocBatch
-from zephon_nodes.recipe.spec import WorkSpec
+from zephon_nodes.recipe import WorkSpec
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -9,8 +9,8 @@ import pytest
 
 from tests.multimodal.helpers import mm_recipe, records
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.multimodal.spec import ImageSpec
-from zephon_nodes.recipe.spec import OperatorSpec, PackSpec, Recipe
+from zephon_nodes.recipe import OperatorSpec, PackSpec, Recipe
+from zephon_nodes.recipe.image import ImageSpec
 
 TOML = """\
 seq_len = 128

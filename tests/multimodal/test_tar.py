@@ -9,8 +9,8 @@ import pytest
 
 from tests.multimodal.helpers import encode, noise, write_tar
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import tar as tarmod
-from zephon_nodes.io.tar import TarSample, open_tar_shard
+from zephon_nodes.io.formats import tar as tarmod
+from zephon_nodes.io.formats.tar import TarSample, open_tar_shard
 
 
 def members() -> list[tuple[str, bytes]]:

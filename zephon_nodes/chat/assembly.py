@@ -10,7 +10,7 @@ from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.tokenize import HFTokenizer, SentencePieceTokenizer, Tokenizer
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 __all__ = ["chat_chain", "chat_template"]
 

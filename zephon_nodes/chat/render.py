@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.chat.spec import ChatSpec
 from zephon_nodes.chat.template import ChatTemplate, TemplateFailure
 from zephon_nodes.engine.work import WorkItem
 from zephon_nodes.errors import DataError, RecipeError
@@ -22,7 +21,8 @@ from zephon_nodes.operators.tokenize import (
     Tokenizer,
     load_tokenizer,
 )
-from zephon_nodes.recipe.spec import TokenizerSpec
+from zephon_nodes.recipe import TokenizerSpec
+from zephon_nodes.recipe.chat import ChatSpec
 
 __all__ = ["RenderChat", "conversation_of", "encode_with_offsets", "trained_mask"]
 

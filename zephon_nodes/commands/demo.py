@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.baselines import naive_digests
 from zephon_nodes.verification.simulate import simulate
 

@@ -14,8 +14,8 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io.nodecache import set_cache_limit
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.io.nodecache.nodecache import set_cache_limit
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.dump import write_step
 from zephon_nodes.verification.simulate import simulate
 

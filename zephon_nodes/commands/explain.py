@@ -10,7 +10,7 @@ from zephon_nodes.engine.checkpoint import FORMAT
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 __all__ = ["add_parser", "explain", "run"]
 

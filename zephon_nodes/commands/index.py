@@ -7,8 +7,8 @@ from typing import Any
 
 from zephon_nodes.core.progress import Progress
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io import storage
-from zephon_nodes.io.index import EVERY, INDEX_NAME, build_index, write_index
+from zephon_nodes.io.index.index import EVERY, INDEX_NAME, build_index, write_index
+from zephon_nodes.io.storage import storage
 
 __all__ = ["add_parser", "run"]
 

@@ -16,7 +16,7 @@ from zephon_nodes.engine.checkpoint import (
     validate_state,
 )
 from zephon_nodes.errors import CheckpointError
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 __all__ = ["add_parser", "load_any", "resume_check", "run"]
 
@@ -69,8 +69,8 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
         ``(ok, message, differing fields)``; the fields are lines such as
         ``seq_len: checkpoint has 128, recipe has 256``.
     """
-    from zephon_nodes.io.checksum import one_pass
     from zephon_nodes.io.identity import content_summary
+    from zephon_nodes.io.storage.checksum import one_pass
 
     with one_pass():
         canonical = recipe.canonical()

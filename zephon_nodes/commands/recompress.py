@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io import storage
-from zephon_nodes.io.recompress import recompress_file
+from zephon_nodes.io.formats.recompress import recompress_file
+from zephon_nodes.io.storage import storage
 
 __all__ = ["add_parser", "run"]
 

@@ -11,7 +11,7 @@ from zephon_nodes.commands.inspect import load_any
 from zephon_nodes.engine.checkpoint import check_writable, save_state
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.relane import RelanedWorkSource, for_state, pipeline_at, relane_state
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 __all__ = ["add_parser", "run"]
 

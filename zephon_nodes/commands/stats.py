@@ -17,9 +17,9 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io.nodecache import set_cache_limit
+from zephon_nodes.io.nodecache.nodecache import set_cache_limit
 from zephon_nodes.operators.pack import IGNORE_INDEX
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 __all__ = ["add_parser", "compute_stats", "run"]
 

@@ -13,7 +13,7 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.matrix import (
     SettingResult,
     VerifyResult,

@@ -19,7 +19,7 @@ __all__ = ["recall", "remember"]
 
 
 def _path(n: int, key: int) -> Path:
-    from zephon_nodes.io.cache import cache_dir
+    from zephon_nodes.io.storage.cache import cache_dir
 
     return cache_dir() / f"perm-{n}-{key:016x}.npy"
 
@@ -45,7 +45,7 @@ def recall(n: int, key: int) -> np.ndarray | None:
 
 def remember(n: int, key: int, perm: np.ndarray) -> None:
     """Keep ``perm`` for :func:`recall` (best effort: a read-only cache is fine)."""
-    from zephon_nodes.io.cache import atomic_write
+    from zephon_nodes.io.storage.cache import atomic_write
 
     buf = io.BytesIO()
     np.save(buf, perm, allow_pickle=False)

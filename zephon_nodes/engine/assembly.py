@@ -17,8 +17,8 @@ from zephon_nodes.operators.filter import Filter
 from zephon_nodes.operators.map import Map
 from zephon_nodes.operators.parse import ParseJsonl
 from zephon_nodes.operators.tokenize import Tokenize, Tokenizer
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.schedule import WeightSchedule
-from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["stateless_chain", "work_source"]
 

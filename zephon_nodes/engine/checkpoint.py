@@ -471,7 +471,7 @@ def _write_atomic(target: Path, data: bytes) -> None:
     """
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
-        from zephon_nodes.io.cache import umask_mode
+        from zephon_nodes.io.storage.cache import umask_mode
 
         umask_mode(fd)  # the usual mode (umask), not mkstemp's 0600
     except OSError as e:

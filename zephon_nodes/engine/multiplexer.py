@@ -26,8 +26,8 @@ from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
-from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
 
@@ -203,7 +203,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         cache = getattr(self.pipeline, "cache_stats", lambda: None)()
         if cache is not None:  # with a node-cache limit; process workers' counters included
             out["node_cache"] = cache
-        from zephon_nodes.io.workercounts import bad_cache_entries
+        from zephon_nodes.io.nodecache.workercounts import bad_cache_entries
 
         out["bad_cache_entries"] = bad_cache_entries()  # dropped and made again, never served
         return out

@@ -23,8 +23,8 @@ from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.shuffle import ShuffleBuffer
 from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import load_tokenizer
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
-from zephon_nodes.recipe.spec import Recipe
 
 __all__ = ["Pipeline", "lanes_for_rank"]
 
@@ -47,7 +47,7 @@ def lanes_for_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> list[int
 
 
 def _refuse_tar(datasets: Sequence[Dataset]) -> None:
-    from zephon_nodes.io.tar import TarShard
+    from zephon_nodes.io.formats.tar import TarShard
 
     for d in datasets:
         first_tar = getattr(d.shards, "first_of_kind", None)  # LazyShards: from the index
@@ -107,9 +107,9 @@ class Pipeline:
         provenance: bool = True,
         stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]] = (),
     ) -> None:
-        from zephon_nodes.io import index
-        from zephon_nodes.io.checksum import one_pass
-        from zephon_nodes.io.remote import finish_progress
+        from zephon_nodes.io.index import index
+        from zephon_nodes.io.storage.checksum import one_pass
+        from zephon_nodes.io.storage.remote import finish_progress
 
         index.forget()  # dataset indexes are read afresh for every build
         try:
@@ -168,7 +168,7 @@ class Pipeline:
         ]
         self.datasets: list[Dataset] = [o.dataset for o in opened]
         # With a node-cache limit, shards read whole (single-frame .zst) live in that cache.
-        from zephon_nodes.io.wholeshard import route_whole_shards
+        from zephon_nodes.io.nodecache.wholeshard import route_whole_shards
 
         self.datasets = route_whole_shards(self.datasets)
         if recipe.image is None:
@@ -398,12 +398,12 @@ class Pipeline:
         """Return the feed planning the node cache's future (None without a cache limit).
 
         Every rank built by this pipeline registers its lanes' positions with it, so the
-        node cache (:func:`~zephon_nodes.io.nodecache.node_cache`) evicts and prefetches by
-        the exact upcoming accesses of all of them.
+        node cache (:func:`~zephon_nodes.io.nodecache.nodecache.node_cache`) evicts and
+        prefetches by the exact upcoming accesses of all of them.
         """
         if self._cache_feed is None:
-            from zephon_nodes.io.future import CacheFeed, cacheable
-            from zephon_nodes.io.nodecache import node_cache, prefetch_depth
+            from zephon_nodes.io.nodecache.future import CacheFeed, cacheable
+            from zephon_nodes.io.nodecache.nodecache import node_cache, prefetch_depth
 
             cache = node_cache()
             cached = any(
@@ -420,12 +420,12 @@ class Pipeline:
         """Return this process's node-cache counters (hits, misses, bytes_fetched, ...).
 
         Counters of its process workers (``runner="process"``) are included: they come back
-        with each result (see :mod:`zephon_nodes.io.workercounts`).
+        with each result (see :mod:`zephon_nodes.io.nodecache.workercounts`).
 
         None when no cache limit is set (``ZEPHON_CACHE_LIMIT`` / ``--cache-limit``).
         """
-        from zephon_nodes.io.nodecache import node_cache
-        from zephon_nodes.io.workercounts import merged
+        from zephon_nodes.io.nodecache.nodecache import node_cache
+        from zephon_nodes.io.nodecache.workercounts import merged
 
         cache = node_cache()
         return merged(cache.stats()) if cache is not None else None

@@ -155,7 +155,7 @@ def _via_shared_memory(inner: cf.Future[Any]) -> cf.Future[Any]:
         exc = f.exception()
         result: Any = None
         if exc is None:
-            from zephon_nodes.io.workercounts import collect
+            from zephon_nodes.io.nodecache.workercounts import collect
 
             result = collect(f.result())
             if isinstance(result, shm.ShmResult):
@@ -245,7 +245,7 @@ class WorkerPool:
         executor = self._get_executor()
         if executor is not None and self.runner == "process":
             # The worker's node-cache counters come back with the result (io/workercounts).
-            from zephon_nodes.io.workercounts import CountedCall
+            from zephon_nodes.io.nodecache.workercounts import CountedCall
 
             call = shm.ShmCall(fn, self._prefix) if self._prefix else fn
             return _via_shared_memory(executor.submit(CountedCall(call), arg))

@@ -11,7 +11,7 @@ import numpy as np
 
 from zephon_nodes.engine.seeding import permutation
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.io.shards import Shard
+from zephon_nodes.io.formats.shards import Shard
 
 __all__ = ["DatasetWorkSource", "WorkItem", "WorkSource", "lane_length", "probe_lane_length"]
 

@@ -17,7 +17,7 @@ import dataclasses
 from collections import OrderedDict
 
 from zephon_nodes.engine.work import WorkItem, WorkSource, lane_length
-from zephon_nodes.io.shards import MemoryShard
+from zephon_nodes.io.formats.shards import MemoryShard
 
 __all__ = ["WRAP_PASS_STRIDE", "WrappedWorkSource"]
 

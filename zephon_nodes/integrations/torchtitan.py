@@ -59,10 +59,10 @@ from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.engine.stages import parse_operator_workers
 from zephon_nodes.errors import CheckpointError, RecipeError
-from zephon_nodes.io.nodecache import parse_size, set_cache_limit
+from zephon_nodes.io.nodecache.nodecache import parse_size, set_cache_limit
 from zephon_nodes.operators.tokenize import load_tokenizer
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
-from zephon_nodes.recipe.spec import Recipe
 from zephon_nodes.verification.dump import StepDumper
 
 __all__ = [
@@ -899,7 +899,7 @@ class ZephonDataLoader(BaseDataLoader):
         """Return the node cache's counters in this process, or None without a cache limit.
 
         Keys: hits, misses, bytes_fetched, evictions, peak_bytes, limit_bytes and more (see
-        :meth:`~zephon_nodes.io.nodecache.NodeCache.stats`); log them with your metrics.
+        :meth:`~zephon_nodes.io.nodecache.nodecache.NodeCache.stats`); log them with your metrics.
         """
         return self.pipeline.cache_stats()
 

@@ -1,17 +1,23 @@
-"""Reading data: where bytes live, what they are, and the shard formats.
+"""Reading data: where bytes live, what they are, the dataset index and the node cache.
 
-Start here to learn how data is read:
+Start here to learn how data is read. The modules at this level are what the floors above
+call; the subpackages are their parts:
 
-- ``storage``: paths and URIs (``s3://``, ``gs://``, ``az://``, ``hf://``, ``http(s)://``),
-  globs, range reads and retries of transient errors;
-- ``checksum`` and ``identity``: a shard's identity is its content checksum (what joins the
-  recipe fingerprint), never its path;
-- ``index``: the dataset index written by ``zephon index`` (start-up without reading shards);
-  ``remote``: remote shards fetched and indexed once without one; ``recompress``: shards
-  rewritten as multi-frame ``.zst``;
-- ``shards`` gives random access to a jsonl file's records, ``parquet`` and ``tar`` the other
-  formats, ``cache`` the local cache directory, ``dataset`` cuts shards into work items and
-  ``sources`` opens a recipe dataset's files under its ``on_error`` policy;
-- ``nodecache``, ``future`` and ``wholeshard``: the bounded node cache shared by a node's
-  ranks, fed with the exact future accesses.
+- ``discovery``: a dataset's glob patterns resolved to its files (local globs, remote
+  listings, Hugging Face ``save_to_disk`` folders) and its dataset index registered;
+- ``identity``: a shard's identity is its content checksum (what joins the recipe
+  fingerprint), never its path;
+- ``dataset`` cuts shards into work items, ``sources`` opens a recipe dataset's files under
+  its ``on_error`` policy;
+- ``storage/``: paths and URIs (``s3://``, ``gs://``, ``az://``, ``hf://``, ``http(s)://``),
+  globs, range reads and retries of transient errors (``storage``), remote shards fetched and
+  indexed once (``remote``), the local cache directory (``cache``), content checksums
+  (``checksum``);
+- ``formats/``: random access to a jsonl file's records (``shards``), ``parquet``, ``arrow``
+  and ``tar``, and shards rewritten as multi-frame ``.zst`` (``recompress``);
+- ``index/``: the dataset index written by ``zephon index`` (``index``), its columns read
+  without opening shards (``table``) and the shards it stands for (``lazyshards``);
+- ``nodecache/``: the bounded node cache shared by a node's ranks (``nodecache``), fed with
+  the exact future accesses (``future``), the whole decompressed shards it holds
+  (``wholeshard``) and its counters from process workers (``workercounts``).
 """

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zephon_nodes.io.shards import Shard, memory_shard, open_shard
-from zephon_nodes.recipe.spec import DatasetSpec
+from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
+from zephon_nodes.recipe import DatasetSpec
 
 __all__ = ["Dataset"]
 
@@ -19,7 +19,7 @@ class Dataset:
 
     Work item ``k`` of the dataset is found in O(log shards) through cumulative counts, so
     any item can be reached without reading the items before it. An empty shard contributes
-    no work items. ``shards`` may be a :class:`~zephon_nodes.io.lazyshards.LazyShards` (from
+    no work items. ``shards`` may be a :class:`~zephon_nodes.io.index.lazyshards.LazyShards` (from
     a dataset index): its record counts come from the index, and a shard is opened when a
     work item of it is first read.
 

@@ -3,8 +3,8 @@
 This is what joins the recipe fingerprint in place of file paths, so the same bytes copied
 to another disk, folder or bucket resume, and a file whose content changed is refused at
 resume, named. With a dataset index (``zephon index``) the identities come from the index
-and no shard is read; otherwise a local file is hashed (see :mod:`zephon_nodes.io.checksum`)
-and a remote one is fetched and indexed once (see :mod:`zephon_nodes.io.remote`).
+and no shard is read; otherwise a local file is hashed (see :mod:`zephon_nodes.io.storage.checksum`)
+and a remote one is fetched and indexed once (see :mod:`zephon_nodes.io.storage.remote`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from zephon_nodes.io import storage
-from zephon_nodes.io.checksum import file_checksum
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = [
     "MAX_NAMED_FILES",
@@ -37,7 +37,7 @@ def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         DataError: If the file cannot be read.
     """
-    from zephon_nodes.io.index import indexed_identity
+    from zephon_nodes.io.index.index import indexed_identity
 
     text = str(path)
     found = indexed_identity(text)
@@ -46,7 +46,7 @@ def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not storage.is_remote(text):
         p = Path(storage.local_path(text))
         return {"checksum": file_checksum(p), "bytes": p.stat().st_size}
-    from zephon_nodes.io.remote import known_checksum
+    from zephon_nodes.io.storage.remote import known_checksum
 
     st = storage.stat(text)
     checksum = known_checksum(text, st)
@@ -58,20 +58,20 @@ def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _open_remote(uri: str) -> str:
     """Fetch and index a remote shard by its format (once); return its checksum."""
     if uri.endswith((".parquet", ".pq")):
-        from zephon_nodes.io.remote import fetched
+        from zephon_nodes.io.storage.remote import fetched
 
         with fetched(uri, storage.stat(uri)) as (_, checksum):
             return checksum
 
     from zephon_nodes.errors import DataError
-    from zephon_nodes.io.remote import fetched
+    from zephon_nodes.io.storage.remote import fetched
 
     try:
         if uri.endswith(".tar"):
-            from zephon_nodes.io.tar import open_tar_shard
+            from zephon_nodes.io.formats.tar import open_tar_shard
 
             return open_tar_shard(uri).checksum
-        from zephon_nodes.io.shards import open_shard
+        from zephon_nodes.io.formats.shards import open_shard
 
         return open_shard(uri).checksum
     except DataError as e:
@@ -90,7 +90,7 @@ class FileIdentities(Sequence[dict[str, Any]]):
     :func:`zephon_nodes.recipe.canonical.canonical_json`).
 
     Args:
-        files: The dataset's rows of its index (:class:`~zephon_nodes.io.table.IndexedFiles`).
+        files: The dataset's rows of its index (:class:`~zephon_nodes.io.index.table.IndexedFiles`).
     """
 
     def __init__(self, files: Any) -> None:
@@ -147,7 +147,7 @@ def dataset_identities(spec: Any, lazy: bool = False) -> Sequence[dict[str, Any]
     Through the dataset's index when one covers its patterns (no file is listed or read;
     ``lazy`` keeps them as :class:`FileIdentities`), else one :func:`file_identity` each.
     """
-    from zephon_nodes.io.table import resolve_indexed
+    from zephon_nodes.io.index.table import resolve_indexed
 
     files = resolve_indexed(spec)
     if files is None:
@@ -176,7 +176,7 @@ def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[
     """Per dataset, ``{short file name: checksum prefix}`` (for naming a changed file).
 
     Args:
-        datasets: The recipe's :class:`~zephon_nodes.recipe.spec.DatasetSpec` objects.
+        datasets: The recipe's :class:`~zephon_nodes.recipe.datasets.DatasetSpec` objects.
         canonical: The recipe's canonical form (holding each file's checksum in order).
     """
     out: dict[str, Any] = {}

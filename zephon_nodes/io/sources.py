@@ -8,9 +8,9 @@ from typing import Any
 
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.io.shards import Shard, memory_shard, open_shard
+from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
 from zephon_nodes.operators.parse import classify_file_error
-from zephon_nodes.recipe.spec import DatasetSpec
+from zephon_nodes.recipe import DatasetSpec
 
 __all__ = ["OpenedDataset", "open_dataset"]
 
@@ -32,40 +32,40 @@ class OpenedDataset:
 
 
 def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) -> Shard:
-    from zephon_nodes.io.index import find_entry
+    from zephon_nodes.io.index.index import find_entry
 
     found = find_entry(path)
     if found is not None:
         entry = found[0]
         if entry["kind"] == "parquet":
-            from zephon_nodes.io.parquet import indexed_parquet_shard
+            from zephon_nodes.io.formats.parquet import indexed_parquet_shard
 
             return indexed_parquet_shard(path, entry, spec.text_field, image_column)
         if entry["kind"] == "tar":
-            from zephon_nodes.io.tar import indexed_tar_shard
+            from zephon_nodes.io.formats.tar import indexed_tar_shard
 
             return indexed_tar_shard(path, entry)
-        from zephon_nodes.io.shards import indexed_shard
+        from zephon_nodes.io.formats.shards import indexed_shard
 
         return indexed_shard(path, entry)
     if path.endswith(PARQUET_SUFFIXES):
-        from zephon_nodes.io.parquet import open_parquet_shard
+        from zephon_nodes.io.formats.parquet import open_parquet_shard
 
         return open_parquet_shard(path, spec.text_field, image_column)
     if path.endswith(".arrow"):
-        from zephon_nodes.io.arrow import open_arrow_shard
+        from zephon_nodes.io.formats.arrow import open_arrow_shard
 
         return open_arrow_shard(path, (spec.text_field, image_column))
     if path.endswith(".tar"):
-        from zephon_nodes.io.tar import open_tar_shard
+        from zephon_nodes.io.formats.tar import open_tar_shard
 
         return open_tar_shard(path)
     if path.endswith(".zst"):
-        from zephon_nodes.io.nodecache import node_cache
+        from zephon_nodes.io.nodecache.nodecache import node_cache
 
         if node_cache() is not None:
             # Under a cache limit, its decompressed copy lives in the bounded node cache.
-            from zephon_nodes.io.wholeshard import open_whole_shard
+            from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
 
             return open_whole_shard(path)  # type: ignore[return-value]
     return open_shard(path)
@@ -77,8 +77,8 @@ _HINTED: set[str] = set()
 
 def _hint(spec: DatasetSpec, files: list[Any]) -> None:
     """One line, once per dataset and process: many local shards and no dataset index."""
-    from zephon_nodes.io import storage
-    from zephon_nodes.io.index import find_entry
+    from zephon_nodes.io.index.index import find_entry
+    from zephon_nodes.io.storage import storage
 
     if len(files) < HINT_FILES or spec.name in _HINTED or storage.is_remote(files[0]):
         return
@@ -95,8 +95,8 @@ def _open_indexed(
     spec: DatasetSpec, chunk_size: int, image_column: str | None
 ) -> OpenedDataset | None:
     """The dataset from its index's columns, opening no shard (None: no index covers it)."""
-    from zephon_nodes.io.lazyshards import LazyShards
-    from zephon_nodes.io.table import resolve_indexed
+    from zephon_nodes.io.index.lazyshards import LazyShards
+    from zephon_nodes.io.index.table import resolve_indexed
 
     files = resolve_indexed(spec)
     if files is None:
@@ -121,8 +121,8 @@ def open_dataset(
     recipes) names a Parquet binary image column to read with the text.
 
     When a dataset index covers the dataset's patterns
-    (:func:`~zephon_nodes.io.table.resolve_indexed`), no file is listed or opened here: the
-    shards are :class:`~zephon_nodes.io.lazyshards.LazyShards`, each checked against its
+    (:func:`~zephon_nodes.io.index.table.resolve_indexed`), no file is listed or opened here: the
+    shards are :class:`~zephon_nodes.io.index.lazyshards.LazyShards`, each checked against its
     entry when a work item of it is first read, and a shard that no longer matches is
     refused then (``on_error = "skip"`` cannot leave it out: the work items are laid out).
 

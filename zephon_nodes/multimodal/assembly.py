@@ -6,11 +6,11 @@ from zephon_nodes.errors import RecipeError
 from zephon_nodes.multimodal.decode import DecodeImages
 from zephon_nodes.multimodal.pack import MultimodalPacker
 from zephon_nodes.multimodal.records import DEFAULT_IMAGE_FIELD, ParseMultimodal
-from zephon_nodes.multimodal.spec import ImageSpec
 from zephon_nodes.multimodal.tokenize import TokenizeMultimodal
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.tokenize import Tokenizer
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.image import ImageSpec
 
 __all__ = ["make_packer", "multimodal_chain", "placeholder_id"]
 

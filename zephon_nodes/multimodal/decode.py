@@ -11,8 +11,8 @@ import numpy as np
 
 from zephon_nodes.errors import DataError
 from zephon_nodes.multimodal.records import MMBatch, MMRecord
-from zephon_nodes.multimodal.spec import ImageSpec
 from zephon_nodes.operators.documents import Skipped, add_skipped
+from zephon_nodes.recipe.image import ImageSpec
 
 __all__ = ["DecodeImages", "DecodedImage", "ImageError", "decode_image", "patch_grid"]
 

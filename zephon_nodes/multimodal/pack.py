@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from zephon_nodes.multimodal.spec import ImageSpec
 from zephon_nodes.multimodal.tokenize import MMDocBatch, PlacedImage
 from zephon_nodes.operators.bestfit import DATASET_IDS, DOCUMENT_IDS
 from zephon_nodes.operators.pack import IGNORE_INDEX, Sample
+from zephon_nodes.recipe.image import ImageSpec
 
 __all__ = ["IMAGE_FIELDS", "MultimodalPacker"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from zephon_nodes.engine.work import WorkItem
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.tar import TarSample
+from zephon_nodes.io.formats.tar import TarSample
 from zephon_nodes.operators.documents import Skipped, add_skipped
 from zephon_nodes.operators.parse import classify_file_error
 

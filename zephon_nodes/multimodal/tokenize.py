@@ -11,7 +11,7 @@ from zephon_nodes.multimodal.decode import DecodedImage
 from zephon_nodes.multimodal.records import MMBatch
 from zephon_nodes.operators.documents import Skipped
 from zephon_nodes.operators.tokenize import load_tokenizer
-from zephon_nodes.recipe.spec import TokenizerSpec
+from zephon_nodes.recipe import TokenizerSpec
 
 __all__ = ["MMDocBatch", "PlacedImage", "TokenizeMultimodal"]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from zephon_nodes.operators.documents import TextBatch
+from zephon_nodes.recipe import OperatorSpec
 from zephon_nodes.recipe.registry import lookup
-from zephon_nodes.recipe.spec import OperatorSpec
 
 __all__ = ["RegisteredTextOperator"]
 

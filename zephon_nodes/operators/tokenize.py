@@ -12,7 +12,7 @@ import numpy as np
 
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.documents import DocBatch, TextBatch
-from zephon_nodes.recipe.spec import TokenizerSpec
+from zephon_nodes.recipe import TokenizerSpec
 
 __all__ = [
     "ByteTokenizer",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe.recipe import Recipe
 
 __all__ = ["WeightSchedule"]
 

@@ -25,7 +25,7 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.operators.accumulate import AccumulatorNode
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.testing._compare import difference, short
 from zephon_nodes.testing.strategies import doc_batches
 

@@ -2,7 +2,7 @@
 
 :func:`through_node_cache` turns a :class:`~zephon_nodes.Pipeline` over local ``.jsonl``
 shards into one whose shards are fetched whole into the node cache
-(:func:`~zephon_nodes.io.nodecache.node_cache`) before each read, the way remote shards
+(:func:`~zephon_nodes.io.nodecache.nodecache.node_cache`) before each read, the way remote shards
 without range reads, or single-frame ``.zst`` shards, are read. Tests and benchmarks use it to
 check that the cache never changes a byte, keeps to its limit, and to count fetches (each
 fetch appends the shard's key to ``fetch_log``, from any process).
@@ -27,8 +27,8 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.work import DatasetWorkSource
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.io.nodecache import node_cache
-from zephon_nodes.io.shards import FileShard, Shard
+from zephon_nodes.io.formats.shards import FileShard, Shard
+from zephon_nodes.io.nodecache.nodecache import node_cache
 
 __all__ = ["CachedCopyShard", "through_node_cache"]
 
@@ -121,8 +121,8 @@ def through_node_cache(
 
     ``fetch_log`` names a file each fetch appends its key to; ``latency_s`` delays each fetch.
 
-    Set a limit first (:func:`~zephon_nodes.io.nodecache.set_cache_limit`); the fingerprint
-    and every output byte are the pipeline's own.
+    Set a limit first (:func:`~zephon_nodes.io.nodecache.nodecache.set_cache_limit`); the
+    fingerprint and every output byte are the pipeline's own.
     """
     out = copy.copy(pipeline)
     log = os.fspath(fetch_log)

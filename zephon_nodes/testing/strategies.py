@@ -17,7 +17,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from zephon_nodes.operators.documents import DocBatch, TextBatch
-from zephon_nodes.recipe.spec import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
+from zephon_nodes.recipe import DatasetSpec, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 
 __all__ = [
     "LANE_COUNTS",

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader
-from zephon_nodes.recipe.spec import Recipe
+from zephon_nodes.recipe import Recipe
 
 
 def main() -> None:

@@ -71,7 +71,7 @@ def write_sums(
     data_path: str | os.PathLike[str] | None, index: np.ndarray, index_path: str
 ) -> None:
     """Hash a finished copy (None: the shard is read itself) and its record index."""
-    from zephon_nodes.io.cache import atomic_write
+    from zephon_nodes.io.storage.cache import atomic_write
 
     hashes = [xxhash.xxh3_64_intdigest(np.ascontiguousarray(index).tobytes())]
     if data_path is not None:

@@ -4,11 +4,11 @@
 shards they will read are known for any horizon. :class:`AccessPlan` lists them (the lanes
 advance together, so the order is round-robin over the lanes: item ``p_l`` of every lane
 ``l``, then ``p_l + 1``, ...) and :class:`CacheFeed` hands that list to the
-:class:`~zephon_nodes.io.nodecache.NodeCache` (eviction by Belady's rule) and resolves keys
-for its prefetcher.
+:class:`~zephon_nodes.io.nodecache.nodecache.NodeCache` (eviction by Belady's rule) and resolves
+keys for its prefetcher.
 
 Only shards that go through the node cache take part: those with a ``cache_key`` (see
-:class:`~zephon_nodes.io.nodecache.Cacheable`); shards read in place are left out.
+:class:`~zephon_nodes.io.nodecache.nodecache.Cacheable`); shards read in place are left out.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from zephon_nodes.io.nodecache import Cacheable, Fetch, NodeCache
+from zephon_nodes.io.nodecache.nodecache import Cacheable, Fetch, NodeCache
 
 if TYPE_CHECKING:  # io does not import the engine at run time
     from zephon_nodes.engine.work import WorkItem, WorkSource

@@ -2,8 +2,8 @@
 
 A sample is every member sharing a key (the member path up to the first dot of its file
 name). Opening a shard builds a member index once (one pass over the headers; the JSON index
-is cached in :func:`~zephon_nodes.io.cache.cache_dir`, keyed by the shard's content checksum),
-so reading any range of samples costs one read (one range request for a remote shard).
+is cached in :func:`~zephon_nodes.io.storage.cache.cache_dir`, keyed by the shard's content
+checksum), so reading any range of samples costs one read (one range request for a remote shard).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
-from zephon_nodes.io.cache import atomic_write, cache_dir
-from zephon_nodes.io.checksum import file_checksum
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = ["IMAGE_EXTENSIONS", "TEXT_EXTENSIONS", "TarSample", "TarShard", "open_tar_shard"]
 
@@ -204,7 +204,7 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
     """
     text = str(path)
     if storage.is_remote(text):
-        from zephon_nodes.io.remote import fetched, known_checksum
+        from zephon_nodes.io.storage.remote import fetched, known_checksum
 
         st = storage.stat(text)
         checksum = known_checksum(text, st)

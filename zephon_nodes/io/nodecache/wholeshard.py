@@ -2,11 +2,12 @@
 
 A single-frame ``.jsonl.zst`` cannot be read in part: its decompressed copy is made on first
 use. Without a node-cache limit that copy stays in ``$ZEPHON_CACHE_DIR`` for good (see
-:class:`~zephon_nodes.io.shards.FileShard`). With a limit (``ZEPHON_CACHE_LIMIT``,
+:class:`~zephon_nodes.io.formats.shards.FileShard`). With a limit (``ZEPHON_CACHE_LIMIT``,
 ``--cache-limit``), :func:`route_whole_shards` wraps such shards in :class:`NodeCachedShard`,
 whose decompressed copy is an entry of the node cache: fetched once per node, pinned while a
-work item reads it, evicted by the exact future (see :mod:`zephon_nodes.io.nodecache`). The
-small record index stays in the ordinary cache. Bytes read are the same either way.
+work item reads it, evicted by the exact future (see
+:mod:`zephon_nodes.io.nodecache.nodecache`). The small record index stays in the ordinary
+cache. Bytes read are the same either way.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.cache import atomic_write
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.io.nodecache import node_cache
-from zephon_nodes.io.shards import FileShard
+from zephon_nodes.io.formats.shards import FileShard
+from zephon_nodes.io.nodecache.nodecache import node_cache
+from zephon_nodes.io.storage.cache import atomic_write
 
 __all__ = ["NodeCachedShard", "open_whole_shard", "route_whole_shards"]
 
@@ -64,14 +65,14 @@ class NodeCachedShard:
 
     def cache_fetch(self, dest: Path) -> None:
         """Fetch (if remote), check the checksum and decompress the shard into ``dest``."""
-        from zephon_nodes.io import storage
-        from zephon_nodes.io.checksum import file_checksum
-        from zephon_nodes.io.shards import _check_same, _decompress_to, _index_file
+        from zephon_nodes.io.formats.shards import _check_same, _decompress_to, _index_file
+        from zephon_nodes.io.storage import storage
+        from zephon_nodes.io.storage.checksum import file_checksum
 
         s = self.shard
 
         def decompress(src: Path) -> None:
-            from zephon_nodes.io.checksum import Hasher
+            from zephon_nodes.io.storage.checksum import Hasher
 
             hasher = Hasher()  # the copy is of the checksummed content, whatever was trusted
             try:
@@ -82,7 +83,7 @@ class NodeCachedShard:
             _check_same(s, hasher.hexdigest())
 
         if storage.is_remote(s.uri):
-            from zephon_nodes.io.remote import fetched
+            from zephon_nodes.io.storage.remote import fetched
 
             with fetched(s.uri, storage.stat(s.uri)) as (tmp, checksum):
                 _check_same(s, checksum)
@@ -91,8 +92,8 @@ class NodeCachedShard:
             local = Path(storage.local_path(s.uri))
             _check_same(s, file_checksum(local))
             decompress(local)
-        from zephon_nodes.io.copies import load_index
-        from zephon_nodes.io.entrysums import BadEntry, write_sums
+        from zephon_nodes.io.formats.copies import load_index
+        from zephon_nodes.io.formats.entrysums import BadEntry, write_sums
 
         index_path = self._index(dest)
         try:
@@ -101,13 +102,13 @@ class NodeCachedShard:
             index = _index_file(dest)
             atomic_write(Path(index_path), lambda f: np.save(f, index, allow_pickle=False))
         write_sums(dest, index, index_path)  # the copy is of the checksummed content
-        from zephon_nodes.io.copies import forget_index
+        from zephon_nodes.io.formats.copies import forget_index
 
         forget_index(index_path)
 
     def _index(self, data: Path) -> str:
         """The record index of the decompressed copy (built once, kept in the usual cache)."""
-        from zephon_nodes.io.shards import _artifacts, _index_file
+        from zephon_nodes.io.formats.shards import _artifacts, _index_file
 
         index_path = _artifacts(self.shard.checksum)[1]
         if not index_path.exists():
@@ -116,7 +117,7 @@ class NodeCachedShard:
         return str(index_path)
 
     def _with_copy(self, fn: Any) -> Any:
-        from zephon_nodes.io.entrysums import BadEntry, count_bad, drop, sums_path
+        from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, drop, sums_path
 
         cache = node_cache()
         if cache is None:  # no limit (any more): the shard's own, unbounded copy
@@ -132,8 +133,8 @@ class NodeCachedShard:
                 if attempt:
                     raise
                 # A damaged entry (or one without sums): dropped, fetched again, counted.
-                from zephon_nodes.io.copies import forget_index
-                from zephon_nodes.io.shards import _artifacts
+                from zephon_nodes.io.formats.copies import forget_index
+                from zephon_nodes.io.formats.shards import _artifacts
 
                 count_bad()
                 index_path = _artifacts(self.shard.checksum)[1]
@@ -230,9 +231,9 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
     Raises:
         DataError: A missing, unreadable, corrupt or truncated shard (naming it).
     """
-    from zephon_nodes.io import storage
-    from zephon_nodes.io.checksum import file_checksum
-    from zephon_nodes.io.shards import _artifacts, _decompress_to, _load_index
+    from zephon_nodes.io.formats.shards import _artifacts, _decompress_to, _load_index
+    from zephon_nodes.io.storage import storage
+    from zephon_nodes.io.storage.checksum import file_checksum
 
     def counted(src: Path, checksum: str) -> tuple[np.ndarray, int]:
         size_path = _artifacts(checksum)[1].with_suffix(".size")
@@ -251,7 +252,7 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
 
     st = storage.stat(uri)
     if storage.is_remote(uri):
-        from zephon_nodes.io.remote import fetched, known_checksum
+        from zephon_nodes.io.storage.remote import fetched, known_checksum
 
         checksum = known_checksum(uri, st)
         ready = checksum is not None and _artifacts(checksum)[1].with_suffix(".size").exists()

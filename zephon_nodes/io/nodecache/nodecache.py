@@ -28,15 +28,14 @@ until the ``with`` block ends.
 
 Policies:
 
-- ``"belady"``: the access sequence of a recipe is known in advance (``work(lane, i)`` is
-  pure), so each process tells the cache its exact upcoming accesses with
-  :meth:`NodeCache.set_future` (see :mod:`zephon_nodes.io.future`). The entry whose next use,
-  by any process on the node, is farthest away is evicted first (Belady's rule, optimal for a
-  known sequence); entries no process will use again go first, ties by key. A background
-  prefetcher (:meth:`NodeCache.start_prefetch`) fetches the next keys of the future ahead of
-  use; it only evicts entries that no process plans to use, and keeps at most a quarter of
-  the limit in entries fetched ahead and not used yet, so it takes little room from
-  entries that will be used sooner.
+- ``"belady"``: the access sequence of a recipe is known in advance (``work(lane, i)`` is pure),
+  so each process tells the cache its exact upcoming accesses with :meth:`NodeCache.set_future`
+  (see :mod:`zephon_nodes.io.nodecache.future`). The entry whose next use, by any process on the
+  node, is farthest away is evicted first (Belady's rule, optimal for a known sequence); entries
+  no process will use again go first, ties by key. A background prefetcher
+  (:meth:`NodeCache.start_prefetch`) fetches the next keys of the future ahead of use; it only
+  evicts entries that no process plans to use, and keeps at most a quarter of the limit in entries
+  fetched ahead and not used yet, so it takes little room from entries that will be used sooner.
 - ``"lru"``: the least recently used unpinned entry is evicted first (the comparison policy).
 
 If the limit would be exceeded and every entry is pinned, ``open`` waits for pins to be
@@ -65,7 +64,7 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from zephon_nodes.errors import DataError, RecipeError
-from zephon_nodes.io.cache import cache_dir
+from zephon_nodes.io.storage.cache import cache_dir
 
 __all__ = [
     "LIMIT_ENV",
@@ -99,7 +98,7 @@ _ADVANCE_WINDOW = 256
 
 @runtime_checkable
 class Cacheable(Protocol):
-    """A shard read through the node cache (what :mod:`zephon_nodes.io.future` plans with).
+    """A shard read through the node cache (what :mod:`~zephon_nodes.io.nodecache.future` plans).
 
     Attributes:
         cache_key: Identity of the cached file (content checksum or URI + version tag); the

@@ -132,7 +132,7 @@ def open_arrow_shard(path: str | Path, columns: Sequence[str | None]) -> ArrowSh
     Raises:
         DataError: If pyarrow is missing or the file is not a readable Arrow file.
     """
-    from zephon_nodes.io.checksum import file_checksum
+    from zephon_nodes.io.storage.checksum import file_checksum
 
     p = str(path)
     if not Path(p).is_file():

@@ -5,7 +5,7 @@ one pass and cached on disk next to a decompressed copy for ``.zst`` shards, so 
 work item costs one seek and one read (a range request for a remote ``.jsonl``), and a
 compressed shard is decompressed at most once per machine. Cache files live in
 ``$ZEPHON_CACHE_DIR`` (default ``~/.cache/zephon_nodes``) and are keyed by the shard's
-content checksum (:mod:`zephon_nodes.io.checksum`), never by its path or modification time:
+content checksum (:mod:`zephon_nodes.io.storage.checksum`), never by its path or modification time:
 a same-size edit is a new key on a warm cache and a cold one alike. They are written to a
 temporary name and renamed, so concurrent ranks never read a half-written file.
 """
@@ -23,16 +23,16 @@ import numpy as np
 import zstandard
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
-from zephon_nodes.io.arrow import ArrowShard
-from zephon_nodes.io.cache import cache_dir
-from zephon_nodes.io.checksum import file_checksum
-from zephon_nodes.io.copies import artifacts as _artifacts
-from zephon_nodes.io.copies import build as _build
-from zephon_nodes.io.copies import load_index as _load_index
-from zephon_nodes.io.entrysums import BadEntry, count_bad, read_checked
-from zephon_nodes.io.parquet import ParquetShard
-from zephon_nodes.io.tar import TarShard
+from zephon_nodes.io.formats.arrow import ArrowShard
+from zephon_nodes.io.formats.copies import artifacts as _artifacts
+from zephon_nodes.io.formats.copies import build as _build
+from zephon_nodes.io.formats.copies import load_index as _load_index
+from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, read_checked
+from zephon_nodes.io.formats.parquet import ParquetShard
+from zephon_nodes.io.formats.tar import TarShard
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.cache import cache_dir
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = ["FileShard", "MemoryShard", "Shard", "ShardChanged", "cache_dir", "open_shard"]
 
@@ -130,7 +130,7 @@ class FileShard:
         if data_path.exists() and index_path.exists():
             return str(data_path), str(index_path)
         if storage.is_remote(self.uri):
-            from zephon_nodes.io.remote import fetched
+            from zephon_nodes.io.storage.remote import fetched
 
             with fetched(self.uri, storage.stat(self.uri)) as (tmp, checksum):
                 _check_same(self, checksum)
@@ -191,11 +191,11 @@ class FileShard:
 
     def _remake(self) -> None:
         """Make this content's cache copy, record index and sums again from the shard."""
-        from zephon_nodes.io.copies import remake
+        from zephon_nodes.io.formats.copies import remake
 
         source = self.uri or self.path
         if storage.is_remote(source):
-            from zephon_nodes.io.remote import fetched
+            from zephon_nodes.io.storage.remote import fetched
 
             with fetched(source, storage.stat(source)) as (tmp, checksum):
                 _check_same(self, checksum)
@@ -395,7 +395,7 @@ def _index_file(data_path: Path) -> np.ndarray:
 
 
 def _open_remote(uri: str) -> FileShard:
-    from zephon_nodes.io.remote import fetched, known_checksum
+    from zephon_nodes.io.storage.remote import fetched, known_checksum
 
     compressed = uri.endswith(".zst")
     st = storage.stat(uri)
@@ -435,11 +435,12 @@ def _records(shard: FileShard) -> int:
 def open_shard(path: str | os.PathLike[str]) -> FileShard:
     """Index a ``.jsonl`` or ``.jsonl.zst`` shard (once per content) and return a handle.
 
-    ``path`` is a local path, ``file://`` or remote URI (see :mod:`zephon_nodes.io.storage`).
+    ``path`` is a local path, ``file://`` or remote URI (see
+    :mod:`zephon_nodes.io.storage.storage`).
     A local shard is read once to compute its content checksum (see
-    :mod:`zephon_nodes.io.checksum`); its index and decompressed copy are built on the first
+    :mod:`zephon_nodes.io.storage.checksum`); its index and decompressed copy are built on the first
     use of that content. A remote shard is fetched once per content (see
-    :mod:`zephon_nodes.io.remote`).
+    :mod:`zephon_nodes.io.storage.remote`).
 
     Raises:
         DataError: If the file is missing, unreadable, or a corrupt/truncated zstd stream.

@@ -2,7 +2,7 @@
 
 :class:`LazyShards` is the ``shards`` sequence of a
 :class:`~zephon_nodes.io.dataset.Dataset` built from a dataset index
-(:func:`~zephon_nodes.io.table.resolve_indexed`): its length and record counts come from
+(:func:`~zephon_nodes.io.index.table.resolve_indexed`): its length and record counts come from
 the index's columns, and shard ``k`` is built on first access. That is also when the file
 is checked against its index entry (size and version tag; a local copy with a new
 modification time is re-hashed; ``ZEPHON_VERIFY_DATA=1`` hashes every local shard): a
@@ -19,7 +19,7 @@ from typing import Any, overload
 import numpy as np
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.table import KINDS, IndexedFiles
+from zephon_nodes.io.index.table import KINDS, IndexedFiles
 
 __all__ = ["LazyShards"]
 
@@ -78,7 +78,7 @@ class LazyShards(Sequence[Any]):
             yield self[k]
 
     def has_kind(self, kind: str) -> bool:
-        """Whether any shard is of ``kind`` (see :data:`~zephon_nodes.io.table.KINDS`)."""
+        """Whether any shard is of ``kind`` (see :data:`~zephon_nodes.io.index.table.KINDS`)."""
         return bool(np.any(self.kinds == KINDS.index(kind)))
 
     def first_of_kind(self, kind: str) -> str | None:
@@ -92,8 +92,8 @@ class LazyShards(Sequence[Any]):
         return bool(np.any(zst & (self.frames < 2)))
 
     def _open(self, k: int) -> Any:
-        from zephon_nodes.io import storage
-        from zephon_nodes.io.index import _check
+        from zephon_nodes.io.index.index import _check
+        from zephon_nodes.io.storage import storage
 
         table = self.files.table
         row = int(self.files.rows[k])
@@ -111,8 +111,8 @@ class LazyShards(Sequence[Any]):
                 f"dataset {self.name!r}: {storage.redact(uri)}: {shard.num_records} records, "
                 f"the dataset index says {int(self.records[k])}"
             )
-        from zephon_nodes.io.nodecache import node_cache
-        from zephon_nodes.io.wholeshard import NodeCachedShard, _whole
+        from zephon_nodes.io.nodecache.nodecache import node_cache
+        from zephon_nodes.io.nodecache.wholeshard import NodeCachedShard, _whole
 
         if node_cache() is not None and _whole(shard):
             return NodeCachedShard(shard)
@@ -120,15 +120,15 @@ class LazyShards(Sequence[Any]):
 
 
 def _verify(uri: str) -> bool:
-    from zephon_nodes.io import storage
-    from zephon_nodes.io.table import verify_data
+    from zephon_nodes.io.index.table import verify_data
+    from zephon_nodes.io.storage import storage
 
     return verify_data() and not storage.is_remote(uri)
 
 
 def _verify_checksum(uri: str, entry: dict[str, Any], directory: str) -> None:
-    from zephon_nodes.io.checksum import file_checksum
-    from zephon_nodes.io.index import rebuild_hint
+    from zephon_nodes.io.index.index import rebuild_hint
+    from zephon_nodes.io.storage.checksum import file_checksum
 
     got = file_checksum(uri)
     if got != entry.get("checksum"):
@@ -141,13 +141,13 @@ def _verify_checksum(uri: str, entry: dict[str, Any], directory: str) -> None:
 def _from_entry(uri: str, entry: dict[str, Any], text_field: str, image_column: str | None) -> Any:
     """A shard from its index entry (as :func:`zephon_nodes.io.sources` opens one)."""
     if entry["kind"] == "parquet":
-        from zephon_nodes.io.parquet import indexed_parquet_shard
+        from zephon_nodes.io.formats.parquet import indexed_parquet_shard
 
         return indexed_parquet_shard(uri, entry, text_field, image_column)
     if entry["kind"] == "tar":
-        from zephon_nodes.io.tar import indexed_tar_shard
+        from zephon_nodes.io.formats.tar import indexed_tar_shard
 
         return indexed_tar_shard(uri, entry)
-    from zephon_nodes.io.shards import indexed_shard
+    from zephon_nodes.io.formats.shards import indexed_shard
 
     return indexed_shard(uri, entry)

@@ -1,7 +1,7 @@
 """Node-cache counters of process workers, sent back with their results and added up.
 
 A process worker (``WorkerPool(runner="process")``) reads shards through its own
-:class:`~zephon_nodes.io.nodecache.NodeCache` instance (one per process), so its hits,
+:class:`~zephon_nodes.io.nodecache.nodecache.NodeCache` instance (one per process), so its hits,
 misses and bytes fetched are counted in that process. :class:`CountedCall` wraps each call
 sent to a worker: it returns the call's result with the change of the worker's counters
 during the call, and :func:`collect` (run in the rank's process when the result arrives)
@@ -44,8 +44,8 @@ _TOTALS: dict[str, int] = {}
 
 def _own() -> dict[str, int]:
     """The counters of this process's node caches, and its bad cache entries dropped."""
-    from zephon_nodes.io import nodecache
-    from zephon_nodes.io.entrysums import bad_entries
+    from zephon_nodes.io.formats.entrysums import bad_entries
+    from zephon_nodes.io.nodecache import nodecache
 
     out: dict[str, int] = {"bad_cache_entries": bad_entries()}
     with nodecache._SHARED_LOCK:
@@ -133,6 +133,6 @@ def merged(stats: Mapping[str, int]) -> dict[str, int]:
 
 def bad_cache_entries() -> int:
     """Damaged cache entries dropped and made again, by this process and its workers."""
-    from zephon_nodes.io.entrysums import bad_entries
+    from zephon_nodes.io.formats.entrysums import bad_entries
 
     return bad_entries() + worker_totals().get("bad_cache_entries", 0)

@@ -27,7 +27,7 @@ from typing import Any
 import xxhash
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.cache import atomic_write, cache_dir
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 
 __all__ = ["PREFIX", "Hasher", "build_memo", "file_checksum", "immutable_data", "one_pass"]
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from zephon_nodes.core.progress import Progress
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
-from zephon_nodes.io.cache import atomic_write, cache_dir
-from zephon_nodes.io.checksum import Hasher
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir
+from zephon_nodes.io.storage.checksum import Hasher
 
 __all__ = ["fetched", "finish_progress", "known_checksum"]
 

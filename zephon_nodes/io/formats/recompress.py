@@ -3,7 +3,7 @@
 A shard made of one zstd frame cannot be entered in the middle, so it is decompressed whole
 before any of its records is read. Written as frames of about ``frame_bytes`` of text each,
 always ending on a record boundary, the same records can be read frame by frame through the
-dataset index (see :mod:`zephon_nodes.io.index`). The frames of one file concatenated are
+dataset index (see :mod:`zephon_nodes.io.index.index`). The frames of one file concatenated are
 still one valid ``.zst`` file for every zstd reader. The records (and so the batches) do not
 change; the file's bytes do, so its content checksum and the recipe fingerprint change too:
 re-compress before a run starts, not in the middle of one.
@@ -17,7 +17,7 @@ from pathlib import Path
 import zstandard
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.cache import atomic_write
+from zephon_nodes.io.storage.cache import atomic_write
 
 __all__ = ["recompress_file"]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.checksum import build_memo
+from zephon_nodes.io.storage.checksum import build_memo
 
 __all__ = [
     "FileStat",

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
-from zephon_nodes.io.checksum import file_checksum
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = ["ParquetShard", "open_parquet_shard"]
 
@@ -179,7 +179,7 @@ def open_parquet_shard(
     """
     p = str(path)
     if storage.is_remote(p):
-        from zephon_nodes.io.remote import fetched, known_checksum
+        from zephon_nodes.io.storage.remote import fetched, known_checksum
 
         st = storage.stat(p)
         checksum = known_checksum(p, st)

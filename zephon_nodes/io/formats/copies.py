@@ -2,7 +2,7 @@
 
 For a shard of content checksum ``xxh3_128:K`` the cache directory holds ``K.index.npy`` (the
 byte range of every record), for a ``.jsonl.zst`` ``K.jsonl`` (its decompressed text), and
-``K.sums.npy`` (see :mod:`zephon_nodes.io.entrysums`). A copy is made in a temporary file,
+``K.sums.npy`` (see :mod:`zephon_nodes.io.formats.entrysums`). A copy is made in a temporary file,
 its record index and sums are written, and only then is it renamed into place, so a copy
 that exists always has its sums; a copy without them (an older cache) or not matching them
 is dropped and made again by :func:`remake`.
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io.cache import atomic_write, cache_dir, umask_mode
-from zephon_nodes.io.entrysums import BadEntry, check_index, drop, sums_path, write_sums
+from zephon_nodes.io.formats.entrysums import BadEntry, check_index, drop, sums_path, write_sums
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir, umask_mode
 
 __all__ = ["artifacts", "build", "forget_index", "load_index", "remake"]
 
@@ -80,8 +80,8 @@ def build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
 
 
 def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
-    from zephon_nodes.io.checksum import Hasher
-    from zephon_nodes.io.shards import _decompress_to, _index_file
+    from zephon_nodes.io.formats.shards import _decompress_to, _index_file
+    from zephon_nodes.io.storage.checksum import Hasher
 
     data_path, index_path = artifacts(checksum)
     if compressed and not data_path.exists():

@@ -1,6 +1,6 @@
 """A dataset index as columns: what a pipeline reads at start-up instead of the shards.
 
-A dataset index (:mod:`zephon_nodes.io.index`) is one JSON manifest; parsing it costs a few
+A dataset index (:mod:`zephon_nodes.io.index.index`) is one JSON manifest; parsing it costs a few
 microseconds per shard, as would listing the shards' folders, building one object per shard
 or serializing each shard's identity into the fingerprint. At 100,000 shards that is
 seconds before the first batch. A :class:`ShardTable` is the same manifest converted once per
@@ -12,8 +12,8 @@ directory under a key made of the manifest's location, size, modification time a
 :func:`resolve_indexed` matches a dataset's glob patterns against the names the index lists
 (the folders are not listed; the selection is cached next to the table), so building a
 pipeline touches no shard: each shard is checked against its entry (size and version tag,
-see :func:`zephon_nodes.io.index.find_entry`) when a work item of it is first read
-(:class:`~zephon_nodes.io.lazyshards.LazyShards`). With an index, the index is the list of
+see :func:`zephon_nodes.io.index.index.find_entry`) when a work item of it is first read
+(:class:`~zephon_nodes.io.index.lazyshards.LazyShards`). With an index, the index is the list of
 shards: a file added to the folders later joins the dataset when the index is rebuilt.
 ``ZEPHON_VERIFY_DATA=1`` also lists the folders and refuses a matched file the index lacks.
 """
@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
-from zephon_nodes.io.cache import cache_dir
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.cache import cache_dir
 
 __all__ = ["IndexedFiles", "ShardTable", "load_table", "resolve_indexed", "verify_data"]
 
@@ -225,7 +225,7 @@ def _join(directory: str, name: str) -> str:
 
 
 def _save(path: Path, array: np.ndarray) -> None:
-    from zephon_nodes.io.cache import atomic_write
+    from zephon_nodes.io.storage.cache import atomic_write
 
     atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
 
@@ -254,7 +254,7 @@ def _table_key(location: str) -> tuple[str, storage.FileStat] | None:
 
 def _build(location: str, folder: Path) -> None:
     """Parse the manifest at ``location`` once and write its columns into ``folder``."""
-    from zephon_nodes.io.index import _manifest
+    from zephon_nodes.io.index.index import _manifest
 
     found = _manifest(location)
     if found is None:
@@ -321,7 +321,7 @@ def _build(location: str, folder: Path) -> None:
 
 
 def _hint(location: str) -> str:
-    from zephon_nodes.io.index import rebuild_hint
+    from zephon_nodes.io.index.index import rebuild_hint
 
     directory = posixpath.dirname(location) if storage.is_remote(location) else None
     return rebuild_hint(directory or os.path.dirname(storage.local_path(location)))
@@ -402,7 +402,7 @@ class IndexedFiles:
 
 def _candidates(directory: str, named: str | None) -> list[str]:
     """Where the index of files under ``directory`` may be (as for a shard there)."""
-    from zephon_nodes.io.index import _candidates as shard_candidates
+    from zephon_nodes.io.index.index import _candidates as shard_candidates
 
     return shard_candidates(_join(directory, "*"), named)
 
@@ -427,8 +427,8 @@ def resolve_indexed(spec: Any) -> IndexedFiles | None:
     Raises:
         DataError: An unreadable index, or (verify mode) a file the index lacks.
     """
-    from zephon_nodes.io.checksum import build_memo
-    from zephon_nodes.io.index import literal_dir
+    from zephon_nodes.io.index.index import literal_dir
+    from zephon_nodes.io.storage.checksum import build_memo
 
     if spec.records is not None or os.environ.get("ZEPHON_NO_INDEX") or not spec.paths:
         return None

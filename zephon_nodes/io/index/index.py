@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.errors import DataError
-from zephon_nodes.io import storage
-from zephon_nodes.io.checksum import file_checksum
-from zephon_nodes.io.indexcheck import SEAL_KEY, check_entry, kind_of, parse_manifest, seal
+from zephon_nodes.io.index.indexcheck import SEAL_KEY, check_entry, kind_of, parse_manifest, seal
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = [
     "EVERY",
@@ -102,7 +102,7 @@ def _read_text(uri: str) -> bytes | None:
 def load_index(location: str) -> dict[str, Any] | None:
     """Load the manifest at ``location`` (a file URI/path); ``None`` if there is none.
 
-    Its seal is checked and every entry range-checked (:mod:`zephon_nodes.io.indexcheck`).
+    Its seal is checked and every entry range-checked (:mod:`zephon_nodes.io.index.indexcheck`).
 
     Raises:
         DataError: If the manifest is unreadable, of another format or version, does not
@@ -196,7 +196,7 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     Raises:
         DataError: If the index does not match the shard (naming it and the rebuild command).
     """
-    from zephon_nodes.io.checksum import build_memo
+    from zephon_nodes.io.storage.checksum import build_memo
 
     memo = build_memo()
     if memo is not None and ("index", str(uri)) in memo:
@@ -324,14 +324,14 @@ def _common_dir(dirs: Sequence[str]) -> str:
 
 
 def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
-    from zephon_nodes.io import shards, tar
+    from zephon_nodes.io.formats import shards, tar
 
     entry: dict[str, Any] = {"kind": kind}
     if kind in ("jsonl", "jsonl.zst"):
         if kind == "jsonl.zst":
             # Counted as a stream: no temporary file (the data folder may be read-only, and
             # concurrent runs must not share one).
-            from zephon_nodes.io.wholeshard import _LineCounter
+            from zephon_nodes.io.nodecache.wholeshard import _LineCounter
 
             counter = _LineCounter()
             shards._decompress_to(path, counter)
@@ -344,7 +344,7 @@ def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
         entry["offsets"] = [int(x) for x in index[::every, 0].tolist()]
         entry["end"] = int(index[-1, 1]) if len(index) else 0
     elif kind == "parquet":
-        from zephon_nodes.io.parquet import _pq
+        from zephon_nodes.io.formats.parquet import _pq
 
         f = _pq().ParquetFile(str(path))
         meta = f.metadata
@@ -369,7 +369,7 @@ def build_entry(uri: str, every: int = EVERY) -> dict[str, Any]:
     kind = _kind(uri)
     st = storage.stat(uri)
     if storage.is_remote(uri):
-        from zephon_nodes.io.remote import fetched
+        from zephon_nodes.io.storage.remote import fetched
 
         with fetched(uri, st) as (tmp, checksum):
             entry = _local_entry(tmp, kind, every)
@@ -395,7 +395,7 @@ def literal_dir(pattern: str) -> str | None:
 def _pattern_dirs(patterns: Sequence[str]) -> list[str]:
     """Each wildcard pattern's folder before its first wildcard.
 
-    A pipeline looks for the index there (:func:`zephon_nodes.io.table.resolve_indexed`).
+    A pipeline looks for the index there (:func:`zephon_nodes.io.index.table.resolve_indexed`).
     """
     out = []
     for pattern in patterns:
@@ -470,7 +470,7 @@ def write_index(manifest: dict[str, Any], location: str, directory: str | None =
 
         storage.with_retries(put, location, what="write")
     else:
-        from zephon_nodes.io.cache import atomic_write
+        from zephon_nodes.io.storage.cache import atomic_write
 
         target = Path(storage.local_path(location))
         try:

@@ -1,0 +1,1 @@
+"""The dataset index written by ``zephon index``: record counts, offsets and checksums of shards."""

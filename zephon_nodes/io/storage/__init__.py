@@ -1,0 +1,1 @@
+"""Where bytes live: paths and URIs, range reads and retries, the cache directory, checksums."""
