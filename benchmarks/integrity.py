@@ -1,9 +1,9 @@
 """Cost of the integrity checks of issue 27, each beside the unchecked peer in the same run.
 
 1. Reading a cache copy: :func:`zephon_nodes.io.formats.entrysums.read_checked` (each
-   16 KiB block touched is hashed) against a plain ``seek`` + ``read`` of the same ranges, for reads of
-   4 KiB, 64 KiB and 1 MiB at random offsets of a 256 MiB copy in the page cache. Reported
-   as CPU nanoseconds per byte returned (process time).
+   16 KiB block touched is hashed) against a plain ``seek`` + ``read`` of the same ranges,
+   for reads of 4 KiB, 64 KiB and 1 MiB at random offsets of a 256 MiB copy in the page
+   cache. Reported as CPU nanoseconds per byte returned (process time).
 2. Opening a dataset index of N shards: the sealed, duplicate-refusing parse with every
    entry range-checked against a plain ``json.loads``, CPU seconds.
 
