@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,37 @@ def test_every_record_skipped_does_not_blame_the_lane_count(tmp_path, capsys):
     assert main(["digest", str(toml), "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "skipped" in err and "use fewer lanes" not in err, err
+
+
+def _two_datasets(tmp_path, weights=(1.0, 3.0)) -> Path:
+    for name in ("web", "code"):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "\n".join(json.dumps({"text": f"{name} {i} " * 3}) for i in range(120)) + "\n"
+        )
+    toml = tmp_path / f"r-{weights[0]}-{weights[1]}.toml"
+    datasets = "".join(
+        f'[[datasets]]\nname = "{n}"\npaths = ["{tmp_path}/{n}.jsonl"]\nweight = {w}\n'
+        for n, w in zip(("web", "code"), weights, strict=True)
+    )
+    toml.write_text(
+        "seed = 1\nnum_lanes = 2\nglobal_batch_size = 4\nseq_len = 16\n"
+        '[tokenizer]\nkind = "bytes"\n[work]\nchunk_size = 4\n' + datasets
+    )
+    return toml
+
+
+def test_inspect_accepts_the_multi_dataset_recipe_a_checkpoint_was_taken_with(tmp_path, capsys):
+    """`inspect CKPT --recipe R` agrees with `digest --resume-from`: yes for R, no for another."""
+    toml = _two_datasets(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    assert (
+        main(["digest", str(toml), "--steps", "3", "--save-at", "2", "--checkpoint-dir", str(ckpt)])
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["inspect", str(ckpt), "--recipe", str(toml)]) == 0, capsys.readouterr()
+    assert main(["digest", str(toml), "--steps", "1", "--resume-from", str(ckpt)]) == 0
+    other = _two_datasets(tmp_path, (3.0, 1.0))
+    capsys.readouterr()
+    assert main(["inspect", str(ckpt), "--recipe", str(other)]) == 1
+    assert "differs" in capsys.readouterr().out  # the weights: another recipe

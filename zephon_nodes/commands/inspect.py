@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,6 @@ from zephon_nodes.engine.checkpoint import (
     STATE_FILE,
     contents_diff,
     load_state,
-    recipe_summary,
     validate_state,
 )
 from zephon_nodes.errors import CheckpointError
@@ -69,17 +67,13 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
         ``(ok, message, differing fields)``; the fields are lines such as
         ``seq_len: checkpoint has 128, recipe has 256``.
     """
-    from zephon_nodes.io.identity import content_summary
-    from zephon_nodes.io.storage.checksum import one_pass
+    from zephon_nodes.engine.pipeline import Pipeline
 
-    with one_pass():
-        canonical = recipe.canonical()
-    summary = recipe_summary(canonical)
-    contents = content_summary(recipe.datasets, canonical)
-    if contents:
-        summary["contents"] = contents
-    blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
-    fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    # The pipeline's canonical form, as the checkpoint's: with several datasets it holds the
+    # token estimate the mixture was planned with, which Recipe.canonical() alone lacks.
+    pipeline = Pipeline(recipe)
+    summary = dict(pipeline.summary)
+    fingerprint = pipeline.fingerprint
     lanes = state.get("lanes")
     owned = [int(k) for k in lanes if str(k).isdigit()] if isinstance(lanes, dict) else []
     diffs: list[str] = []
