@@ -4,18 +4,39 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: demo test lint install install-test bench smoke-py312
+.PHONY: demo test lint install install-test bench smoke-py312 test-titan-main
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# pip runs only when what was installed changed: $(VENV)/.installed-* records the torch
+# pin, the extras and a hash of pyproject.toml; a second `make demo` goes straight to the demo.
+# `rm $(VENV)/.installed-*` forces a reinstall. The package is editable: code edits need none.
+TORCH := torch==2.13.0
+TEST_EXTRAS := test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat,s3,http
+PYPROJECT_HASH = $(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest()[:16])")
+# $(call pip_install,EXTRAS,NAME[,SUPERSET_EXTRAS,SUPERSET_NAME]): pip install the package with
+# EXTRAS unless .installed-NAME (or the stamp of a superset of them) records this very torch pin,
+# these extras and this pyproject.toml.
+stamp_line = $(TORCH) extras=[$(1)] pyproject=$(PYPROJECT_HASH)
+define pip_install
+	@if [ "$$(cat $(VENV)/.installed-$(2) 2>/dev/null)" = "$(call stamp_line,$(1))" ]; then \
+	  echo "make: $(2) install up to date ($(VENV)/.installed-$(2) matches pyproject.toml)"; \
+	elif [ -n "$(4)" ] && [ "$$(cat $(VENV)/.installed-$(4) 2>/dev/null)" = "$(call stamp_line,$(3))" ]; then \
+	  echo "make: $(2) install up to date ($(VENV)/.installed-$(4) matches pyproject.toml)"; \
+	else \
+	  echo "$(PIP) install -q $(TORCH) && $(PIP) install -q -e '.$(if $(1),[$(1)])'"; \
+	  rm -f $(VENV)/.installed-$(2); \
+	  $(PIP) install -q $(TORCH) && $(PIP) install -q -e '.$(if $(1),[$(1)])' \
+	    && echo "$(call stamp_line,$(1))" > $(VENV)/.installed-$(2); \
+	fi
+endef
+
 install: $(BIN)/python
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e .
+	$(call pip_install,,base,$(TEST_EXTRAS),test)
 
 install-test: $(BIN)/python
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,torchtitan,trainer,report,testing,bench,parquet,multimodal,ray,chat,s3,http]'
+	$(call pip_install,$(TEST_EXTRAS),test)
 
 demo: install
 	$(BIN)/zephon demo
@@ -45,3 +66,18 @@ smoke-py312:
 bench: install-test
 	-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11-doc
 	$(BIN)/python -m benchmarks.run --json bench-results.json
+
+# TorchTitan main (not on PyPI): its own venv with the vendored snapshot (../shared/vendor),
+# the CPU torch first (so pip never pulls a CUDA build), then the main-adapter tests only.
+# The stamp makes a second call skip pip; delete $(VENV_TITAN_MAIN) to rebuild.
+TITAN_MAIN_SRC ?= ../shared/vendor/torchtitan-b5bcd76.tar.gz
+VENV_TITAN_MAIN ?= .venv-titan-main
+$(VENV_TITAN_MAIN)/.stamp: pyproject.toml
+	test -x $(VENV_TITAN_MAIN)/bin/python || $(PYTHON) -m venv $(VENV_TITAN_MAIN)
+	$(VENV_TITAN_MAIN)/bin/python -m pip install -q torch==2.13.0
+	$(VENV_TITAN_MAIN)/bin/python -m pip install -q $(TITAN_MAIN_SRC) 'triton>=3.9,<3.10'
+	$(VENV_TITAN_MAIN)/bin/python -m pip install -q -e '.[testing]' 'pytest>=8' 'tokenizers>=0.19'
+	$(VENV_TITAN_MAIN)/bin/python -c "import torch; v = torch.__version__; assert v.startswith('2.13.0') and torch.version.cuda is None, v"
+	touch $@
+test-titan-main: $(VENV_TITAN_MAIN)/.stamp
+	HYPOTHESIS_PROFILE=ci $(VENV_TITAN_MAIN)/bin/python -m pytest -p no:cacheprovider tests/integrations/titan_main tests/integrations/test_cross_adapter.py

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -25,3 +27,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # Record indexes and decompressed shards go to a private directory, never the user's cache.
 os.environ.setdefault("ZEPHON_CACHE_DIR", tempfile.mkdtemp(prefix="zephon-test-cache-"))
+
+
+@pytest.fixture(autouse=True)
+def _process_settings() -> Iterator[None]:
+    """Each test starts from the environment's physical settings (``core.settings.reset``).
+
+    ``set_cache_limit`` and ``--cache-limit`` change the process's settings (as they once
+    changed ``os.environ``, which ``monkeypatch`` undid); this undoes them after each test.
+    """
+    from zephon_nodes.core import settings as physical
+
+    yield
+    physical.reset()

@@ -4,12 +4,15 @@ The same recipe yields the same global batches, byte for byte, whatever the numb
 data-parallel ranks, loader workers or restarts.
 """
 
+from zephon_nodes.core.flush import Flush
+from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.checkpoint import load_state, merge_states, save_state
-from zephon_nodes.engine.flush import Flush
 from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.torchdata_stage import TorchdataStage
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, DataError, RecipeError, WorkerError, ZephonError
 from zephon_nodes.io.dataset import Dataset
@@ -28,6 +31,7 @@ from zephon_nodes.verification.simulate import simulate
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccumulatorNode",
     "CheckpointError",
     "DataError",
     "Dataset",
@@ -38,12 +42,14 @@ __all__ = [
     "MixtureSpec",
     "Multiplexer",
     "OperatorSpec",
+    "OrderedParallelMap",
     "PackSpec",
     "Pipeline",
     "Recipe",
     "RecipeError",
     "ShuffleSpec",
     "TokenizerSpec",
+    "TorchdataStage",
     "WorkItem",
     "WorkItemNode",
     "WorkSource",

@@ -26,6 +26,7 @@ COMMANDS = {
     "index": "index",
     "recompress": "recompress",
     "relane": "relane",
+    "cache": "cache",
 }
 
 

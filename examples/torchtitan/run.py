@@ -60,9 +60,7 @@ def train(work: Path, name: str, nproc: int, steps: int, save_at: int, *extra: s
         "--dataloader.recipe", str(work / "recipe.toml"),
         "--dataloader.dump-batches", str(work / "batches" / name),
         "--hf-assets-path", str(work / "hf_assets"),
-        "--training.seq-len", str(SEQ_LEN),
-        "--training.local-batch-size", "2",
-        "--training.global-batch-size", str(GLOBAL_BATCH),
+        *size_flags(),
         "--training.steps", str(steps),
         "--checkpoint.enable",
         "--checkpoint.interval", str(save_at),
@@ -92,7 +90,24 @@ def digests(cmd: list[str]) -> dict[int, str]:
     }
 
 
-SEQ_LEN, GLOBAL_BATCH = 64, 8
+SEQ_LEN, GLOBAL_BATCH, ROWS = 64, 8, 2
+
+
+def size_flags() -> list[str]:
+    """The batch-size options of the installed TorchTitan (0.3.0 or main), same batches."""
+    from zephon_nodes.integrations.torchtitan.api import detect_api
+
+    if detect_api() == "main":
+        return [
+            "--training.max-context-length", str(SEQ_LEN),
+            "--training.num-tokens-per-microbatch-per-dp-rank", str(ROWS * SEQ_LEN),
+            "--training.num-tokens-per-train-step", str(GLOBAL_BATCH * SEQ_LEN),
+        ]  # fmt: skip
+    return [
+        "--training.seq-len", str(SEQ_LEN),
+        "--training.local-batch-size", str(ROWS),
+        "--training.global-batch-size", str(GLOBAL_BATCH),
+    ]  # fmt: skip
 
 
 def main() -> int:
@@ -101,6 +116,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6, help="training steps")
     ap.add_argument("--save-at", type=int, default=3, help="checkpoint interval (resume point)")
     ap.add_argument("--json", type=Path, default=None, help="also write the summary here")
+    ap.add_argument("--resume-on", default="1,4", help="dp sizes to resume on (comma-separated)")
     args = ap.parse_args()
     work = args.work.resolve()
     steps, save_at = args.steps, args.save_at
@@ -113,7 +129,8 @@ def main() -> int:
         "--checkpoint.initial-load-path", str(ckpt),
         "--checkpoint.no-initial-load-model-only",
     ]  # fmt: skip
-    for world in (1, 4):
+    resume_on = [int(x) for x in args.resume_on.split(",") if x]
+    for world in resume_on:
         jobs[f"dp{world}"] = train(work, f"dp{world}", world, steps, save_at, *load)
 
     expected = digests(["digest", str(work / "recipe.toml"), "--steps", str(steps)])
@@ -134,7 +151,7 @@ def main() -> int:
             cells.append(f"{'same' if same else 'DIFFERS':>7} loss {loss if loss else '?':>9}")
         print(f"{t:>4} | {expected[t][:12]}.. | " + " | ".join(cells))
     want = {"dp2": list(range(1, steps + 1))}
-    want.update({k: list(range(save_at + 1, steps + 1)) for k in ("dp1", "dp4")})
+    want.update({f"dp{w}": list(range(save_at + 1, steps + 1)) for w in resume_on})
     for name, job in jobs.items():
         if sorted(job["digests"]) != want[name]:
             ok = False

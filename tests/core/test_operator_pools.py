@@ -17,7 +17,7 @@ from torchdata.nodes import Loader, Prefetcher
 from tests.core.helpers import check_random_operator_pools, digests, texts_recipe
 from tests.strategies import chain_recipes
 from zephon_nodes import OperatorSpec, Pipeline, Recipe, WorkerPool
-from zephon_nodes.engine.stages import PoolSpec, parse_operator_workers, split_stages
+from zephon_nodes.engine.operator_pools import PoolSpec, parse_operator_workers, split_stages
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe import PackSpec
 

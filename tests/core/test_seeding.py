@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zephon_nodes.engine.seeding import SplitMix64, mix64, permutation
+from zephon_nodes.core.seeding import SplitMix64, mix64, permutation
 
 
 def test_splitmix64_reference_values():
@@ -46,7 +46,7 @@ class TestRememberedPermutations:
         """The second call loads the first's result; a damaged file is recomputed, not used."""
         import numpy as np
 
-        from zephon_nodes.engine import seeding
+        from zephon_nodes.core import seeding
 
         monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path))
         n = seeding._REMEMBER + 17

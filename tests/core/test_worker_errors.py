@@ -8,8 +8,7 @@ import pytest
 from torchdata.nodes import IterableWrapper
 
 from tests.core.helpers import fail_on_seven, texts_recipe
-from zephon_nodes import Pipeline, WorkerError, WorkerPool, simulate
-from zephon_nodes.operators import OrderedParallelMap
+from zephon_nodes import OrderedParallelMap, Pipeline, WorkerError, WorkerPool, simulate
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from tests.core.helpers import digests, texts_recipe
 from tests.fault.shm_ops import arrays, export_then
 from zephon_nodes import Pipeline, WorkerPool
 from zephon_nodes.engine import shm
+from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.errors import WorkerError
-from zephon_nodes.operators.parallel_map import OrderedParallelMap
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs /dev/shm (Linux)")
 

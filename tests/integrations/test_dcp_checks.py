@@ -17,7 +17,7 @@ import torch
 from tests.fault.common import INLINE, memory_pipeline, texts
 from zephon_nodes import CheckpointError, simulate
 from zephon_nodes.engine.checkpoint import validate_state
-from zephon_nodes.engine.decisions import MIXTURE_KEY
+from zephon_nodes.engine.mixture_log import MIXTURE_KEY
 from zephon_nodes.integrations.torchtitan import (
     DCP_FORMAT,
     RECIPE_PREFIX,

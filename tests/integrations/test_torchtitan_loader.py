@@ -271,10 +271,16 @@ class TestState:
         sd = build(recipe_path, 2, 1).state_dict()
         lanes = sorted(k for k in sd if k.startswith("lane_"))
         assert lanes == [lane_key(2), lane_key(3)] == ["lane_00002", "lane_00003"]
-        assert sorted(k for k in sd if k.startswith("mixture_lane_")) == [
+        # One dataset: no mixture to change, so no mixture keys; a lane is 32 bytes.
+        assert not any(k.startswith("mixture") for k in sd)
+        assert all(sd[k].numel() * sd[k].element_size() == 32 for k in lanes)
+        roomy = build(recipe_path, 2, 1, max_decisions=256).state_dict()
+        assert sorted(k for k in roomy if k.startswith("mixture_lane_")) == [
             "mixture_lane_00002",
             "mixture_lane_00003",
         ]
+        assert roomy["mixture_lane_00002"].shape == (256,)
+        sd.update(roomy)
         for k, v in sd.items():
             assert isinstance(v, torch.Tensor), k
             want = {"fingerprint": torch.uint8, "mixture_log": torch.float64}.get(k, torch.int64)

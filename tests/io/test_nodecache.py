@@ -444,10 +444,11 @@ class TestConfiguration:
             parse_size("lots")
 
     def test_node_cache_from_env(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """No limit: no cache; a limit: one shared instance under $ZEPHON_CACHE_DIR/node."""
+        """No limit: the default one; a limit: one shared instance under $ZEPHON_CACHE_DIR/node."""
         monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path))
         monkeypatch.delenv(LIMIT_ENV, raising=False)
-        assert node_cache() is None
+        default = node_cache()
+        assert 0 < default.limit_bytes <= 100 << 30  # a share of the free disk, capped
         set_cache_limit("1M", "lru")
         cache = node_cache()
         assert cache is not None and cache is node_cache()
@@ -457,8 +458,9 @@ class TestConfiguration:
             node_cache()
         with pytest.raises(RecipeError, match="'fifo'"):
             set_cache_limit("1M", "fifo")
+        monkeypatch.delenv(LIMIT_ENV)
         set_cache_limit(None)
-        assert node_cache() is None
+        assert node_cache() is default
 
 
 _PROC = textwrap.dedent(
@@ -477,6 +479,7 @@ _PROC = textwrap.dedent(
     keys = keys[rank % 2 * 6:] + keys[:rank % 2 * 6]  # two pairs, each in lockstep
     cache = NodeCache(root, 10_000, "belady", wait_s=60)
     cache.set_future(keys)
+    Path(str(go) + f".ready-{rank}").touch()  # the test releases all four at once
     while not go.exists():
         time.sleep(0.005)
     for key in keys:
@@ -508,7 +511,13 @@ def test_four_processes_fetch_each_key_once(tmp_path: Path) -> None:
         )
         for r in range(4)
     ]
-    time.sleep(0.2)
+    # Release the four together once every one is ready (imports take seconds under load),
+    # so pairs in lockstep do want the same key at the same time.
+    deadline = time.monotonic() + 120
+    while not all(Path(f"{go}.ready-{r}").exists() for r in range(4)):
+        assert time.monotonic() < deadline, "the rank processes did not start"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.01)
     go.touch()
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (_out, err) in zip(procs, outs, strict=True):

@@ -62,7 +62,9 @@ def test_indexed_zst_through_node_cache(
     capsys.readouterr()
     monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "plain"))
     reference = digests(Pipeline(recipe(tmp_path / "data")))
-    assert list((tmp_path / "plain").glob("*.jsonl"))  # without a limit: unbounded copies
+    # Without a limit: the default-bounded node cache, no unbounded copy beside it.
+    assert not list((tmp_path / "plain").glob("*.jsonl"))
+    assert list((tmp_path / "plain" / "node" / "data").iterdir())
 
     monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zc"))
     limit = corpus // 10

@@ -15,9 +15,11 @@ import pytest
 from torchdata.nodes import BaseNode
 
 from zephon_nodes import (
+    AccumulatorNode,
     DatasetSpec,
     Lane,
     Multiplexer,
+    OrderedParallelMap,
     Pipeline,
     Recipe,
     ShuffleSpec,
@@ -26,7 +28,7 @@ from zephon_nodes import (
     WorkItemNode,
     WorkSpec,
 )
-from zephon_nodes.operators import AccumulatorNode, ConcatPacker, OrderedParallelMap
+from zephon_nodes.operators import ConcatPacker
 from zephon_nodes.testing import assert_save_load_state, assert_state_roundtrip
 
 

@@ -13,7 +13,7 @@ from zephon_nodes import DatasetSpec, Pipeline, Recipe, RecipeError, WorkerPool,
 from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.multiplexer import LANE_KEY
-from zephon_nodes.engine.relane import lane_length
+from zephon_nodes.engine.work import lane_length
 from zephon_nodes.engine.wrap import WrappedWorkSource
 from zephon_nodes.verification.simulate import simulate
 

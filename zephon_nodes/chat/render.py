@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.chat.template import ChatTemplate, TemplateFailure
-from zephon_nodes.engine.work import WorkItem
+from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.errors import DataError, RecipeError
 from zephon_nodes.operators.documents import DocBatch, Skipped, add_skipped
 from zephon_nodes.operators.parse import classify_file_error, record_object

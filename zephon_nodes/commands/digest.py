@@ -7,14 +7,15 @@ import json
 import sys
 from typing import Any
 
+from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
 from zephon_nodes.commands.progress import progress_bar
+from zephon_nodes.core.settings import current, using
 from zephon_nodes.engine.checkpoint import check_writable, load_state, save_state
-from zephon_nodes.engine.decisions import read_updates, updates_after
+from zephon_nodes.engine.mixture_log import read_updates, updates_after
+from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
-from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io.nodecache.nodecache import set_cache_limit
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.dump import write_step
 from zephon_nodes.verification.simulate import simulate
@@ -35,7 +36,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("recipe", help="recipe TOML file")
     p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
     p.add_argument("--steps", type=int, required=True, help="global batches to produce")
-    p.add_argument("--num-workers", type=int, default=2, help="pool workers (default 2)")
+    p.add_argument(
+        "--num-workers",
+        "--workers",
+        dest="num_workers",
+        type=int,
+        default=2,
+        help="pool workers per rank (default 2; --workers is the same flag)",
+    )
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
     p.add_argument("--local-batch-size", type=int, default=None, help="micro-batch size per rank")
     p.add_argument(
@@ -51,7 +59,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--cache-limit",
         default=None,
-        help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT); never changes a digest",
+        help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT, else min(50%% of "
+        "free disk, 100G)); never changes a digest",
     )
     p.add_argument(
         "--dump-batches",
@@ -71,15 +80,23 @@ def add_parser(sub: Any) -> None:
         help='JSON list of decisions [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...], '
         "each made after its step (dynamic mixture)",
     )
+    add_token_cache_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``zephon digest``."""
+    """Run ``zephon digest`` (inside the settings its flags give, see core/settings)."""
+    settings = current()
+    if args.cache_limit is not None:
+        settings = settings.replace(cache_limit=args.cache_limit)
+    settings = with_token_cache_args(settings, args)
+    with using(settings):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if (args.save_at is None) != (args.checkpoint_dir is None):
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
-    if args.cache_limit is not None:
-        set_cache_limit(args.cache_limit)
     if args.checkpoint_dir is not None:
         check_writable(args.checkpoint_dir)  # now, not when the save step is reached
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
@@ -148,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
     cache = pipeline.cache_stats()
     if cache is not None:
         print(f"zephon digest: node cache {json.dumps(cache, sort_keys=True)}", file=sys.stderr)
+    tokens_cached = pipeline.token_cache_stats()
+    if tokens_cached is not None:
+        line = json.dumps(tokens_cached, sort_keys=True)
+        print(f"zephon digest: token cache {line}", file=sys.stderr)
     if produced < args.steps:
         print(
             f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "

@@ -6,7 +6,11 @@ import argparse
 import json
 from typing import Any
 
+from zephon_nodes.core.operator import operator_name
+from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.checkpoint import FORMAT
+from zephon_nodes.engine.lane import chain_nodes
+from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import RecipeError
@@ -31,7 +35,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("recipe", help="recipe TOML file")
     p.add_argument("--dp-world-size", type=int, default=1, help="data-parallel ranks")
-    p.add_argument("--num-workers", type=int, default=2, help="pool workers per rank")
+    p.add_argument(
+        "--num-workers",
+        "--workers",
+        dest="num_workers",
+        type=int,
+        default=2,
+        help="pool workers per rank (default 2; --workers is the same flag)",
+    )
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
     p.add_argument("--lookahead", type=int, default=4, help="work items each lane submits ahead")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -42,21 +53,19 @@ def _chain(pipeline: Pipeline) -> list[dict[str, str]]:
     """The nodes of lane 0 from source to output (every lane has the same chain)."""
     pool = WorkerPool(0, "thread")
     try:
-        node: Any = pipeline.build_lane(0, pool).source
         out = []
-        while node is not None:
+        for node in chain_nodes(pipeline.build_lane(0, pool).source):
             kind = type(node).__name__
-            if kind == "AccumulatorNode":
+            if isinstance(node, AccumulatorNode):
                 name = type(node.make(0)).__name__
                 out.append({"node": kind, "operator": name, "where": "lane (single-threaded)"})
-            elif kind == "OrderedParallelMap":
-                name = getattr(node.fn, "name", type(node.fn).__name__)
+            elif isinstance(node, OrderedParallelMap):
+                name = operator_name(node.fn)
                 out.append({"node": kind, "operator": name, "where": "worker pool"})
             else:
                 out.append(
                     {"node": kind, "operator": "work items + flush markers", "where": "lane"}
                 )
-            node = getattr(node, "source", None)
         return out[::-1]
     finally:
         pool.close()

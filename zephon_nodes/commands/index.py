@@ -33,7 +33,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--every", type=int, default=EVERY, help="keep the offset of every k-th jsonl record"
     )
-    p.add_argument("--workers", type=int, default=8, help="shards read at once")
+    p.add_argument("--jobs", "-j", type=int, default=8, help="shards read at once (default 8)")
+    # --workers / --num-workers mean pool workers per rank in every other command.
+    p.add_argument("--workers", "--num-workers", dest="old_workers", help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -42,12 +44,18 @@ def run(args: argparse.Namespace) -> int:
     """Build and write the index; print where it went and what it holds."""
     if not 1 <= args.every <= 1 << 20:
         raise RecipeError(f"--every={args.every} must be in [1, 1048576]")
-    if not 1 <= args.workers <= 256:
-        raise RecipeError(f"--workers={args.workers} must be in [1, 256]")
+    if args.old_workers is not None:
+        raise RecipeError(
+            f"zephon index --workers={args.old_workers}: the shards read at once are --jobs "
+            "(-j) now; --workers / --num-workers mean pool workers per rank in the other "
+            "commands"
+        )
+    if not 1 <= args.jobs <= 256:
+        raise RecipeError(f"--jobs={args.jobs} must be in [1, 256]")
     bar = Progress(None, "indexing shards", "shard", disable=args.quiet)
     try:
         directory, manifest = build_index(
-            args.patterns, every=args.every, workers=args.workers, progress=bar.update
+            args.patterns, every=args.every, workers=args.jobs, progress=bar.update
         )
     finally:
         bar.close()

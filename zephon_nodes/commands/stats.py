@@ -10,14 +10,15 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
+from zephon_nodes.core.settings import current, using
 from zephon_nodes.engine.checkpoint import merge_states
-from zephon_nodes.engine.decisions import read_updates
 from zephon_nodes.engine.end_of_data import unused_samples
+from zephon_nodes.engine.mixture_log import read_updates
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import RecipeError
-from zephon_nodes.io.nodecache.nodecache import set_cache_limit
 from zephon_nodes.operators.pack import IGNORE_INDEX
 from zephon_nodes.recipe import Recipe
 
@@ -42,12 +43,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument("recipe", help="recipe TOML file")
     p.add_argument("--steps", type=int, required=True, help="global batches to measure")
     p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
-    p.add_argument("--num-workers", type=int, default=2, help="pool workers (default 2)")
+    p.add_argument(
+        "--num-workers",
+        "--workers",
+        dest="num_workers",
+        type=int,
+        default=2,
+        help="pool workers per rank (default 2; --workers is the same flag)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--cache-limit",
         default=None,
-        help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT); reports its hits",
+        help="node cache size, e.g. 50G (default: $ZEPHON_CACHE_LIMIT, else min(50%% of "
+        "free disk, 100G)); reports its hits",
     )
     p.add_argument(
         "--mixture-updates",
@@ -63,6 +72,7 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help="also report token shares per window of N steps (token_shares_per_window)",
     )
+    add_token_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -208,6 +218,9 @@ def compute_stats(
     }
     if cache is not None:
         out["cache"] = cache
+    tokens_cached = pipeline.token_cache_stats()
+    if tokens_cached is not None:
+        out["token_cache"] = tokens_cached
     if len(names) > 1 and recipe.mixture.schedule is None:
         out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
         # The weights in force after the last step: the recipe's, or the last decision's.
@@ -247,9 +260,16 @@ def _count_items(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``zephon stats``."""
+    """Run ``zephon stats`` (inside the settings its flags give, see core/settings)."""
+    settings = current()
     if args.cache_limit is not None:
-        set_cache_limit(args.cache_limit)
+        settings = settings.replace(cache_limit=args.cache_limit)
+    settings = with_token_cache_args(settings, args)
+    with using(settings):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     recipe = Recipe.from_toml(args.recipe)
     updates: list[tuple[int, dict[str, float]]] = []
     if args.mixture_updates:
@@ -286,6 +306,13 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"node cache: {c['hits']} hits, {c['misses']} misses, {c['bytes_fetched']} bytes "
             f"fetched, peak {c['peak_bytes']} of {c['limit_bytes']} bytes"
+        )
+    if "token_cache" in stats:
+        t = stats["token_cache"]
+        print(
+            f"token cache: {t['hits']} hits, {t['misses']} misses, {t['bytes_read']} bytes read, "
+            f"{t['bytes_written']} written, {t['evictions']} evictions, {t['damaged']} damaged, "
+            f"{t['cpu_s_saved']:.2f} CPU s saved"
         )
     end = stats["end_of_data"]
     if end is not None:

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
 from zephon_nodes.core.progress import Progress, is_terminal
+from zephon_nodes.core.settings import current, using
+from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
-from zephon_nodes.engine.stages import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.matrix import (
@@ -66,7 +68,15 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="dp sizes, e.g. 1,2,4 (default: every divisor of num_lanes up to 8)",
     )
-    p.add_argument("--workers", type=_int_list, default=[1, 2], help="pool workers (default 1,2)")
+    p.add_argument(
+        "--num-workers",
+        "--workers",
+        dest="workers",
+        type=_int_list,
+        default=[1, 2],
+        help="pool workers per rank, the counts to compare (default 1,2; --workers is the "
+        "same flag)",
+    )
     p.add_argument(
         "--runners",
         type=_runner_list,
@@ -102,6 +112,7 @@ def add_parser(sub: Any) -> None:
         help="also write a picture: .html (inline SVG) or .png (needs matplotlib); repeatable",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    add_token_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -166,6 +177,7 @@ class _Progress:
                 f"({len(r.digests)} steps, {r.seconds:.2f} s)"
             )
         if self.bar.is_bar:
+            self.bar.describe(r.setting.name)
             if self.done > 0:
                 self.bar.update(1)
         else:
@@ -177,6 +189,11 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon verify``; return 0 if every setting matches, 1 otherwise."""
+    with using(with_token_cache_args(current(), args)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise RecipeError(f"--steps={args.steps} must be >= 1")
     for path in args.report:

@@ -73,6 +73,12 @@ class Progress:
             self._last = now
             self._line()
 
+    def describe(self, desc: str) -> None:
+        """Change what the bar says is being done (a plain line uses it from then on)."""
+        self.desc = desc
+        if self._bar is not None:
+            self._bar.set_description(desc, refresh=False)
+
     def write(self, message: str) -> None:
         """Print a message line without breaking the bar."""
         if self._bar is not None:

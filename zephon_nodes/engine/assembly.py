@@ -16,6 +16,7 @@ from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.filter import Filter
 from zephon_nodes.operators.map import Map
 from zephon_nodes.operators.parse import ParseJsonl
+from zephon_nodes.operators.tokencache import cached_chain
 from zephon_nodes.operators.tokenize import Tokenize, Tokenizer
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.schedule import WeightSchedule
@@ -27,7 +28,8 @@ def stateless_chain(recipe: Recipe, tokenizer: Tokenizer) -> Chain:
     """Return the operators run on the pool for every work item, fused into one call.
 
     Parse (with each dataset's ``on_error``), the recipe's filters and maps in order,
-    tokenize, then (best-fit packing only) the long-document rule.
+    tokenize, then (best-fit packing only) the long-document rule. With the token cache on
+    (:mod:`zephon_nodes.operators.tokencache`), parse and tokenize read and fill it.
     """
     index = {d.name: i for i, d in enumerate(recipe.datasets)}
     skip = frozenset(i for i, d in enumerate(recipe.datasets) if d.on_error == "skip")
@@ -40,7 +42,7 @@ def stateless_chain(recipe: Recipe, tokenizer: Tokenizer) -> Chain:
     ops.append(Tokenize(recipe.tokenizer, tokenizer=custom))
     if recipe.pack.mode == "bestfit":
         ops.append(LongDocuments(recipe.seq_len, recipe.pack.long_documents))
-    return Chain(ops)
+    return Chain(cached_chain(ops, recipe))
 
 
 def _no_wrap(recipe: Recipe) -> Any:

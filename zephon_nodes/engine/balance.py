@@ -29,6 +29,7 @@ import numpy as np
 
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
 from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.operators.tokencache import cached_item_pairs
 
 __all__ = ["EXACT_RECORDS", "MAX_BALANCED_ITEMS", "BalancedWorkSource", "item_sizes"]
 
@@ -69,6 +70,10 @@ def item_sizes(
             0,
             0,
         )
+        cached = cached_item_pairs(chain, work)  # the token cache: no record is read
+        if cached is not None:
+            sizes[k] = cached
+            continue
         lengths = np.asarray(chain(work).lengths, dtype=np.int64)
         sizes[k] = int(np.maximum(lengths - 1, 0).sum())
     return sizes, "tokens"

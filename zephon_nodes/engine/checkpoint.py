@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.core.plain import is_int
 from zephon_nodes.engine.state_paths import locate_state
 from zephon_nodes.errors import CheckpointError
 
@@ -59,7 +60,7 @@ _KEYS = {
     "micro",
     "lanes",
     "layout",
-    "mixture",  # the decision log of a dynamic mixture (zephon_nodes.engine.decisions)
+    "mixture",  # the decision log of a dynamic mixture (zephon_nodes.engine.mixture_log)
     "pass",  # the pass of the recipe's stream, after the first (docs/torchdata.md)
     "lineage",  # where a re-laned stream came from (zephon_nodes.engine.relane)
 }
@@ -85,10 +86,6 @@ def recipe_summary(canonical: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def validate_state(
@@ -149,14 +146,14 @@ def validate_state(
             f"the checkpoint was written with a different recipe (fingerprint "
             f"{fingerprint_pair(str(state['fingerprint']), fingerprint)}): {detail}"
         )
-    if not _is_int(state["num_lanes"]) or state["num_lanes"] != num_lanes:
+    if not is_int(state["num_lanes"]) or state["num_lanes"] != num_lanes:
         raise CheckpointError(
             f"checkpoint has num_lanes={state['num_lanes']!r}, recipe has {num_lanes=}"
         )
     for key in ("step", "micro", "pass"):
         if key not in state:
             continue
-        if not _is_int(state[key]) or not 0 <= state[key] < 2**62:
+        if not is_int(state[key]) or not 0 <= state[key] < 2**62:
             raise CheckpointError(
                 f"checkpoint {key}={state[key]!r} must be an integer in [0, 2**62)"
             )
@@ -175,7 +172,7 @@ def validate_state(
             not isinstance(value, Sequence)
             or isinstance(value, (str, bytes))
             or len(value) != 2
-            or not all(_is_int(v) and 0 <= v < 2**62 for v in value)
+            or not all(is_int(v) and 0 <= v < 2**62 for v in value)
         ):
             raise CheckpointError(
                 f"checkpoint lane {lane}: expected [window, consumed] (two integers >= 0), "
@@ -588,7 +585,7 @@ _COMMIT_FORMAT = "zephon-nodes-checkpoint/1"
 
 def checkpoint_path(root: str | os.PathLike[str], step: int) -> Path:
     """Return the directory of step ``step``'s checkpoint under ``root``."""
-    if not _is_int(step) or step < 0:
+    if not is_int(step) or step < 0:
         raise CheckpointError(f"{step=} must be an integer >= 0")
     return Path(root) / f"{_STEP_PREFIX}{step:010d}"
 
@@ -622,7 +619,7 @@ def save_rank_state(
             f"save_rank_state({step=}): the state was taken in the middle of a step "
             f"(micro={state.get('micro')!r}); multi-rank checkpoints are taken between steps"
         )
-    if not _is_int(rank) or rank < 0:
+    if not is_int(rank) or rank < 0:
         raise CheckpointError(f"{rank=} must be an integer >= 0")
     d = checkpoint_path(root, step)
     try:
@@ -650,7 +647,7 @@ def commit_checkpoint(root: str | os.PathLike[str], step: int, world_size: int) 
         CheckpointError: If ``world_size`` is not an integer in ``[1, 2**20]`` (nothing is
             written), or a rank's file is missing, damaged or for another step.
     """
-    if not _is_int(world_size) or not 1 <= world_size <= MAX_WORLD_SIZE:
+    if not is_int(world_size) or not 1 <= world_size <= MAX_WORLD_SIZE:
         raise CheckpointError(
             f"commit_checkpoint: world_size={world_size!r} must be an integer in "
             f"[1, {MAX_WORLD_SIZE}]; nothing was committed"
@@ -768,9 +765,9 @@ def _load_step(d: Path) -> dict[str, Any]:
     if extra:
         raise CheckpointError(f"{marker_path}: unexpected key(s) in the commit marker: {extra}")
     files, step, world = marker.get("files"), marker.get("step"), marker.get("world_size")
-    if not isinstance(files, dict) or not files or not _is_int(step):
+    if not isinstance(files, dict) or not files or not is_int(step):
         raise CheckpointError(f"{marker_path}: the marker misses its 'files' or 'step'")
-    if not _is_int(world) or world != len(files):
+    if not is_int(world) or world != len(files):
         raise CheckpointError(
             f"{marker_path}: world_size={world!r} but the marker lists {len(files)} rank file(s)"
         )
@@ -796,7 +793,7 @@ def _load_step(d: Path) -> dict[str, Any]:
             f"{d}: the rank states are for step {merged.get('step')!r}, the marker says {step}"
         )
     num_lanes: Any = merged.get("num_lanes")
-    if _is_int(num_lanes) and sorted(map(int, merged["lanes"])) != list(range(num_lanes)):
+    if is_int(num_lanes) and sorted(map(int, merged["lanes"])) != list(range(num_lanes)):
         raise CheckpointError(
             f"{d}: the rank files hold lanes {sorted(map(int, merged['lanes']))[:8]}..., not "
             f"every lane of num_lanes={num_lanes}"

@@ -2,20 +2,49 @@
 
 from __future__ import annotations
 
-from typing import Any
+from abc import ABC, abstractmethod
+from typing import Any, Protocol, runtime_checkable
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.core.flush import Flush, is_flush
+from zephon_nodes.engine.windowed import replay
 from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import CheckpointError, RecipeError
 
-__all__ = ["Lane", "WorkItemNode", "check_window_restore"]
+__all__ = [
+    "Lane",
+    "LaneNodes",
+    "WindowRestorable",
+    "WorkItemNode",
+    "chain_nodes",
+    "check_window_restore",
+]
+
+
+@runtime_checkable
+class WindowRestorable(Protocol):
+    """A node that can restart its stream at a flush window (every node inside a lane)."""
+
+    def state_at_window(self, window: int) -> dict[str, Any]:
+        """Return the state that starts the stream at flush window ``window``."""
+        ...
 
 
 def _children(node: BaseNode[Any]) -> list[BaseNode[Any]]:
     """The nodes ``node`` reads from: its public attributes that are nodes."""
     return [v for k, v in vars(node).items() if not k.startswith("_") and isinstance(v, BaseNode)]
+
+
+def chain_nodes(node: BaseNode[Any]) -> list[BaseNode[Any]]:
+    """``node`` and every node it reads from, nearest first (a lane's chain, end to start)."""
+    out: list[BaseNode[Any]] = []
+    todo = [node]
+    while todo and len(out) < 1024:
+        n = todo.pop()
+        out.append(n)
+        todo.extend(reversed(_children(n)))
+    return out
 
 
 def _work_item_nodes(node: BaseNode[Any]) -> list[WorkItemNode]:
@@ -37,7 +66,7 @@ def check_window_restore(node: BaseNode[Any], where: str = "a lane") -> None:
     (``state_at_window``); every node between the lane's work items and the lane must
     provide it. Nodes that do not (torchdata's own ``Mapper``, ``Batcher``, a node written
     like torchdata's examples) go into a lane wrapped in
-    :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+    :class:`~zephon_nodes.engine.torchdata_stage.TorchdataStage`.
 
     Raises:
         RecipeError: Naming the first node without window restore and what to do.
@@ -47,12 +76,12 @@ def check_window_restore(node: BaseNode[Any], where: str = "a lane") -> None:
     while todo:
         n = todo.pop()
         path.append(type(n).__name__)
-        if not callable(getattr(n, "state_at_window", None)):
+        if not isinstance(n, WindowRestorable):
             chain = " <- ".join(path)
             raise RecipeError(
                 f"{type(n).__name__} cannot be restored inside {where} (chain: {chain}): it has "
                 f"no state_at_window(window), so a checkpoint could not replay its flush window; "
-                f"wrap it in zephon_nodes.operators.TorchdataStage(source, lambda feed: "
+                f"wrap it in zephon_nodes.TorchdataStage(source, lambda feed: "
                 f"{type(n).__name__}(feed, ...))"
             )
         if isinstance(n, WorkItemNode):
@@ -95,6 +124,11 @@ class WorkItemNode(BaseNode[WorkItem | Flush]):
             raise CheckpointError(f"lane {self.lane}: pass={p} must be >= 0")
         self._pass = p
         self._source = self.work_source.for_pass(p)
+
+    @property
+    def pass_index(self) -> int:
+        """The pass being read."""
+        return self._pass
 
     @property
     def next_index(self) -> int:
@@ -190,22 +224,22 @@ class Lane(BaseNode[dict[str, Any]]):
         for items in self._items:
             items.set_pass(p)
         self._pass = p
-        self.source.reset(self.source.state_at_window(window))  # type: ignore[attr-defined]
+        assert isinstance(self.source, WindowRestorable)  # checked when the lane was built
+        self.source.reset(self.source.state_at_window(window))
         self._window, self._consumed = window, 0
-        for _ in range(consumed):
-            try:
-                item = next(self.source)
-            except StopIteration:
-                raise CheckpointError(
-                    f"lane {self.lane}: the checkpoint says {consumed} samples of window "
-                    f"{window} were consumed, but the stream ends before that"
-                ) from None
-            if is_flush(item):
-                raise CheckpointError(
-                    f"lane {self.lane}: the checkpoint says {consumed} samples of window "
-                    f"{window} were consumed, but the window holds only {self._consumed}"
-                )
-            self._consumed += 1
+        replay(
+            lambda: next(self.source),
+            consumed,
+            lambda _: (
+                f"lane {self.lane}: the checkpoint says {consumed} samples of window "
+                f"{window} were consumed, but the stream ends before that"
+            ),
+            lambda k: (
+                f"lane {self.lane}: the checkpoint says {consumed} samples of window "
+                f"{window} were consumed, but the window holds only {k}"
+            ),
+        )
+        self._consumed = consumed
 
     def next(self) -> dict[str, Any]:
         """Return the lane's next sample."""
@@ -214,9 +248,13 @@ class Lane(BaseNode[dict[str, Any]]):
             if is_flush(item):
                 self._window = item.window + 1
                 self._consumed = 0
+                self._enter_window()
                 continue
             self._consumed += 1
             return item
+
+    def _enter_window(self) -> None:
+        """Called when the lane enters a new flush window (a re-laned lane drops samples)."""
 
     def get_state(self) -> dict[str, Any]:
         """Return ``{"window": w, "consumed": c}`` (and ``"pass"`` after the first pass)."""
@@ -224,3 +262,23 @@ class Lane(BaseNode[dict[str, Any]]):
         if self._pass:
             state[self.PASS_KEY] = self._pass
         return state
+
+
+class LaneNodes(ABC):
+    """A work source that builds its lanes' first and last nodes itself (a re-laned stream).
+
+    :meth:`~zephon_nodes.Pipeline.build_lane` uses these instead of :class:`WorkItemNode`,
+    :class:`Lane` and the recipe's ``(seed, lane, window)`` shuffle seeds.
+    """
+
+    @abstractmethod
+    def item_node(self, lane: int, flush_every: int) -> WorkItemNode:
+        """The source node of lane ``lane``."""
+
+    @abstractmethod
+    def lane_node(self, source: BaseNode[Any], lane: int) -> Lane:
+        """The lane node over the end of lane ``lane``'s chain."""
+
+    @abstractmethod
+    def lane_seed(self, lane: int, items: WorkItemNode, window: int) -> tuple[int, int, int]:
+        """Shuffle seed parts of ``window`` of ``lane`` in the pass ``items`` is reading."""

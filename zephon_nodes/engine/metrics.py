@@ -12,11 +12,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["OperatorClock", "StepMetrics", "TimedCall", "flatten_metrics", "rank_metrics"]
+from zephon_nodes.core.operator import Fused, operator_name
+from zephon_nodes.engine.lane import chain_nodes
+
+__all__ = [
+    "Clocked",
+    "OperatorClock",
+    "StepMetrics",
+    "TimedCall",
+    "flatten_metrics",
+    "rank_metrics",
+]
 
 
 @dataclass(frozen=True)
@@ -30,21 +40,17 @@ class TimedCall:
 
     def __call__(self, item: Any) -> tuple[Any, tuple[tuple[str, float], ...]]:
         """Run ``fn`` on ``item`` and time it."""
-        ops = getattr(self.fn, "operators", None)
+        ops = self.fn.operators if isinstance(self.fn, Fused) else None
         if ops is None:
             t0 = time.perf_counter()
             out = self.fn(item)
-            return out, ((_name(self.fn), time.perf_counter() - t0),)
+            return out, ((operator_name(self.fn), time.perf_counter() - t0),)
         times = []
         for op in ops:
             t0 = time.perf_counter()
             item = op(item)
-            times.append((_name(op), time.perf_counter() - t0))
+            times.append((operator_name(op), time.perf_counter() - t0))
         return item, tuple(times)
-
-
-def _name(op: Any) -> str:
-    return str(getattr(op, "name", type(op).__name__))
 
 
 class OperatorClock:
@@ -111,14 +117,17 @@ class StepMetrics:
         self.total_tokens += tokens
 
 
+@runtime_checkable
+class Clocked(Protocol):
+    """A node that keeps its operators' busy time (a pool stage, an accumulator node)."""
+
+    clock: OperatorClock
+
+
 def _clocks(node: Any) -> Iterable[OperatorClock]:
-    seen = 0
-    while node is not None and seen < 64:  # a lane is a short chain of nodes
-        clock = getattr(node, "clock", None)
-        if isinstance(clock, OperatorClock):
-            yield clock
-        node = getattr(node, "source", None)
-        seen += 1
+    for n in chain_nodes(node):
+        if isinstance(n, Clocked) and isinstance(n.clock, OperatorClock):
+            yield n.clock
 
 
 def rank_metrics(step: StepMetrics, lanes: Iterable[Any]) -> dict[str, Any]:

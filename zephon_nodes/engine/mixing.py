@@ -1,7 +1,7 @@
 """Mixing WorkSource: several datasets, mixed so that *token* shares follow the weights.
 
 The plan is a pure function of the recipe and of the decision log (dynamic mixtures, see
-:mod:`zephon_nodes.engine.decisions`). Each dataset ``d`` gets an estimate ``c_d`` of tokens
+:mod:`zephon_nodes.engine.mixture_log`). Each dataset ``d`` gets an estimate ``c_d`` of tokens
 per work item (from a seeded sample, see :func:`estimate_tokens_per_record`), so a token
 share ``w_d`` means an item share ``p_d`` proportional to ``w_d / c_d``.
 
@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from zephon_nodes.engine.seeding import permutation
+from zephon_nodes.core.seeding import permutation
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, pass_epoch_offset
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
@@ -260,6 +260,8 @@ class MixingWorkSource(WorkSource):
                     f"work item (are all its documents filtered out?)"
                 )
 
+    takes_decisions = True
+
     def fork(self) -> MixingWorkSource:
         """Return a copy sharing the recipe's plan, with no decision (one per rank node)."""
         other = object.__new__(MixingWorkSource)
@@ -276,7 +278,7 @@ class MixingWorkSource(WorkSource):
         return [w for w, _ in self._decisions]
 
     def set_decisions(
-        self, weights: Sequence[Sequence[float]], starts: dict[int, Sequence[int]]
+        self, weights: Sequence[Sequence[float]], starts: Mapping[int, Sequence[int]]
     ) -> None:
         """Install the decision log: weights per decision and, per lane, its start items.
 
@@ -545,6 +547,10 @@ class MixingWorkSource(WorkSource):
                     end = n - 1
         self._ends[lane] = end
         return end
+
+    def lane_length(self, lane: int) -> int | None:
+        """Work items of ``lane`` (None: endless): :meth:`lane_end`."""
+        return self.lane_end(lane)
 
     # -- the WorkSource ---------------------------------------------------------------------
 

@@ -14,15 +14,15 @@ import torch
 from torchdata.nodes import BaseNode
 
 from zephon_nodes.engine.checkpoint import FORMAT, validate_state
-from zephon_nodes.engine.decisions import (
+from zephon_nodes.engine.lane import Lane
+from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
+from zephon_nodes.engine.mixture_log import (
     MIXTURE_KEY,
     MixtureLog,
     normalize_weights,
     parse_mixture_state,
     with_decision,
 )
-from zephon_nodes.engine.lane import Lane
-from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.operators.batch import collate
@@ -67,10 +67,15 @@ class CompiledRecipe(Protocol):
     fingerprint: str
     summary: dict[str, Any]
     work_source: WorkSource
+    #: The re-lane lineage of the streams it reads (plain JSON), None if never re-laned.
+    lineage: dict[str, Any] | None
 
     @property
     def num_lanes(self) -> int:
         """The recipe's lane count."""
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """The node cache's counters (None without a cache limit)."""
 
 
 class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
@@ -83,7 +88,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     batch, whatever the number of ranks.
 
     :meth:`set_mixture` changes the mixture between steps (a dynamic mixture, see
-    :mod:`zephon_nodes.engine.decisions`); the decision log is part of the state.
+    :mod:`zephon_nodes.engine.mixture_log`); the decision log is part of the state.
 
     State (plain JSON-safe data): format, recipe fingerprint and summary, lane count, step,
     micro-batches already yielded in the current step, and per owned lane
@@ -174,9 +179,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def _notify_positions(self) -> None:
         k = self.pipeline.recipe.flush_every
-        bounds = None if self._pass else getattr(self.work_source, "window_bounds", None)
-        positions = {
-            i: bounds(i, w)[0] if bounds is not None else w * k  # re-laned windows vary
+        ws = self.work_source
+        positions = {  # a re-laned pass's windows vary; later passes are plain
+            i: w * k if self._pass else ws.window_start(i, w, k)
             for i, (w, _) in self._positions.items()
         }
         for hook in self.position_hooks:
@@ -200,9 +205,12 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         """Return this rank's run metrics as a plain dict (see ``docs/cli.md``, Metrics)."""
         out = rank_metrics(self._metrics, self.lanes.values())
         out["step"] = self._step
-        cache = getattr(self.pipeline, "cache_stats", lambda: None)()
+        cache = self.pipeline.cache_stats()
         if cache is not None:  # with a node-cache limit; process workers' counters included
             out["node_cache"] = cache
+        tokens = getattr(self.pipeline, "token_cache_stats", lambda: None)()
+        if tokens is not None:  # with the token cache on
+            out["token_cache"] = tokens
         from zephon_nodes.io.nodecache.workercounts import bad_cache_entries
 
         out["bad_cache_entries"] = bad_cache_entries()  # dropped and made again, never served
@@ -251,14 +259,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         flush_every = p.recipe.flush_every
         pass_index = initial_state.get("pass", 0)
         source = self.work_source.for_pass(pass_index)
-        has_window = getattr(source, "has_window", None)  # a re-laned pass's windows
         for i in self.lanes:
             w = positions[i][0]
-            if has_window is not None:
-                ends = w > 0 and not has_window(i, w - 1)
-            else:
-                ends = w > 0 and (source is None or source.work(i, (w - 1) * flush_every) is None)
-            if ends:
+            if w > 0 and (source is None or not source.has_window(i, w - 1, flush_every)):
                 raise CheckpointError(
                     f"checkpoint lane {i}: window {w} is beyond the end of the lane's stream "
                     f"(its work item {(w - 1) * flush_every} does not exist)"
@@ -289,10 +292,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     def _install(self, mixture: MixtureLog) -> None:
         """Install a decision log into this rank's work source."""
         names = [d.name for d in self.pipeline.recipe.datasets]
-        setter = getattr(self.work_source, "set_decisions", None)
-        if setter is not None:
+        if self.work_source.takes_decisions:
             k = self.pipeline.recipe.flush_every
-            setter(
+            self.work_source.set_decisions(
                 [tuple(w[n] for n in names) for _, w in mixture.entries],
                 {i: [e * k for e in mixture.effects.get(i, [])] for i in self.lanes},
             )
@@ -309,16 +311,14 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         Weights are token shares (0 pauses a dataset) and are renormalized. The decision is
         logged as ``(step, weights)`` and takes effect in each lane from the first flush
         window that begins after the lane's position now (see
-        :mod:`zephon_nodes.engine.decisions`); work computed ahead is recomputed. Every rank
+        :mod:`zephon_nodes.engine.mixture_log`); work computed ahead is recomputed. Every rank
         must make the same decision after the same step.
 
         Raises:
             RecipeError: If a dataset is unknown or missing, a weight is invalid, or the
                 call comes in the middle of a step.
         """
-        refuse = getattr(self.work_source, "refuse_decisions", None)  # after a re-lane
-        if refuse is not None:
-            refuse()
+        self.work_source.refuse_decisions()  # a re-laned stream refuses
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="set_mixture")
         self.reset(with_decision(self.get_state(), normalized))
@@ -426,7 +426,6 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             state[MIXTURE_KEY] = self._mixture.to_state(list(self.lanes))
         if self._pass:
             state["pass"] = self._pass
-        lineage = getattr(p, "lineage", None)  # a re-laned stream (engine/relane.py)
-        if lineage is not None:
-            state["lineage"] = lineage
+        if p.lineage is not None:  # a re-laned stream (engine/relane.py)
+            state["lineage"] = p.lineage
         return state

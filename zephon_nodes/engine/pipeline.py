@@ -8,20 +8,21 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.core.settings import InSettings, Settings, current, using
+from zephon_nodes.engine.accumulate import AccumulatorNode
 from zephon_nodes.engine.checkpoint import recipe_summary
-from zephon_nodes.engine.lane import Lane, WorkItemNode
+from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode, chain_nodes
 from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.operator_pools import PoolSpec, split_stages
+from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.stages import PoolSpec, split_stages
-from zephon_nodes.engine.work import WorkSource
+from zephon_nodes.engine.torchdata_stage import TorchdataStage
+from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.operators.accumulate import AccumulatorNode
 from zephon_nodes.operators.bestfit import BestFitPacker
 from zephon_nodes.operators.pack import ConcatPacker
-from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.shuffle import ShuffleBuffer
-from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
@@ -71,12 +72,14 @@ def _read_frontiers(lanes: Mapping[int, Lane]) -> tuple[dict[int, int], dict[int
     starts: dict[int, int] = {}
     submitted: dict[int, int] = {}
     for i, lane in lanes.items():
-        node: Any = lane.source
         pending: list[int] = []
-        while node is not None and not isinstance(node, WorkItemNode):
-            if isinstance(node, OrderedParallelMap):
-                pending = [w.position for w in node.in_flight() if hasattr(w, "position")]
-            node = getattr(node, "source", None)
+        node: WorkItemNode | None = None
+        for n in chain_nodes(lane.source):
+            if isinstance(n, WorkItemNode):
+                node = n
+                break
+            if isinstance(n, OrderedParallelMap):
+                pending = [w.position for w in n.in_flight() if isinstance(w, WorkItem)]
         if node is None:
             continue
         submitted[i] = node.next_index
@@ -96,8 +99,13 @@ class Pipeline:
             to every sample (the default; covered by digests). False drops the field.
         stages: torchdata nodes appended to every lane, after packing and shuffling: each
             ``make(feed) -> BaseNode`` builds a node over ``feed`` (the lane's samples of one
-            flush window) and runs in a :class:`~zephon_nodes.operators.stage.TorchdataStage`.
+            flush window) and runs in a
+            :class:`~zephon_nodes.engine.torchdata_stage.TorchdataStage`.
             They must yield samples (dicts of arrays) and are not part of the fingerprint.
+        settings: The physical settings (cache directory and limit, retries, ...; see
+            :mod:`zephon_nodes.core.settings`) its build and all of its work run under,
+            on any pool (default: the current settings when it is built). Never part of
+            the fingerprint: they change no byte of output.
     """
 
     def __init__(
@@ -106,14 +114,19 @@ class Pipeline:
         *,
         provenance: bool = True,
         stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]] = (),
+        settings: Settings | None = None,
     ) -> None:
         from zephon_nodes.io.index import index
         from zephon_nodes.io.storage.checksum import one_pass
         from zephon_nodes.io.storage.remote import finish_progress
 
+        if settings is not None and not isinstance(settings, Settings):
+            raise RecipeError(f"settings must be a Settings, got {type(settings).__name__}")
+        self.settings: Settings = settings or current()
+        self._bound: dict[int, tuple[Any, InSettings]] = {}
         index.forget()  # dataset indexes are read afresh for every build
         try:
-            with one_pass():
+            with one_pass(), using(self.settings):
                 self._build(recipe, provenance, stages)
         finally:
             finish_progress()
@@ -170,7 +183,7 @@ class Pipeline:
         # With a node-cache limit, shards read whole (single-frame .zst) live in that cache.
         from zephon_nodes.io.nodecache.wholeshard import route_whole_shards
 
-        self.datasets = route_whole_shards(self.datasets)
+        self.datasets = route_whole_shards(self.datasets, self.settings)
         if recipe.image is None:
             _refuse_tar(self.datasets)
         self.skipped_files = {o.dataset.name: dict(o.skipped_files) for o in opened}
@@ -190,6 +203,8 @@ class Pipeline:
         if contents:
             self.summary["contents"] = contents
         self._cache_feed: Any = None
+        #: The re-lane lineage of the streams read (engine/relane.py), None if never re-laned.
+        self.lineage: dict[str, Any] | None = None
 
     def check_produces(self) -> None:
         """Refuse, cheaply and before any lane is built, a recipe that can produce no batch.
@@ -243,8 +258,8 @@ class Pipeline:
         """
         r = self.recipe
         # A re-laned checkpoint's streams (engine/relane.py) bring their own lane nodes.
-        relaned: Any = self.work_source if getattr(self.work_source, "relaned", False) else None
-        items: Any = (
+        relaned = self.work_source if isinstance(self.work_source, LaneNodes) else None
+        items = (
             relaned.item_node(lane, r.flush_every)
             if relaned is not None
             else WorkItemNode(self.work_source, lane, r.flush_every)
@@ -252,7 +267,7 @@ class Pipeline:
         node: BaseNode[Any] = items
         fused = [(self.stateless, pool)]
         for fn, stage_pool in chain_stages if chain_stages is not None else fused:
-            node = OrderedParallelMap(node, fn, stage_pool, lookahead=lookahead)
+            node = OrderedParallelMap(node, self._in_settings(fn), stage_pool, lookahead=lookahead)
         seq_len, pad_id, prov = r.seq_len, self.pad_id, self.provenance
         if r.image is not None:
             from zephon_nodes.multimodal.assembly import make_packer
@@ -277,6 +292,14 @@ class Pipeline:
             node = TorchdataStage(node, make, name=f"stage {k} ({name})")
         return relaned.lane_node(node, lane) if relaned is not None else Lane(node, lane)
 
+    def _in_settings(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``fn`` bound to the pipeline's settings (one wrapper per function: Ray caches it)."""
+        hit = self._bound.get(id(fn))
+        if hit is None or hit[0] is not fn:
+            hit = (fn, InSettings(fn, self.settings))
+            self._bound[id(fn)] = hit
+        return hit[1]
+
     def rank_node(
         self,
         dp_world_size: int = 1,
@@ -300,7 +323,7 @@ class Pipeline:
             lanes: Explicit lanes for this rank (default: :func:`lanes_for_rank`).
             lookahead: Work items each lane submits ahead (per stage).
             operator_pools: Per-operator pools, e.g. ``{"decode": "process:6",
-                "tokenize": "thread:2"}`` (see :mod:`zephon_nodes.engine.stages`); values
+                "tokenize": "thread:2"}`` (see :mod:`zephon_nodes.engine.operator_pools`); values
                 are pools (the caller's) or specs (pools created and owned by the node).
                 Operators not named run on ``pool``. A physical setting: output unchanged.
         """
@@ -326,7 +349,7 @@ class Pipeline:
                 )
         owned: list[WorkerPool] = []
         if pool is None:
-            pool = WorkerPool(2, "thread")
+            pool = WorkerPool(2, "thread", settings=self.settings)
             owned.append(pool)
         chain_stages = None
         if operator_pools:
@@ -335,8 +358,7 @@ class Pipeline:
         # Each rank node gets its own copy of a mixing work source (its decisions are per
         # node); build_lane (which subclasses override) reads it as ``self.work_source``.
         shared = self.work_source
-        fork = getattr(shared, "fork", None)
-        ws = fork() if fork is not None else shared
+        ws = shared.fork()
         self.work_source = ws
         try:
             # Without per-operator pools, the call a subclass overriding build_lane expects.
@@ -384,7 +406,7 @@ class Pipeline:
                 pools[key] = value
                 continue
             spec = PoolSpec.parse(value) if isinstance(value, str) else value
-            pools[key] = spec.build(default.timeout_s)
+            pools[key] = spec.build(default.timeout_s, settings=self.settings)
             created.append(pools[key])
         try:
             cut = split_stages(self.stateless, pools)
@@ -405,15 +427,16 @@ class Pipeline:
             from zephon_nodes.io.nodecache.future import CacheFeed, cacheable
             from zephon_nodes.io.nodecache.nodecache import node_cache, prefetch_depth
 
-            cache = node_cache()
+            cache = node_cache(self.settings)
             cached = any(
                 d.shards.whole()  # LazyShards: single-frame .zst, from the index
                 if hasattr(d.shards, "whole")
                 else any(cacheable(s) for s in d.shards)
                 for d in self.datasets
             )
-            if cache is not None and cached:
-                self._cache_feed = CacheFeed(cache, self.work_source, prefetch=prefetch_depth())
+            if cached:
+                depth = prefetch_depth(self.settings)
+                self._cache_feed = CacheFeed(cache, self.work_source, prefetch=depth)
         return self._cache_feed
 
     def cache_stats(self) -> dict[str, int] | None:
@@ -422,10 +445,35 @@ class Pipeline:
         Counters of its process workers (``runner="process"``) are included: they come back
         with each result (see :mod:`zephon_nodes.io.nodecache.workercounts`).
 
-        None when no cache limit is set (``ZEPHON_CACHE_LIMIT`` / ``--cache-limit``).
+        None when no shard is read through the node cache and no cache limit is set
+        (``--cache-limit`` / ``ZEPHON_CACHE_LIMIT``).
         """
         from zephon_nodes.io.nodecache.nodecache import node_cache
         from zephon_nodes.io.nodecache.workercounts import merged
 
-        cache = node_cache()
-        return merged(cache.stats()) if cache is not None else None
+        if self.settings.cache_limit is None and self.cache_feed() is None:
+            return None
+        return merged(node_cache(self.settings).stats())
+
+    def token_cache_stats(self) -> dict[str, Any] | None:
+        """Return the token cache's counters (this process and its process workers).
+
+        Keys: hits, misses, bytes_read, bytes_written, evictions, damaged, uncached,
+        tokens_served, cpu_s_saved, limit_bytes (see :mod:`zephon_nodes.io.nodecache.tokenstore`).
+        None when this pipeline's chain does not use the token cache (off, or a recipe it
+        does not apply to).
+        """
+        from zephon_nodes.io.nodecache.tokenstore import process_stats, token_cache_settings
+        from zephon_nodes.io.nodecache.workercounts import merged_tokens
+        from zephon_nodes.operators.chain import Chain
+        from zephon_nodes.operators.tokencache import CachedParse
+
+        chain = self.stateless
+        if not isinstance(chain, Chain) or not any(
+            isinstance(op, CachedParse) for op in chain.operators
+        ):
+            return None
+        out: dict[str, Any] = merged_tokens(process_stats())
+        out["limit_bytes"] = token_cache_settings()[1]
+        out["cpu_s_saved"] = out.pop("cpu_ns_saved", 0) / 1e9
+        return out

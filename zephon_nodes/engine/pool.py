@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from zephon_nodes.core.settings import InSettings, Settings, activate, current
 from zephon_nodes.engine import shm
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.recipe.bounds import check_setting
@@ -35,8 +36,14 @@ _LIVE: weakref.WeakSet[_DaemonThreadExecutor] = weakref.WeakSet()
 _POOL_IDS = itertools.count()
 
 
+def _start_worker(parent: int, settings: Settings) -> None:
+    """Worker-process initializer: the pool's settings, and exit when the rank is gone."""
+    activate(settings)
+    _watch_parent(parent)
+
+
 def _watch_parent(parent: int, interval_s: float = 0.5) -> None:
-    """Worker-process initializer: exit as soon as the parent (the rank) is gone.
+    """Exit this worker process as soon as the parent (the rank) is gone.
 
     A rank killed with SIGKILL cannot stop its workers; without this they would live on as
     orphans (blocked on their task queue) on every preempted node. Before exiting, the
@@ -194,6 +201,10 @@ class WorkerPool:
         shared_memory: Process runner: send large arrays of results (token ids, image
             patches) through shared memory instead of the pipe (see
             :mod:`zephon_nodes.engine.shm`; Linux ``/dev/shm``, else ignored).
+        settings: The physical settings every call runs under, in whichever thread,
+            process or Ray worker runs it (default: the submitter's
+            :func:`~zephon_nodes.core.settings.current` settings, taken at each submit).
+            They travel with the call: workers never read the environment for them.
     """
 
     def __init__(
@@ -203,6 +214,7 @@ class WorkerPool:
         timeout_s: float = 300.0,
         *,
         shared_memory: bool = True,
+        settings: Settings | None = None,
     ):
         if runner not in RUNNERS:
             raise RecipeError(f"{runner=} must be one of {RUNNERS}")
@@ -215,6 +227,9 @@ class WorkerPool:
         self.runner = runner
         self.timeout_s = float(timeout_s)
         self.shared_memory = shared_memory and runner == "process" and shm.available()
+        if settings is not None and not isinstance(settings, Settings):
+            raise RecipeError(f"settings must be a Settings, got {type(settings).__name__}")
+        self.settings = settings
         self._prefix = ""
         self._executor: cf.Executor | None = None
 
@@ -227,7 +242,7 @@ class WorkerPool:
             elif self.runner == "ray":  # the optional extra: imported only when asked for
                 from zephon_nodes.engine.ray_executor import RayExecutor
 
-                self._executor = RayExecutor(self.num_workers)
+                self._executor = RayExecutor(self.num_workers, settings=self.settings)
             else:
                 if self.shared_memory:
                     shm.remove_stale_segments()
@@ -235,25 +250,35 @@ class WorkerPool:
                 self._executor = cf.ProcessPoolExecutor(
                     self.num_workers,
                     mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_watch_parent,
-                    initargs=(os.getpid(),),
+                    initializer=_start_worker,
+                    initargs=(os.getpid(), self.settings or current()),
                 )
         return self._executor
 
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> cf.Future[Any]:
-        """Schedule ``fn(arg)``; inline pools run it now and return a finished future."""
+        """Schedule ``fn(arg)``; inline pools run it now and return a finished future.
+
+        The call runs inside the pool's settings, else the caller's current ones.
+        """
+        settings = self.settings or current()
         executor = self._get_executor()
         if executor is not None and self.runner == "process":
             # The worker's node-cache counters come back with the result (io/workercounts).
             from zephon_nodes.io.nodecache.workercounts import CountedCall
 
             call = shm.ShmCall(fn, self._prefix) if self._prefix else fn
-            return _via_shared_memory(executor.submit(CountedCall(call), arg))
+            scoped = InSettings(CountedCall(call), settings)
+            return _via_shared_memory(executor.submit(scoped, arg))
+        if executor is not None and self.runner == "ray":
+            from zephon_nodes.engine.ray_executor import RayExecutor
+
+            assert isinstance(executor, RayExecutor)
+            return executor.submit_in(settings, fn, arg)  # fn itself: cached per Ray worker
         if executor is not None:
-            return executor.submit(fn, arg)
+            return executor.submit(InSettings(fn, settings), arg)
         fut: cf.Future[Any] = cf.Future()
         try:
-            fut.set_result(fn(arg))
+            fut.set_result(InSettings(fn, settings)(arg))
         except BaseException as e:
             fut.set_exception(e)
         return fut

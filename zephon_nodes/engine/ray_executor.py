@@ -28,16 +28,16 @@ import concurrent.futures as cf
 import contextlib
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from zephon_nodes.core.settings import Settings, current, using
+
 __all__ = ["RayExecutor", "RayTaskLost"]
 
-DEFAULT_MAX_RETRIES = 3  # overridden by the ZEPHON_RAY_MAX_RETRIES environment variable
 DEFAULT_OBJECT_STORE_MB = 128  # a local cluster's object store (Ray's minimum is ~75 MB)
 DRAIN_S = 10.0  # at shutdown, how long the tasks in flight may take to finish
 
@@ -55,8 +55,13 @@ class RayTaskLost(RuntimeError):
     """A Ray task lost its worker or node more than ``max_retries`` times."""
 
 
-def _call(fn_box: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Body of every Ray task: look up the operator (cached per worker) and call it."""
+def _call(
+    fn_box: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any], settings: Settings
+) -> Any:
+    """Body of every Ray task: look up the operator (cached per worker) and call it.
+
+    The call runs inside the settings of the work that submitted it (sent with the task).
+    """
     import ray
 
     ref = fn_box[0]
@@ -67,7 +72,8 @@ def _call(fn_box: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
         _FN_CACHE[key] = fn
         while len(_FN_CACHE) > _FN_CACHE_SIZE:
             _FN_CACHE.popitem(last=False)
-    return fn(*args, **kwargs)
+    with using(settings):
+        return fn(*args, **kwargs)
 
 
 def _connect(num_cpus: int, address: str | None, object_store_mb: int) -> None:
@@ -77,7 +83,7 @@ def _connect(num_cpus: int, address: str | None, object_store_mb: int) -> None:
 
     with _lock:
         if _users == 0 and not ray.is_initialized():
-            address = address or os.environ.get("RAY_ADDRESS") or None
+            address = address or current().ray_address or None
             common: dict[str, Any] = {
                 "logging_level": logging.WARNING,
                 "ignore_reinit_error": True,
@@ -120,9 +126,12 @@ class RayExecutor(cf.Executor):
     Args:
         num_workers: CPUs of the local cluster started when none is joined (ignored when
             joining one: Ray schedules on every CPU of the cluster).
-        address: Cluster to join (default: ``RAY_ADDRESS``; none starts a local cluster).
-        max_retries: Times a task is re-run after its worker or node is lost (default:
-            ``ZEPHON_RAY_MAX_RETRIES``, else 3).
+        address: Cluster to join (default: the settings' ``ray_address``, ``RAY_ADDRESS``;
+            none starts a local cluster).
+        max_retries: Times a task is re-run after its worker or node is lost (default: the
+            settings' ``ray_max_retries``, ``ZEPHON_RAY_MAX_RETRIES``, else 3).
+        settings: The settings of its tasks when :meth:`submit` is not given others
+            (default: the current ones when it is made).
         object_store_mb: Object store of a local cluster, in MiB.
     """
 
@@ -133,14 +142,16 @@ class RayExecutor(cf.Executor):
         address: str | None = None,
         max_retries: int | None = None,
         object_store_mb: int = DEFAULT_OBJECT_STORE_MB,
+        settings: Settings | None = None,
     ) -> None:
         import ray
 
+        self.settings = settings or current()
         if max_retries is None:
-            max_retries = int(os.environ.get("ZEPHON_RAY_MAX_RETRIES", DEFAULT_MAX_RETRIES))
+            max_retries = self.settings.ray_max_retries
         if max_retries < 0:
             raise ValueError(f"{max_retries=} must be >= 0")
-        _connect(num_workers, address, object_store_mb)
+        _connect(num_workers, address or self.settings.ray_address, object_store_mb)
         self.max_retries = max_retries
         self._ray = ray
         self._task = ray.remote(_call).options(
@@ -162,10 +173,16 @@ class RayExecutor(cf.Executor):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
         """Run ``fn(*args, **kwargs)`` as a Ray task; return a future of its result."""
+        return self.submit_in(self.settings, fn, *args, **kwargs)
+
+    def submit_in(
+        self, settings: Settings, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> cf.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` as a Ray task inside ``settings``."""
         with self._guard:
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after the pool was closed")
-            ref = self._task.remote([self._fn_ref(fn)], args, kwargs)
+            ref = self._task.remote([self._fn_ref(fn)], args, kwargs, settings)
             out: cf.Future[Any] = cf.Future()
             key = next(self._keys)  # never reused (an id() would be, once out is freed)
             self._pending[key] = (ref, out)

@@ -3,7 +3,7 @@
 A worker process pickles an operator's result with protocol 5; array buffers of at least
 :data:`MIN_BYTES` go out of band into POSIX shared memory (``/dev/shm``) and only the small
 pickle travels through the executor's pipe. Each worker writes into its own *arena*, a ring
-buffer of :data:`ARENA_BYTES` whose pages stay allocated (a fresh file per result costs a
+buffer of :func:`arena_bytes` whose pages stay allocated (a fresh file per result costs a
 page fault per 4 KiB, ~10x the copy); the rank copies each result out as it arrives and
 marks its span free in the arena's header, in order. A result that does not fit in the free
 part of the arena goes into a file of its own, which the rank maps, unlinks at once and
@@ -33,8 +33,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from zephon_nodes.core.operator import operator_name
+from zephon_nodes.core.settings import current
+
 __all__ = [
-    "ARENA_BYTES",
+    "arena_bytes",
     "MIN_BYTES",
     "SHM_DIR",
     "ShmCall",
@@ -48,13 +51,20 @@ SHM_DIR = Path("/dev/shm")
 # Buffers smaller than this stay in the pickle (a file per result costs ~20 us).
 MIN_BYTES = 64 * 1024
 _ALIGN = 64
-# Per worker: the ring buffer results are written into (its pages are reused). Set before
-# the workers start with ZEPHON_SHM_ARENA_MB (0: a file per result).
-ARENA_BYTES = int(float(os.environ.get("ZEPHON_SHM_ARENA_MB", "32")) * 2**20)
 _HEADER = 64
 _PREFIX = "zephon-"
 _NAME = re.compile(r"^zephon-(\d+)-")
 _counter = itertools.count()
+
+
+def arena_bytes() -> int:
+    """Bytes of a worker's arena: the ring buffer results are written into (pages reused).
+
+    The ``shm_arena_mb`` of the settings the worker's call runs under (the pool sends them
+    with every call; ``ZEPHON_SHM_ARENA_MB``, default 32; 0: a file per result), read when
+    the worker writes its first result.
+    """
+    return int(current().shm_arena_mb * 2**20)
 
 
 def available() -> bool:
@@ -218,9 +228,10 @@ class _WriterArena:
     @classmethod
     def get(cls, prefix: str) -> _WriterArena | None:
         arena = cls._mine.get(prefix)
-        if arena is None and ARENA_BYTES > _HEADER:
+        size = arena_bytes() if arena is None else 0
+        if arena is None and size > _HEADER:
             try:
-                arena = cls._mine[prefix] = _WriterArena(prefix, ARENA_BYTES)
+                arena = cls._mine[prefix] = _WriterArena(prefix, size)
             except OSError:
                 return None  # /dev/shm full: result files (or the pipe) instead
         return arena
@@ -303,4 +314,4 @@ class ShmCall:
     @property
     def name(self) -> str:
         """The operator's name (messages)."""
-        return str(getattr(self.fn, "name", type(self.fn).__name__))
+        return operator_name(self.fn)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from zephon_nodes.engine.seeding import permutation
+from zephon_nodes.core.seeding import permutation
+from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.io.dataset import Dataset
-from zephon_nodes.io.formats.shards import Shard
 
 __all__ = ["DatasetWorkSource", "WorkItem", "WorkSource", "lane_length", "probe_lane_length"]
 
@@ -48,42 +48,6 @@ def probe_lane_length(source: WorkSource, lane: int, limit: int | None = None) -
         else:
             lo = mid
     return hi
-
-
-@dataclass(frozen=True, slots=True)
-class WorkItem:
-    """A group of consecutive records of one shard: the unit operators run on.
-
-    Attributes:
-        dataset: Index of the dataset in the recipe.
-        dataset_name: Name of the dataset.
-        text_field: JSON field holding the text.
-        item: Index of the work item within its dataset.
-        epoch: Epoch of the dataset this item belongs to.
-        shard: The shard to read.
-        start: First record (inclusive).
-        stop: End record (exclusive).
-        lane: Lane the item was dealt to.
-        position: Index of the item in its lane's stream.
-    """
-
-    dataset: int
-    dataset_name: str
-    text_field: str
-    item: int
-    epoch: int
-    shard: Shard
-    start: int
-    stop: int
-    lane: int
-    position: int
-
-    def describe(self) -> str:
-        """Say where the item's records are, for error messages."""
-        return (
-            f"dataset {self.dataset_name!r}, {self.shard.path} records [{self.start}, "
-            f"{self.stop}) (lane {self.lane}, work item {self.position})"
-        )
 
 
 class WorkSource(ABC):
@@ -123,6 +87,71 @@ class WorkSource(ABC):
     def make_pass(self, p: int) -> WorkSource | None:
         """Build the work source of pass ``p > 0`` (None: this source has a single pass)."""
         return None
+
+    # -- lane geometry: the defaults are right for a source of plain K-item windows --------
+
+    def lane_length(self, lane: int) -> int | None:
+        """Number of work items of ``lane`` (None: endless).
+
+        The default finds it from :meth:`work` alone (probe, then bisect: O(log n) calls); a
+        source that knows it in O(1) overrides this.
+        """
+        return probe_lane_length(self, lane, _PROBE_LIMIT)
+
+    def window_bounds(self, lane: int, window: int, flush_every: int) -> tuple[int, int]:
+        """Positions ``[start, stop)`` of flush window ``window`` of ``lane`` (before its end).
+
+        Default: windows of ``flush_every`` items, cut at the lane's end.
+        """
+        start, stop = window * flush_every, (window + 1) * flush_every
+        n = self.lane_length(lane)
+        if n is not None:
+            start, stop = min(start, n), min(stop, n)
+        return start, stop
+
+    def window_start(self, lane: int, window: int, flush_every: int) -> int:
+        """Position of the first work item of ``window`` of ``lane`` (default ``window * K``)."""
+        return window * flush_every
+
+    def has_window(self, lane: int, window: int, flush_every: int) -> bool:
+        """Whether flush window ``window`` of ``lane`` exists (default: it holds an item)."""
+        return self.work(lane, window * flush_every) is not None
+
+    def lane_item_sizes(self, lane: int) -> np.ndarray | None:
+        """Size of each of ``lane``'s items if the stream was dealt by size (default None)."""
+        return None
+
+    def leftover_drop(self, lane: int, window: int) -> int:
+        """Samples a lane drops at the start of ``window`` (a re-laned leftover; default 0)."""
+        return 0
+
+    def shuffle_parts(self, seed: int, lane: int, window: int) -> tuple[int, int, int]:
+        """The ``(seed, lane, window)`` seeding the shuffle buffer of ``window`` of ``lane``."""
+        return seed, lane, window
+
+    # -- dynamic-mixture decisions and rank copies ------------------------------------------
+
+    #: Whether :meth:`set_decisions` installs a decision log (a mixture of datasets).
+    takes_decisions = False
+    #: The recipe pass this source's pass 0 is (a re-laned source: the pass it re-laned).
+    base_pass = 0
+
+    def set_decisions(
+        self, weights: Sequence[Sequence[float]], starts: Mapping[int, Sequence[int]]
+    ) -> None:
+        """Install a dynamic-mixture decision log (weights per decision, starts per lane).
+
+        Default: nothing to install (a stream without a mixture plan follows none).
+        """
+        return None
+
+    def refuse_decisions(self) -> None:
+        """Raise if this stream cannot take a new mixture decision (default: it can)."""
+        return None
+
+    def fork(self) -> WorkSource:
+        """Return the copy one rank node reads (its decisions are its own; default ``self``)."""
+        return self
 
 
 class DatasetWorkSource(WorkSource):
@@ -177,6 +206,13 @@ class DatasetWorkSource(WorkSource):
             return None
         return self.epochs * self.dataset.num_work_items
 
+    def lane_length(self, lane: int) -> int | None:
+        """Number of work items of ``lane`` (None: endless), in O(1)."""
+        total = self.total_items
+        if total is None:
+            return None
+        return max(0, -(-(total - lane) // self.num_lanes))
+
     def permutation(self, epoch: int) -> np.ndarray:
         """Return the seeded order of the dataset's work items in ``epoch`` (+ the offset)."""
         perm = self._perms.get(epoch)
@@ -221,18 +257,4 @@ class DatasetWorkSource(WorkSource):
 
 def lane_length(source: WorkSource, lane: int) -> int | None:
     """Number of work items of ``lane`` in ``source`` (None: endless)."""
-    own = getattr(source, "lane_length", None)
-    if callable(own):
-        got: int | None = own(lane)
-        return got
-    if type(source) is DatasetWorkSource:
-        total = source.total_items
-        if total is None:
-            return None
-        return max(0, -(-(total - lane) // source.num_lanes))
-    end = getattr(source, "lane_end", None)  # MixingWorkSource: None when endless
-    if callable(end):
-        e: int | None = end(lane)
-        return e
-    # Any other source: work() is None from the lane's end on.
-    return probe_lane_length(source, lane, _PROBE_LIMIT)
+    return source.lane_length(lane)

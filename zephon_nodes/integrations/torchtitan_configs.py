@@ -1,4 +1,4 @@
-r"""Example TorchTitan 0.3.0 config registry: llama3's debug model fed by ZephonDataLoader.
+r"""Example TorchTitan config registry (0.3.0 and main): llama3's debug model, ZephonDataLoader.
 
 Use it as TorchTitan's ``--module``; every config function returns a ``Trainer.Config``::
 
@@ -11,6 +11,9 @@ Use it as TorchTitan's ``--module``; every config function returns a ``Trainer.C
 
 ``--training.seq-len`` must equal the recipe's ``seq_len`` and ``--training.global-batch-size``
 its ``global_batch_size`` (the loader checks seq_len at launch; see ``docs/torchtitan.md``).
+On TorchTitan main the same module serves, with main's options instead:
+``--training.max-context-length``, ``--training.num-tokens-per-microbatch-per-dp-rank`` and
+``--training.num-tokens-per-train-step`` (``global_batch_size x seq_len``).
 Importing this module imports ``torchtitan.trainer``, which needs ``triton`` (the
 ``trainer`` extra).
 """

@@ -1,6 +1,7 @@
-"""Opt-in patches that let TorchTitan 0.3.0's real Trainer run on a CPU with gloo.
+"""Opt-in patches that let TorchTitan's real Trainer (0.3.0 and main) run on a CPU with gloo.
 
-TorchTitan 0.3.0 has no CPU training path. These patches make one, for trying a job, the
+Neither TorchTitan 0.3.0 nor main (b5bcd76) has a CPU training path; the same four patches
+serve both (the patched names are the same on main). These patches make one, for trying a job, the
 walk-through in ``examples/torchtitan`` and tests on a machine without a GPU; a job on GPUs
 never needs them, and nothing in the library applies them on import. Use the launcher
 :mod:`zephon_nodes.integrations.torchtitan_train`, which applies them only when no GPU is

@@ -14,17 +14,44 @@ path is for trying a job and for tests, not for training a real model.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 
-__all__ = ["main"]
+__all__ = ["check_paths", "main"]
 
 _SPMD = "--parallelism.spmd-backend"
+_ABSOLUTE = ("--checkpoint.initial-load-path",)
+
+
+def check_paths(argv: list[str]) -> str | None:
+    """Return a one-line error for a relative path TorchTitan refuses late, else None.
+
+    TorchTitan checks ``--checkpoint.initial-load-path`` only after building the model
+    (tens of seconds into the job) and refuses a relative one; this says so at once.
+    """
+    spellings = {s: s for s in _ABSOLUTE} | {"--" + s[2:].replace("-", "_"): s for s in _ABSOLUTE}
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name not in spellings:
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if value and not os.path.isabs(value):
+            return (
+                f"{spellings[name]} {value!r} is a relative path; TorchTitan needs an absolute "
+                f'one: pass "$PWD/{value}"'
+            )
+    return None
 
 
 def main() -> None:
     """Apply the CPU patches when no GPU is visible, then run ``torchtitan.train.main``."""
+    problem = check_paths(sys.argv[1:])
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     if not torch.cuda.is_available():
         from zephon_nodes.integrations.torchtitan_cpu import apply
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ class Dataset:
         if spec.records is not None:
             shards: tuple[Shard, ...] = (memory_shard(spec.name, spec.records),)
         else:
-            shards = tuple(open_shard(p) for p in spec.files())
+            shards = tuple(_open(p) for p in spec.files())
         return cls(spec.name, spec.text_field, shards, chunk_size)
 
     def __post_init__(self) -> None:
@@ -81,3 +82,12 @@ class Dataset:
         counts: np.ndarray = self._counts  # type: ignore[attr-defined]
         stop = min(start + self.chunk_size, int(counts[shard]))
         return shard, start, stop
+
+
+def _open(path: str) -> Any:
+    """A shard; a ``.zst`` one is decompressed into the bounded node cache, never beside it."""
+    if str(path).endswith(".zst"):
+        from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
+
+        return open_whole_shard(path)
+    return open_shard(path)

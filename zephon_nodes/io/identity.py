@@ -71,6 +71,10 @@ def _open_remote(uri: str) -> str:
             from zephon_nodes.io.formats.tar import open_tar_shard
 
             return open_tar_shard(uri).checksum
+        if uri.endswith(".zst"):  # decompressed into the bounded node cache only
+            from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
+
+            return open_whole_shard(uri).checksum
         from zephon_nodes.io.formats.shards import open_shard
 
         return open_shard(uri).checksum

@@ -61,13 +61,10 @@ def _open_file(spec: DatasetSpec, path: str, image_column: str | None = None) ->
 
         return open_tar_shard(path)
     if path.endswith(".zst"):
-        from zephon_nodes.io.nodecache.nodecache import node_cache
+        # Its decompressed copy lives in the bounded node cache.
+        from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
 
-        if node_cache() is not None:
-            # Under a cache limit, its decompressed copy lives in the bounded node cache.
-            from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
-
-            return open_whole_shard(path)  # type: ignore[return-value]
+        return open_whole_shard(path)  # type: ignore[return-value]
     return open_shard(path)
 
 

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_nodes.engine.work import WorkItem
+from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.formats.tar import TarSample
 from zephon_nodes.operators.documents import Skipped, add_skipped

@@ -1,14 +1,16 @@
-"""Operators: stateless functions run on the worker pool, and accumulators between flushes."""
+"""Operators: stateless functions run on the worker pool, and accumulators between flushes.
 
-from zephon_nodes.operators.accumulate import Accumulator, AccumulatorNode
+The torchdata nodes that run them in a lane (``OrderedParallelMap``, ``AccumulatorNode``,
+``TorchdataStage``) are the engine's: import them from :mod:`zephon_nodes`.
+"""
+
+from zephon_nodes.operators.accumulator import Accumulator, LazyAccumulator
 from zephon_nodes.operators.batch import collate
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.documents import DocBatch, TextBatch
 from zephon_nodes.operators.pack import IGNORE_INDEX, ConcatPacker
-from zephon_nodes.operators.parallel_map import OrderedParallelMap
 from zephon_nodes.operators.parse import ParseJsonl
 from zephon_nodes.operators.shuffle import ShuffleBuffer
-from zephon_nodes.operators.stage import TorchdataStage
 from zephon_nodes.operators.tokenize import (
     ByteTokenizer,
     SentencePieceTokenizer,
@@ -20,19 +22,17 @@ from zephon_nodes.operators.tokenize import (
 __all__ = [
     "IGNORE_INDEX",
     "Accumulator",
-    "AccumulatorNode",
     "ByteTokenizer",
     "Chain",
     "ConcatPacker",
     "DocBatch",
-    "OrderedParallelMap",
+    "LazyAccumulator",
     "ParseJsonl",
     "SentencePieceTokenizer",
     "ShuffleBuffer",
     "TextBatch",
     "Tokenize",
     "Tokenizer",
-    "TorchdataStage",
     "collate",
     "load_tokenizer",
 ]

@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_nodes.core.operator import operator_name
+
 __all__ = ["Chain"]
 
 
@@ -28,7 +30,7 @@ class Chain:
     @property
     def name(self) -> str:
         """Names of the operators, joined by ``+``."""
-        return "+".join(getattr(op, "name", type(op).__name__) for op in self.operators)
+        return "+".join(operator_name(op) for op in self.operators)
 
     def __call__(self, item: Any) -> Any:
         """Run every operator on ``item``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon_nodes.engine.seeding import SplitMix64
+from zephon_nodes.core.seeding import SplitMix64
 
 __all__ = ["ShuffleBuffer"]
 

@@ -15,51 +15,13 @@ Upper bounds are far beyond any real job and only stop absurd sizes (``seq_len =
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from zephon_nodes.core.bounds import PHYSICAL, Bound
 from zephon_nodes.errors import RecipeError
 
 __all__ = ["SETTINGS", "Bound", "check_setting", "did_you_mean"]
-
-
-@dataclass(frozen=True)
-class Bound:
-    """Type and range of one numeric setting.
-
-    Args:
-        kind: ``int`` (a bool or a float such as ``2.0`` is refused) or ``float`` (an int is
-            accepted; NaN and infinities never are).
-        lo: Smallest allowed value.
-        hi: Largest allowed value.
-        lo_open: ``lo`` itself is not allowed (``weight > 0``).
-        note: Why the bound exists, appended to the error.
-    """
-
-    kind: type
-    lo: float
-    hi: float
-    lo_open: bool = False
-    note: str = ""
-
-    def describe(self) -> str:
-        """The allowed range in words, e.g. ``an integer in [1, 65536]``."""
-        noun = "an integer" if self.kind is int else "a finite number"
-        left = "(" if self.lo_open else "["
-        return f"{noun} in {left}{_num(self.lo)}, {_num(self.hi)}]"
-
-
-def _num(x: float) -> str:
-    if isinstance(x, float) and abs(x) >= 1e6:
-        return f"{x:g}"
-    n = int(x)
-    if n >= 1 << 16 and n & (n - 1) == 0:
-        return f"2**{n.bit_length() - 1}"
-    if n >= 1 << 16 and (n + 1) & n == 0:
-        return f"2**{n.bit_length()} - 1"
-    return str(n) if float(x).is_integer() else str(x)
 
 
 _LANES = 1 << 16
@@ -92,16 +54,8 @@ SETTINGS: dict[str, Bound] = {
     "image.max_images": Bound(int, 1, 1 << 16),
     "image.max_pixels": Bound(int, 1, 1 << 31),
     "image.placeholder_id": Bound(int, 0, 2**31 - 1),
-    # physical settings: Python API, CLI flags, TorchTitan config
-    "dp_world_size": Bound(int, 1, _LANES, note="at most one rank per lane"),
-    "dp_rank": Bound(int, 0, _LANES - 1),
-    "local_batch_size": Bound(int, 1, _ROWS),
-    "num_workers": Bound(int, 0, 1024),
-    "steps": Bound(int, 0, 2**62),
-    "save_at": Bound(int, 1, 2**62),
-    "lookahead": Bound(int, 1, 1 << 16),
-    "prefetch": Bound(int, 0, 1 << 16),
-    "worker_timeout_s": Bound(float, 0, 1e7, lo_open=True),
+    # physical settings: Python API, CLI flags, TorchTitan config, the environment
+    **PHYSICAL,
     # CLI spellings of recipe settings (``zephon lanes``)
     "global_batch": Bound(int, 1, _ROWS),
     "chunk_size": Bound(int, 1, 1 << 24),
@@ -126,23 +80,10 @@ def check_setting(name: str, value: Any, *, where: str = "", bound: Bound | None
     b = bound if bound is not None else SETTINGS.get(_key(name))
     if b is None:
         return value
-    ok_type = isinstance(value, (int, float)) if b.kind is float else isinstance(value, int)
-    if isinstance(value, bool) or not ok_type:
-        raise RecipeError(
-            f"{where}{name}={value!r} must be {b.describe()}, got {type(value).__name__}" + _note(b)
-        )
-    if (
-        (isinstance(value, float) and not math.isfinite(value))
-        or value < b.lo
-        or (b.lo_open and value == b.lo)
-        or value > b.hi
-    ):
-        raise RecipeError(f"{where}{name}={value!r} must be {b.describe()}" + _note(b))
+    problem = b.problem(value)
+    if problem is not None:
+        raise RecipeError(f"{where}{name}={value!r} {problem}")
     return value
-
-
-def _note(b: Bound) -> str:
-    return f" ({b.note})" if b.note else ""
 
 
 def _key(name: str) -> str:

@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 from torchdata.nodes import BaseNode, Loader
 
-from zephon_nodes.engine.flush import is_flush
-from zephon_nodes.engine.lane import WorkItemNode
+from zephon_nodes.core.flush import is_flush
+from zephon_nodes.core.operator import Operator
+from zephon_nodes.engine.accumulate import AccumulatorNode
+from zephon_nodes.engine.lane import WindowRestorable, WorkItemNode
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.work import WorkSource
-from zephon_nodes.operators.accumulate import AccumulatorNode
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.testing._compare import difference, short
 from zephon_nodes.testing.strategies import doc_batches
@@ -69,7 +70,9 @@ def list_source(items: Sequence[Any], flush_every: int) -> WorkItemNode:
 
 
 def _name(obj: Any) -> str:
-    return str(getattr(obj, "name", None) or getattr(obj, "__name__", type(obj).__name__))
+    if isinstance(obj, Operator) and obj.name:
+        return str(obj.name)
+    return str(getattr(obj, "__name__", type(obj).__name__))  # a function or a class
 
 
 def _fresh_copy(op: Any) -> Any:
@@ -246,7 +249,7 @@ def assert_flush_replay_exact(
     """Check that an accumulator restores exactly by flush/replay.
 
     ``make(window)`` returns the accumulator of one flush window (``feed``/``flush``), as
-    :class:`~zephon_nodes.operators.accumulate.AccumulatorNode` takes it. For generated input
+    :class:`~zephon_nodes.engine.accumulate.AccumulatorNode` takes it. For generated input
     lists and flush intervals, two properties must hold:
 
     1. every window's outputs, replayed alone from a fresh ``make(window)``, equal its
@@ -452,12 +455,12 @@ def _check_window_restore(
 ) -> None:
     """A node inside a lane must restore at every window start (``state_at_window``)."""
     probe = factory()
-    if not callable(getattr(probe, "state_at_window", None)):
+    if not isinstance(probe, WindowRestorable):
         raise AssertionError(
             f"node {name!r} passes flush markers, so it runs inside a lane, but it has no "
             f"state_at_window(window): a lane restores its chain at a window start and would "
             f"fail at the first restore. Wrap a torchdata node in "
-            f"zephon_nodes.operators.TorchdataStage, or implement state_at_window"
+            f"zephon_nodes.TorchdataStage, or implement state_at_window"
         )
     starts = [(0, 0)] + [(outputs[p].window + 1, p + 1) for p in markers]
     if len(starts) > max_positions:
@@ -465,7 +468,8 @@ def _check_window_restore(
         starts = sorted(set(starts[::step]) | {starts[-1]})
     for window, p in starts:
         fresh = factory()
-        state = fresh.state_at_window(window)  # type: ignore[attr-defined]
+        assert isinstance(fresh, WindowRestorable)
+        state = fresh.state_at_window(window)
         fresh.reset(copy.deepcopy(state))
         try:
             got = _drain(fresh, len(outputs) - p + 1)

@@ -74,8 +74,6 @@ class CachedCopyShard:
     def read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
         """Return records ``[start, stop)`` from the cached copy."""
         cache = node_cache()
-        if cache is None:
-            raise DataError(f"{self.path}: read through the node cache, but no cache limit is set")
         if start == stop:
             return []
         index = _INDEXES.get(self.index_path)
@@ -121,8 +119,8 @@ def through_node_cache(
 
     ``fetch_log`` names a file each fetch appends its key to; ``latency_s`` delays each fetch.
 
-    Set a limit first (:func:`~zephon_nodes.io.nodecache.nodecache.set_cache_limit`); the
-    fingerprint and every output byte are the pipeline's own.
+    The shards go through the node cache of the pipeline's settings (its ``cache_limit``,
+    else the default limit); the fingerprint and every output byte are the pipeline's own.
     """
     out = copy.copy(pipeline)
     log = os.fspath(fetch_log)

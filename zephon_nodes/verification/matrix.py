@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon_nodes.engine.operator_pools import PoolSpec
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
-from zephon_nodes.engine.stages import PoolSpec
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.verification.simulate import simulate
 

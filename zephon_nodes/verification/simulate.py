@@ -10,9 +10,9 @@ import torch
 
 from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.operator_pools import PoolSpec
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.stages import PoolSpec
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.verification.digest import digest_microbatches
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zephon_nodes.integrations.torchtitan import ZephonDataLoader
+from zephon_nodes.integrations.torchtitan import API, ZephonDataLoader
 from zephon_nodes.recipe import Recipe
 
 
@@ -26,16 +26,27 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     recipe = Recipe.from_toml(args.recipe)
-    loader = ZephonDataLoader.Config(recipe=args.recipe, num_workers=0, prefetch=1).build(
-        dp_world_size=world,
-        dp_rank=rank,
-        tokenizer=None,
-        seq_len=recipe.seq_len,
-        local_batch_size=2,
-        snapshot_every_n_steps=None,
-    )
+    config = ZephonDataLoader.Config(recipe=args.recipe, num_workers=0, prefetch=1)
+    if API == "main":  # 2 packed samples per flat micro-batch; repeat=False: finite data
+        config.repeat = False
+        size: dict[str, int] = {
+            "max_context_length": recipe.seq_len,
+            "num_tokens_per_batch": 2 * recipe.seq_len,
+        }
+    else:
+        size = {"seq_len": recipe.seq_len, "local_batch_size": 2}
+    loader = config.build(dp_world_size=world, dp_rank=rank, tokenizer=None, **size)
     sums = []
-    for inputs, labels in loader:
+    ended = "StopIteration"
+    it = iter(loader)
+    while True:
+        try:
+            inputs, labels = next(it)
+        except StopIteration:
+            break
+        except Exception as e:  # TorchTitan main's DataloaderExhaustedError
+            ended = type(e).__name__
+            break
         # a training step's collective: every rank must be here for every micro-batch
         total = torch.tensor([int(labels.ne(-100).sum())])
         dist.all_reduce(total)
@@ -43,7 +54,9 @@ def main() -> None:
     step = loader.state_dict()
     dist.barrier()
     Path(args.out, f"rank{rank}.json").write_text(
-        json.dumps({"micro_batches": len(sums), "sums": sums, "keys": sorted(step)[:3]})
+        json.dumps(
+            {"micro_batches": len(sums), "sums": sums, "keys": sorted(step)[:3], "ended": ended}
+        )
     )
     loader.close()
     dist.destroy_process_group()

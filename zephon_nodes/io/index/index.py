@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.settings import current
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.index.indexcheck import SEAL_KEY, check_entry, kind_of, parse_manifest, seal
 from zephon_nodes.io.storage import storage
@@ -69,15 +70,9 @@ def _dirname(uri: str) -> str:
     return posixpath.dirname(uri) if storage.is_remote(uri) else os.path.dirname(uri)
 
 
-def _join(directory: str, name: str) -> str:
-    if storage.is_remote(directory):
-        return directory.rstrip("/") + "/" + name
-    return os.path.join(directory, name)
-
-
 def rebuild_hint(directory: str) -> str:
     """The command that rebuilds the index of a directory."""
-    return f"rebuild it: zephon index '{storage.redact(_join(directory, '*'))}'"
+    return f"rebuild it: zephon index '{storage.redact(storage.join(directory, '*'))}'"
 
 
 def _read_text(uri: str) -> bytes | None:
@@ -202,7 +197,7 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     if memo is not None and ("index", str(uri)) in memo:
         hit: tuple[dict[str, Any], str] | None = memo[("index", str(uri))]
         return hit
-    if os.environ.get("ZEPHON_NO_INDEX"):
+    if not current().use_index:  # ZEPHON_NO_INDEX=1
         return None
     text = _normal(str(uri))
     found = _lookup(str(uri), text)
@@ -227,7 +222,7 @@ def _candidates(text: str, named: str | None) -> list[str]:
     out = []
     directory = _dirname(text)
     for _ in range(SEARCH_UP + 1):
-        out.append(_join(directory, INDEX_NAME))
+        out.append(storage.join(directory, INDEX_NAME))
         parent = _dirname(directory)
         remote_root = storage.is_remote(text) and "://" not in parent
         if parent == directory or remote_root or not parent:

@@ -111,10 +111,9 @@ class LazyShards(Sequence[Any]):
                 f"dataset {self.name!r}: {storage.redact(uri)}: {shard.num_records} records, "
                 f"the dataset index says {int(self.records[k])}"
             )
-        from zephon_nodes.io.nodecache.nodecache import node_cache
         from zephon_nodes.io.nodecache.wholeshard import NodeCachedShard, _whole
 
-        if node_cache() is not None and _whole(shard):
+        if _whole(shard):  # its decompressed copy lives in the bounded node cache
             return NodeCachedShard(shard)
         return shard
 

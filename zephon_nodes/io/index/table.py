@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.settings import current
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import cache_dir
@@ -72,7 +73,7 @@ def verify_data() -> bool:
     refused) and each local shard's checksum is compared with the index's when it is first
     opened (one read of each shard), instead of its size and modification time only.
     """
-    return os.environ.get("ZEPHON_VERIFY_DATA", "").lower() in ("1", "true", "yes")
+    return current().verify_data
 
 
 def _offsets(blob: np.ndarray, last: int) -> np.ndarray:
@@ -131,7 +132,7 @@ class ShardTable:
 
     def uri(self, k: int) -> str:
         """The ``k``-th shard's full path or URI."""
-        return _join(self.directory, self.name(k))
+        return storage.join(self.directory, self.name(k))
 
     def entry(self, k: int) -> dict[str, Any]:
         """The ``k``-th shard's index entry (parsed on each call)."""
@@ -216,12 +217,6 @@ def _glob_regex(pattern: str) -> str:
             j += 1
         out.append(text + ("" if last else "/"))
     return "^" + "".join(out) + "$"
-
-
-def _join(directory: str, name: str) -> str:
-    if storage.is_remote(directory):
-        return directory.rstrip("/") + "/" + name
-    return directory.rstrip("/") + "/" + name if directory != "/" else "/" + name
 
 
 def _save(path: Path, array: np.ndarray) -> None:
@@ -404,7 +399,7 @@ def _candidates(directory: str, named: str | None) -> list[str]:
     """Where the index of files under ``directory`` may be (as for a shard there)."""
     from zephon_nodes.io.index.index import _candidates as shard_candidates
 
-    return shard_candidates(_join(directory, "*"), named)
+    return shard_candidates(storage.join(directory, "*"), named)
 
 
 def _absolute(spec: Any, pattern: str) -> str:
@@ -430,7 +425,7 @@ def resolve_indexed(spec: Any) -> IndexedFiles | None:
     from zephon_nodes.io.index.index import literal_dir
     from zephon_nodes.io.storage.checksum import build_memo
 
-    if spec.records is not None or os.environ.get("ZEPHON_NO_INDEX") or not spec.paths:
+    if spec.records is not None or not current().use_index or not spec.paths:
         return None
     memo = build_memo()
     if memo is not None and ("indexed", id(spec)) in memo:

@@ -63,8 +63,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-from zephon_nodes.errors import DataError, RecipeError
-from zephon_nodes.io.storage.cache import cache_dir
+from zephon_nodes.core import settings as _settings
+from zephon_nodes.core.settings import Settings, parse_size
+from zephon_nodes.errors import DataError
 
 __all__ = [
     "LIMIT_ENV",
@@ -74,6 +75,7 @@ __all__ = [
     "Cacheable",
     "Fetch",
     "NodeCache",
+    "check_fits",
     "node_cache",
     "parse_size",
     "prefetch_depth",
@@ -115,25 +117,6 @@ class Cacheable(Protocol):
 
 class CacheFullError(DataError):
     """The node cache cannot make room for an entry within its limit."""
-
-
-def parse_size(text: str | int) -> int:
-    """Parse a byte size such as ``"50G"``, ``"512MiB"``, ``"1.5GB"`` or ``1000``.
-
-    Suffixes K, M, G, T (with or without ``B``/``iB``) are powers of 1024.
-
-    Raises:
-        ValueError: ``text`` is not a size.
-    """
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"a byte size must be >= 0, got {text}")
-        return text
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", text)
-    if m is None:
-        raise ValueError(f"expected a byte size such as 512M or 50G, got {text!r}")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
 
 
 def _name(key: str) -> str:
@@ -212,7 +195,9 @@ class NodeCache:
             "peak_bytes": 0,
         }
         self._prefetch: _Prefetcher | None = None
+        self.settings: Settings | None = None  # what its prefetcher's fetches run under
         self._closed = False
+        self._unscanned = 0  # decisions since this process last listed data/ (see _data_bytes)
         with self._global():  # a smaller limit than last time's: trim unpinned entries now
             self._make_room(0, "", prefetch=False)
 
@@ -324,6 +309,32 @@ class NodeCache:
     def contains(self, key: str) -> bool:
         """Return whether ``key`` is in the cache now."""
         return (self.root / "data" / _name(key)).exists()
+
+    def discard(self, key: str) -> bool:
+        """Remove ``key``'s entry now (a reader found it damaged) unless someone pins it.
+
+        Returns:
+            Whether an entry was removed.
+        """
+        name = _name(key)
+        with self._global():
+            fd = self._lock_fd(name)
+            try:
+                if not _try_flock(fd, fcntl.LOCK_EX):
+                    return False
+                path = self.root / "data" / name
+                try:
+                    size = path.stat().st_size
+                    before = self._data_mtime()
+                    path.unlink()
+                    self._record_change(before, -size)
+                except FileNotFoundError:
+                    return False
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        return True
 
     def close(self) -> None:
         """Stop prefetching and withdraw this process's plan; entries stay on disk."""
@@ -470,7 +481,9 @@ class NodeCache:
                             f"bytes reserved for it, and the cache (limit {self.limit_bytes} "
                             "bytes) cannot make room"
                         )
+                before = self._data_mtime()
                 os.replace(part, data)
+                self._record_change(before, actual)
                 self._touch(data)
                 resv.unlink()
                 self._stats["fetches"] += 1
@@ -522,11 +535,65 @@ class NodeCache:
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
 
-    def _usage(self) -> int:
+    # ------------------------------------------------------------------ usage
+
+    # A full listing of data/ at least every this many decisions of a process, whatever the
+    # record says (bounds the drift a crash between a change and its record could leave).
+    _RESCAN_EVERY = 64
+
+    def _data_mtime(self) -> int:
+        return os.stat(self.root / "data").st_mtime_ns
+
+    def _read_record(self) -> tuple[int, int] | None:
+        try:
+            mtime, total = (self.root / ".usage").read_text().split()
+            return int(mtime), int(total)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _write_record(self, mtime: int, total: int) -> None:
+        (self.root / ".usage").write_text(f"{mtime} {total}")
+
+    def _record_change(self, before: int, delta: int) -> None:
+        """After adding (``delta`` > 0) or removing an entry of data/: keep the record exact.
+
+        Under the global lock. The record holds data/'s modification time and total bytes as
+        of the last recorded change; it is updated only if it was current just before this
+        change, else dropped (the next decision lists data/).
+        """
+        rec = self._read_record()
+        if rec is not None and rec[0] == before:
+            self._write_record(self._data_mtime(), rec[1] + delta)
+        elif rec is not None:
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / ".usage").unlink()
+
+    def _data_bytes(self) -> int:
+        """Bytes of the entries in data/ (under the global lock).
+
+        Every change to data/ is made under the global lock and recorded in ``.usage`` with
+        data/'s modification time after it, so while that time is unchanged the recorded
+        total is exact and data/ need not be listed (a cache of many small entries would
+        otherwise list it on every miss). A change the record does not know (a process that
+        died between the two, a file removed by hand) changes the time: then, and every
+        :attr:`_RESCAN_EVERY` decisions anyway, data/ is listed again.
+        """
+        self._unscanned += 1
+        rec = self._read_record()
+        fresh = rec is not None and self._unscanned < self._RESCAN_EVERY
+        if fresh and rec is not None and rec[0] == self._data_mtime():
+            return rec[1]
+        mtime = self._data_mtime()
         total = 0
         for entry in os.scandir(self.root / "data"):
             with contextlib.suppress(FileNotFoundError):
                 total += entry.stat().st_size
+        self._write_record(mtime, total)
+        self._unscanned = 0
+        return total
+
+    def _usage(self) -> int:
+        total = self._data_bytes()
         for entry in os.scandir(self.root / "resv"):
             if not self._live(entry.name):  # its fetcher died: free its room
                 self._clean_stale(entry.name)
@@ -584,7 +651,9 @@ class NodeCache:
             try:
                 if not _try_flock(fd, fcntl.LOCK_EX):
                     continue  # pinned
+                before = self._data_mtime()
                 path.unlink()
+                self._record_change(before, -vsize)
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 os.close(fd)
@@ -709,87 +778,82 @@ class NodeCache:
             return out
 
 
-_SHARED: dict[tuple[int, str, str, str], NodeCache] = {}
+_SHARED: dict[tuple[int, str, int | None, int | None, str], NodeCache] = {}
 _SHARED_LOCK = threading.Lock()
 
 
 def set_cache_limit(
     limit: str | int | None, policy: str | None = None, prefetch: int | None = None
 ) -> None:
-    """Set (or with None, remove) this process's node-cache limit, policy and prefetch depth.
+    """Change this process's node-cache limit, policy and prefetch depth (settings updates).
 
-    They go to ``ZEPHON_CACHE_LIMIT``, ``ZEPHON_CACHE_POLICY`` and ``ZEPHON_CACHE_PREFETCH``,
-    so worker processes started afterwards use the same cache.
+    Each is an :func:`~zephon_nodes.core.settings.update` of the process's settings, which
+    pools send to their workers with every call. None leaves a setting as the environment
+    or the default has it (``limit=None``: ``ZEPHON_CACHE_LIMIT``, else the automatic
+    default, see :meth:`~zephon_nodes.core.settings.Settings.cache_limit_bytes`).
 
     Raises:
         RecipeError: ``limit`` is not a byte size, ``policy`` unknown or ``prefetch`` < 0.
     """
-    if limit is None:
-        os.environ.pop(LIMIT_ENV, None)
-    else:
-        _parse_limit(str(limit))
-        os.environ[LIMIT_ENV] = str(limit)
-    if policy is not None:
-        if policy not in ("belady", "lru"):
-            raise RecipeError(f"cache policy should be 'belady' or 'lru', got {policy!r}")
-        os.environ[POLICY_ENV] = policy
-    if prefetch is not None:
-        if prefetch < 0:
-            raise RecipeError(f"cache prefetch depth should be >= 0, got {prefetch}")
-        os.environ[PREFETCH_ENV] = str(prefetch)
+    _settings.update(cache_limit=limit, cache_policy=policy, cache_prefetch=prefetch)
 
 
-def prefetch_depth() -> int:
+def prefetch_depth(settings: Settings | None = None) -> int:
     """Return the prefetch depth: upcoming shards kept fetched ahead of use.
 
-    From ``ZEPHON_CACHE_PREFETCH`` (default 4; 0 disables the prefetcher).
-
-    Raises:
-        RecipeError: The variable is not an integer >= 0.
+    From :attr:`Settings.cache_prefetch <zephon_nodes.core.settings.Settings>`
+    (``ZEPHON_CACHE_PREFETCH``, default 4; 0 disables the prefetcher).
     """
-    text = os.environ.get(PREFETCH_ENV, "").strip() or "4"
-    if not text.isdigit():
-        raise RecipeError(f"{PREFETCH_ENV} should be an integer >= 0, got {text!r}")
-    return int(text)
+    return (settings or _settings.current()).cache_prefetch
 
 
-def _parse_limit(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise RecipeError(f"{LIMIT_ENV} / --cache-limit: {exc}") from None
+def node_cache(settings: Settings | None = None) -> NodeCache:
+    """Return this process's node cache for ``settings`` (default: the current settings).
 
-
-def node_cache() -> NodeCache | None:
-    """Return this process's node cache, or None when no limit is set.
-
-    The cache lives in ``$ZEPHON_CACHE_DIR/node`` with the limit of ``ZEPHON_CACHE_LIMIT``
-    (e.g. ``50G``) and the policy of ``ZEPHON_CACHE_POLICY`` (default ``belady``); one
-    instance per process, shared by its threads.
-
-    Raises:
-        RecipeError: The limit or the policy is invalid.
+    The cache lives in ``<cache_dir>/node`` with the limit of ``cache_limit``
+    (``--cache-limit`` / ``ZEPHON_CACHE_LIMIT``, e.g. ``50G``; without one, a share of the
+    disk's free space computed once per process, see
+    :meth:`~zephon_nodes.core.settings.Settings.cache_limit_bytes`) and the policy of
+    ``cache_policy`` (default ``belady``); one instance per process and settings, shared by
+    its threads.
     """
-    limit = os.environ.get(LIMIT_ENV, "").strip()
-    if not limit:
-        return None
-    policy = os.environ.get(POLICY_ENV, "").strip() or "belady"
-    if policy not in ("belady", "lru"):
-        raise RecipeError(f"{POLICY_ENV} should be 'belady' or 'lru', got {policy!r}")
-    root = str(cache_dir() / "node")
-    key = (os.getpid(), root, limit, policy)
+    s = settings or _settings.current()
+    root = str(Path(s.cache_dir) / "node")
+    key = (os.getpid(), root, s.cache_limit, s.cache_free_bytes, s.cache_policy)
     with _SHARED_LOCK:
         cache = _SHARED.get(key)
         if cache is None:
             try:
-                cache = NodeCache(root, _parse_limit(limit), policy)  # type: ignore[arg-type]
+                cache = NodeCache(root, s.cache_limit_bytes(), s.cache_policy)
             except OSError as e:
                 raise DataError(
                     f"node cache {root}: cannot use the directory ({e.strerror or e}); the "
                     "cache directory (ZEPHON_CACHE_DIR) must be writable with --cache-limit"
                 ) from None
+            cache.settings = s
             _SHARED[key] = cache
     return cache
+
+
+def check_fits(largest: int, what: str, settings: Settings | None = None) -> None:
+    """Refuse at start-up a node cache too small for the largest entry it must hold.
+
+    Args:
+        largest: Bytes of the largest shard read through the node cache (or a lower bound).
+        what: That shard, for the message.
+        settings: The settings (default: the current ones).
+
+    Raises:
+        DataError: Naming the shard, its size, the limit and where the limit comes from.
+    """
+    s = settings or _settings.current()
+    limit = node_cache(s).limit_bytes
+    if largest > limit:
+        raise CacheFullError(
+            f"node cache {Path(s.cache_dir) / 'node'}: {what} needs {largest} bytes, more than "
+            f"its limit of {limit} bytes ({s.limit_source()}); free space on that disk, point "
+            "ZEPHON_CACHE_DIR at a larger one or set a larger --cache-limit"
+        )
 
 
 class _Prefetcher:
@@ -820,6 +884,10 @@ class _Prefetcher:
         self._thread.join(timeout=60)
 
     def _run(self) -> None:
+        with _settings.using(self.cache.settings):
+            self._loop()
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._dirty and not self._stop:

@@ -1,13 +1,15 @@
 """Shards read whole (single-frame ``.zst``) go through the bounded node cache.
 
 A single-frame ``.jsonl.zst`` cannot be read in part: its decompressed copy is made on first
-use. Without a node-cache limit that copy stays in ``$ZEPHON_CACHE_DIR`` for good (see
-:class:`~zephon_nodes.io.formats.shards.FileShard`). With a limit (``ZEPHON_CACHE_LIMIT``,
-``--cache-limit``), :func:`route_whole_shards` wraps such shards in :class:`NodeCachedShard`,
-whose decompressed copy is an entry of the node cache: fetched once per node, pinned while a
-work item reads it, evicted by the exact future (see
-:mod:`zephon_nodes.io.nodecache.nodecache`). The small record index stays in the ordinary
-cache. Bytes read are the same either way.
+use. :func:`route_whole_shards` wraps such shards in :class:`NodeCachedShard`, whose
+decompressed copy is an entry of the node cache: fetched once per node, pinned while a work
+item reads it, evicted by the exact future (see :mod:`zephon_nodes.io.nodecache.nodecache`).
+The node cache is always bounded: by ``--cache-limit`` / ``ZEPHON_CACHE_LIMIT``, else by a
+share of its disk's free space
+(:meth:`~zephon_nodes.core.settings.Settings.cache_limit_bytes`), and
+:func:`check_whole_shards_fit` refuses at start-up a cache too small for the largest such
+shard. The small record index stays in the ordinary cache. Bytes read are the same either
+way.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.settings import Settings
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.formats.shards import FileShard
-from zephon_nodes.io.nodecache.nodecache import node_cache
+from zephon_nodes.io.nodecache.nodecache import check_fits, node_cache
 from zephon_nodes.io.storage.cache import atomic_write
 
-__all__ = ["NodeCachedShard", "open_whole_shard", "route_whole_shards"]
+__all__ = ["NodeCachedShard", "check_whole_shards_fit", "open_whole_shard", "route_whole_shards"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,11 @@ class NodeCachedShard:
     def num_records(self) -> int:
         """Number of records."""
         return self.shard.num_records
+
+    @property
+    def checksum(self) -> str:
+        """The shard file's content checksum."""
+        return self.shard.checksum
 
     @property
     def cache_key(self) -> str:
@@ -169,10 +177,15 @@ def _whole(shard: Any) -> bool:
     )
 
 
-def route_whole_shards(datasets: Sequence[Dataset]) -> list[Dataset]:
-    """Wrap the shards read whole in :class:`NodeCachedShard` when a cache limit is set."""
-    if node_cache() is None:
-        return list(datasets)
+def route_whole_shards(
+    datasets: Sequence[Dataset], settings: Settings | None = None
+) -> list[Dataset]:
+    """Wrap the shards read whole in :class:`NodeCachedShard`; check the node cache holds one.
+
+    Raises:
+        CacheFullError: The node cache's limit is smaller than the largest shard read whole
+            (see :func:`check_whole_shards_fit`).
+    """
     out = []
     for d in datasets:
         if hasattr(d.shards, "whole"):
@@ -185,7 +198,38 @@ def route_whole_shards(datasets: Sequence[Dataset]) -> list[Dataset]:
             NodeCachedShard(s) if isinstance(s, FileShard) and _whole(s) else s for s in d.shards
         )
         out.append(Dataset(d.name, d.text_field, shards, d.chunk_size))
+    check_whole_shards_fit(out, settings)
     return out
+
+
+def check_whole_shards_fit(datasets: Sequence[Dataset], settings: Settings | None = None) -> None:
+    """Refuse, at start-up, a node cache smaller than the largest shard read whole.
+
+    The decompressed size of a shard opened here is known; for one listed by a dataset index
+    its compressed size is the lower bound checked (the decompressed copy is larger).
+
+    Raises:
+        CacheFullError: Naming the shard, the bytes it needs, the limit and its source.
+    """
+    from zephon_nodes.io.index.lazyshards import LazyShards
+    from zephon_nodes.io.index.table import KINDS
+
+    largest, what = 0, ""
+    for d in datasets:
+        if isinstance(d.shards, LazyShards):
+            sizes = d.shards.files.table.sizes[d.shards.files.rows]
+            whole = (d.shards.kinds == KINDS.index("jsonl.zst")) & (d.shards.frames < 2)
+            if np.any(whole):
+                k = int(np.argmax(np.where(whole, sizes, -1)))
+                if int(sizes[k]) > largest:
+                    uri = d.shards.files.table.uri(int(d.shards.files.rows[k]))
+                    largest, what = int(sizes[k]), f"shard {uri} (at least; compressed)"
+            continue
+        for s in d.shards:
+            if isinstance(s, NodeCachedShard) and s.cache_size > largest:
+                largest, what = s.cache_size, f"shard {s.path} (decompressed)"
+    if largest:
+        check_fits(largest, what, settings)
 
 
 class _LineCounter:

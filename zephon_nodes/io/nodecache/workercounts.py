@@ -17,12 +17,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_nodes.core.operator import operator_name
+
 __all__ = [
     "CountedCall",
     "CountedResult",
     "bad_cache_entries",
     "collect",
     "merged",
+    "merged_tokens",
     "worker_totals",
 ]
 
@@ -42,10 +45,14 @@ _LOCK = threading.Lock()
 _TOTALS: dict[str, int] = {}
 
 
+# Prefix of the token cache's counters (zephon_nodes.io.nodecache.tokenstore) among them.
+TOKENS = "tokens."
+
+
 def _own() -> dict[str, int]:
-    """The counters of this process's node caches, and its bad cache entries dropped."""
+    """The counters of this process's node caches and token stores, and its bad entries."""
     from zephon_nodes.io.formats.entrysums import bad_entries
-    from zephon_nodes.io.nodecache import nodecache
+    from zephon_nodes.io.nodecache import nodecache, tokenstore
 
     out: dict[str, int] = {"bad_cache_entries": bad_entries()}
     with nodecache._SHARED_LOCK:
@@ -55,6 +62,9 @@ def _own() -> dict[str, int]:
         for key in ADDITIVE:
             out[key] = out.get(key, 0) + int(stats.get(key, 0))
         out["peak_bytes"] = max(out.get("peak_bytes", 0), int(stats.get("peak_bytes", 0)))
+    for key, value in tokenstore.process_stats().items():
+        if key != "limit_bytes":
+            out[TOKENS + key] = value
     return out
 
 
@@ -95,7 +105,7 @@ class CountedCall:
     @property
     def name(self) -> str:
         """The wrapped call's name (messages)."""
-        return str(getattr(self.fn, "name", type(self.fn).__name__))
+        return operator_name(self.fn)
 
 
 def collect(result: Any) -> Any:
@@ -111,6 +121,16 @@ def collect(result: Any) -> Any:
     return result.result
 
 
+def merged_tokens(stats: Mapping[str, int]) -> dict[str, int]:
+    """This process's token-cache ``stats`` plus its process workers' (all additive)."""
+    out = dict(stats)
+    for key, value in worker_totals().items():
+        if key.startswith(TOKENS):
+            name = key[len(TOKENS) :]
+            out[name] = int(out.get(name, 0)) + value
+    return out
+
+
 def worker_totals() -> dict[str, int]:
     """The counters process workers of this process reported so far."""
     with _LOCK:
@@ -124,6 +144,8 @@ def merged(stats: Mapping[str, int]) -> dict[str, int]:
     """
     out = dict(stats)
     for key, value in worker_totals().items():
+        if key.startswith(TOKENS):
+            continue
         if key == "peak_bytes":
             out[key] = max(int(out.get(key, 0)), value)
         else:

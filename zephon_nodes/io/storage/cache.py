@@ -8,25 +8,29 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.core.settings import current
+
 __all__ = ["atomic_write", "cache_dir", "cache_key", "umask_mode"]
 
 
 def cache_dir() -> Path:
-    """Return the directory holding record indexes and decompressed shards."""
-    root = os.environ.get("ZEPHON_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "zephon_nodes"
-    )
-    path = Path(root)
+    """Return the directory holding record indexes and decompressed shards (created).
+
+    The current settings' ``cache_dir`` (``ZEPHON_CACHE_DIR``, default
+    ``~/.cache/zephon_nodes``; see :mod:`zephon_nodes.core.settings`).
+
+    Raises:
+        DataError: It cannot be created (naming it).
+    """
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        return current().cache_root
     except OSError as e:
         from zephon_nodes.errors import DataError
 
         raise DataError(
-            f"cache directory {path}: cannot create it ({e.strerror or e}); set "
-            "ZEPHON_CACHE_DIR to a writable folder"
+            f"cache directory {current().cache_dir}: cannot create it ({e.strerror or e}); "
+            "set ZEPHON_CACHE_DIR to a writable folder"
         ) from None
-    return path
 
 
 def cache_key(path: Path) -> str:

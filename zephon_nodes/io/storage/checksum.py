@@ -26,6 +26,7 @@ from typing import Any
 
 import xxhash
 
+from zephon_nodes.core.settings import current
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 
@@ -77,8 +78,12 @@ def build_memo() -> dict[Any, Any] | None:
 
 
 def immutable_data() -> bool:
-    """Whether ``ZEPHON_IMMUTABLE_DATA`` says local files are never edited in place."""
-    return os.environ.get("ZEPHON_IMMUTABLE_DATA", "").lower() in ("1", "true", "yes")
+    """Whether the settings say local files are never edited in place.
+
+    ``immutable_data`` of :func:`zephon_nodes.core.settings.current`
+    (``ZEPHON_IMMUTABLE_DATA=1``).
+    """
+    return current().immutable_data
 
 
 def _memo_path(path: Path, st: os.stat_result) -> Path:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from zephon_nodes.core.settings import Settings, current
 from zephon_nodes.errors import DataError
 from zephon_nodes.io.storage.checksum import build_memo
 
@@ -40,6 +41,7 @@ __all__ = [
     "expand",
     "fetch",
     "is_remote",
+    "join",
     "local_path",
     "read_range",
     "redact",
@@ -81,6 +83,16 @@ def is_remote(uri: str | os.PathLike[str]) -> bool:
     return scheme(str(uri)) not in ("", "file")
 
 
+def join(directory: str, name: str) -> str:
+    """``name`` inside ``directory``: with ``/`` for a URI, :func:`os.path.join` for a path.
+
+    (A plain relative path stays relative: ``join("", "a.jsonl")`` is ``"a.jsonl"``.)
+    """
+    if is_remote(directory):
+        return directory.rstrip("/") + "/" + name
+    return os.path.join(directory, name)
+
+
 def local_path(uri: str | os.PathLike[str]) -> str:
     """Return the local path of a plain path or ``file://`` URI."""
     text = str(uri)
@@ -103,25 +115,14 @@ class RetryPolicy:
     max_s: float = 5.0
 
     @classmethod
-    def from_env(cls) -> RetryPolicy:
-        """The policy set by ``ZEPHON_STORAGE_RETRY_S`` (seconds of retry budget)."""
-        values = {}
-        for name, field, default in (
-            ("ZEPHON_STORAGE_RETRY_S", "budget_s", cls.budget_s),
-            ("ZEPHON_STORAGE_BACKOFF_MAX_S", "max_s", cls.max_s),
-        ):
-            raw = os.environ.get(name)
-            if raw is None:
-                values[field] = default
-                continue
-            try:
-                value = float(raw)
-            except ValueError:
-                value = -1.0
-            if not 0 <= value < 1e7:
-                raise DataError(f"{name}={raw!r}: expected seconds in [0, 1e7)")
-            values[field] = value
-        return cls(budget_s=values["budget_s"], max_s=values["max_s"])
+    def from_settings(cls, settings: Settings | None = None) -> RetryPolicy:
+        """The policy of ``settings`` (default: the current ones).
+
+        Its budget is ``storage_retry_s`` (``ZEPHON_STORAGE_RETRY_S``), its longest delay
+        ``storage_backoff_max_s`` (``ZEPHON_STORAGE_BACKOFF_MAX_S``).
+        """
+        s = settings or current()
+        return cls(budget_s=s.storage_retry_s, max_s=s.storage_backoff_max_s)
 
 
 _TRANSIENT_TEXT = re.compile(
@@ -225,7 +226,7 @@ def with_retries(
         DataError: At once on a permanent error, or when the budget is spent, naming the
             URI and the last error.
     """
-    policy = policy or RetryPolicy.from_env()
+    policy = policy or RetryPolicy.from_settings()
     start = time.monotonic()
     attempt = 0
     while True:
@@ -399,14 +400,8 @@ _BLOCKS_BYTES = [0]
 
 
 def _read_cache_limit() -> int:
-    raw = os.environ.get("ZEPHON_READ_CACHE_MB", "128")
-    try:
-        mb = float(raw)
-    except ValueError:
-        mb = -1.0
-    if not 0 <= mb < 1e7:
-        raise DataError(f"ZEPHON_READ_CACHE_MB={raw!r}: expected megabytes in [0, 1e7)")
-    return int(mb * (1 << 20))
+    """Bytes of remote blocks kept (the current settings' ``read_cache_mb``)."""
+    return int(current().read_cache_mb * (1 << 20))
 
 
 def _block(uri: str, tag: str, k: int, limit: int) -> bytes:

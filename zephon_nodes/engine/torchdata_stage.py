@@ -8,9 +8,9 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.core.flush import Flush, is_flush
+from zephon_nodes.engine.windowed import WindowedNode, replay
 from zephon_nodes.errors import CheckpointError
-from zephon_nodes.operators.windowed import WindowedNode
 
 __all__ = ["TorchdataStage"]
 
@@ -131,19 +131,17 @@ class TorchdataStage(WindowedNode):
         self._done, self._error = False, None
         skip = self._restart(initial_state)
         self._open()
-        for _ in range(skip):
-            try:
-                item = self.next()
-            except StopIteration:
-                raise CheckpointError(
-                    f"stage {self.name!r}: replay ended before {skip} outputs of window "
-                    f"{self._window}"
-                ) from None
-            if is_flush(item):
-                raise CheckpointError(
-                    f"stage {self.name!r}: window {self._window} holds fewer than {skip} "
-                    f"outputs; the state does not belong to this recipe"
-                )
+        replay(
+            self.next,
+            skip,
+            lambda _: (
+                f"stage {self.name!r}: replay ended before {skip} outputs of window {self._window}"
+            ),
+            lambda _: (
+                f"stage {self.name!r}: window {self._window} holds fewer than {skip} "
+                f"outputs; the state does not belong to this recipe"
+            ),
+        )
 
     def next(self) -> Any:
         """Return the wrapped node's next output, or the flush marker closing its window."""

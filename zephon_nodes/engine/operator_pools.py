@@ -5,7 +5,7 @@ images parse, decode, tokenize) as one task per work item on one shared
 :class:`~zephon_nodes.engine.pool.WorkerPool`. An *operator pool assignment* gives named
 operators their own pool instead, e.g. image decoding in six processes and tokenization in
 two threads. Consecutive operators on the same pool stay fused into one task; each stage is
-an :class:`~zephon_nodes.operators.parallel_map.OrderedParallelMap` whose results come back in
+an :class:`~zephon_nodes.engine.parallel_map.OrderedParallelMap` whose results come back in
 work-item order, so an assignment is a physical setting: it changes speed, never a byte.
 
 Command-line and config syntax (:func:`parse_operator_workers`)::
@@ -20,10 +20,12 @@ A key names an operator (``parse``, ``filter:<name>``, ``map:<name>``, ``tokeniz
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_nodes.core.operator import operator_name
+from zephon_nodes.core.settings import Settings
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.errors import RecipeError
 from zephon_nodes.operators.chain import Chain
@@ -82,11 +84,11 @@ class PoolSpec:
             ) from None
         return cls(runner, workers)
 
-    def build(self, timeout_s: float = 300.0) -> WorkerPool:
+    def build(self, timeout_s: float = 300.0, settings: Settings | None = None) -> WorkerPool:
         """Create the pool (workers start at the first task)."""
         if self.runner == INLINE:
-            return WorkerPool(0, "thread", timeout_s)
-        return WorkerPool(self.num_workers, self.runner, timeout_s)
+            return WorkerPool(0, "thread", timeout_s, settings=settings)
+        return WorkerPool(self.num_workers, self.runner, timeout_s, settings=settings)
 
     def __str__(self) -> str:
         return INLINE if self.runner == INLINE else f"{self.runner}:{self.num_workers}"
@@ -129,10 +131,6 @@ def operator_workers_arg(text: str) -> dict[str, PoolSpec]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _name(op: Callable[[Any], Any]) -> str:
-    return str(getattr(op, "name", type(op).__name__))
-
-
 def _matches(key: str, name: str) -> bool:
     return key == name or name.startswith((key + "_", key + ":"))
 
@@ -150,7 +148,7 @@ def split_stages(chain: Chain, assignment: Mapping[str, Any]) -> list[tuple[Chai
     Raises:
         RecipeError: If a key names no operator of the chain, or two keys name one operator.
     """
-    names = [_name(op) for op in chain.operators]
+    names = [operator_name(op) for op in chain.operators]
     keys: list[str | None] = []
     for name in names:
         hits = [k for k in assignment if _matches(k, name)]

@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
-__all__ = ["WindowedNode"]
+from zephon_nodes.core.flush import is_flush
+from zephon_nodes.errors import CheckpointError
+
+__all__ = ["WindowedNode", "replay"]
+
+
+def replay(
+    take: Callable[[], Any],
+    n: int,
+    ended: Callable[[int], str],
+    short: Callable[[int], str],
+) -> None:
+    """Take and drop ``n`` outputs: a restore replaying the consumed part of a window.
+
+    Args:
+        take: Returns the next output (or a flush marker); raises StopIteration at the end.
+        n: Outputs to drop.
+        ended: The message when the stream ends after ``k`` outputs.
+        short: The message when the window's flush marker comes after ``k`` outputs.
+
+    Raises:
+        CheckpointError: If the window holds fewer than ``n`` outputs.
+    """
+    for k in range(n):
+        try:
+            item = take()
+        except StopIteration:
+            raise CheckpointError(ended(k)) from None
+        if is_flush(item):
+            raise CheckpointError(short(k))
 
 
 class WindowedNode(BaseNode[Any]):

@@ -10,7 +10,8 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import is_flush
+from zephon_nodes.core.flush import is_flush
+from zephon_nodes.core.operator import operator_name
 from zephon_nodes.engine.metrics import OperatorClock, TimedCall
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.errors import WorkerError, ZephonError
@@ -31,7 +32,7 @@ class OrderedParallelMap(BaseNode[Any]):
 
     Items are numbered work groups (e.g. work items of a few dozen documents), submitted up
     to ``lookahead`` ahead and re-sequenced, so the output is the same for any number of
-    workers or runner. :class:`~zephon_nodes.engine.flush.Flush` markers bypass the pool and keep
+    workers or runner. :class:`~zephon_nodes.core.flush.Flush` markers bypass the pool and keep
     their place. The first failure (exception, timeout, dead worker process) is raised as
     :class:`~zephon_nodes.errors.WorkerError` naming the item, and raised again on every
     later call: the node never hangs and never skips an item.
@@ -132,7 +133,7 @@ class OrderedParallelMap(BaseNode[Any]):
             raise self._error from e
 
     def _wrap(self, e: BaseException, item: Any) -> BaseException:
-        name = getattr(self.fn, "name", type(self.fn).__name__)
+        name = operator_name(self.fn)
         where = _describe(item)
         if isinstance(e, cf.TimeoutError):
             if self.pool.runner == "process":

@@ -1,6 +1,6 @@
 """Long seeded permutations, remembered in the cache directory and checked when loaded.
 
-:func:`zephon_nodes.engine.seeding.permutation` is a pure function of its length and key;
+:func:`zephon_nodes.core.seeding.permutation` is a pure function of its length and key;
 for long ones the sort is the cost, so the result is kept in ``$ZEPHON_CACHE_DIR`` with the
 xxh3-128 of its bytes, and a file that does not match its checksum, length or type is
 ignored (recomputed), never used.

@@ -27,6 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from zephon_nodes.core.plain import is_int
 from zephon_nodes.errors import CheckpointError, RecipeError
 
 __all__ = [
@@ -148,10 +149,6 @@ def with_decision(state: Mapping[str, Any], weights: Mapping[str, float]) -> dic
     return out
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def parse_mixture_state(
     raw: Any, names: Sequence[str], lanes: Sequence[int], step: int
 ) -> MixtureLog:
@@ -176,7 +173,7 @@ def parse_mixture_state(
     entries: list[tuple[int, dict[str, float]]] = []
     last = 0
     for k, e in enumerate(log):
-        if not isinstance(e, Mapping) or set(e) != {"step", "weights"} or not _is_int(e["step"]):
+        if not isinstance(e, Mapping) or set(e) != {"step", "weights"} or not is_int(e["step"]):
             raise CheckpointError(
                 f"checkpoint mixture log entry {k}: expected {{'step': int, 'weights': {{...}}}}, "
                 f"got {e!r:.120}"
@@ -213,7 +210,7 @@ def parse_mixture_state(
         if (
             not isinstance(v, list)
             or len(v) != len(entries)
-            or not all(_is_int(x) and 1 <= x < 2**62 for x in v)
+            or not all(is_int(x) and 1 <= x < 2**62 for x in v)
             or v != sorted(v)
         ):
             raise CheckpointError(
@@ -240,7 +237,7 @@ def parse_updates(raw: Any, names: Sequence[str], where: str) -> list[tuple[int,
                 f"got {e!r:.120}"
             )
         s = e["step"]
-        if not _is_int(s) or s < 0 or (out and s < out[-1][0]):
+        if not is_int(s) or s < 0 or (out and s < out[-1][0]):
             raise RecipeError(
                 f"{where}: entry {k} has step {s!r}; steps are integers >= 0 in order"
             )

@@ -1,20 +1,20 @@
-"""Accumulators and the node that runs them between flush points."""
+"""AccumulatorNode: the node that runs an accumulator between flush points."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from zephon_nodes.engine.flush import Flush, is_flush
+from zephon_nodes.core.flush import Flush, is_flush
 from zephon_nodes.engine.metrics import OperatorClock
-from zephon_nodes.errors import CheckpointError
-from zephon_nodes.operators.windowed import WindowedNode
+from zephon_nodes.engine.windowed import WindowedNode, replay
+from zephon_nodes.operators.accumulator import Accumulator, LazyAccumulator
 
-__all__ = ["Accumulator", "AccumulatorNode"]
+__all__ = ["AccumulatorNode"]
 
 
 _DONE = object()
@@ -28,24 +28,6 @@ class _Boundary:
     def __init__(self, marker: Flush, start: dict[str, Any]) -> None:
         self.marker = marker
         self.start = start
-
-
-class Accumulator(Protocol):
-    """Single-threaded, order-sensitive state between two flush points (packing, shuffling).
-
-    A new accumulator is made for every flush window, so nothing it holds can cross a flush.
-    An accumulator may also have ``feed_lazily(item) -> Iterator``: the same outputs as
-    ``feed``, computed as they are taken (a huge document is then packed a few samples at a
-    time instead of all at once); :class:`AccumulatorNode` uses it when present.
-    """
-
-    def feed(self, item: Any) -> Iterable[Any]:
-        """Take one input; return the outputs that are complete now."""
-        ...
-
-    def flush(self) -> Iterable[Any]:
-        """Return everything still held (padded, drained, ...); called once per window."""
-        ...
 
 
 class AccumulatorNode(WindowedNode):
@@ -71,9 +53,8 @@ class AccumulatorNode(WindowedNode):
         self._feeding: Iterator[Any] | None = None
 
     def _feed(self, item: Any) -> None:
-        lazy = getattr(self._acc, "feed_lazily", None)
-        if lazy is not None:
-            self._feeding = iter(lazy(item))
+        if isinstance(self._acc, LazyAccumulator):
+            self._feeding = iter(self._acc.feed_lazily(item))
         else:
             self._out.extend(self._timed(self._acc.feed, item))
 
@@ -85,18 +66,15 @@ class AccumulatorNode(WindowedNode):
         self._source_done = False
         skip = self._restart(initial_state)
         self._acc = self.make(self._window)
-        for _ in range(skip):
-            try:
-                item = self.next()
-            except StopIteration:
-                raise CheckpointError(
-                    f"replay ended before {skip} outputs of window {self._window}"
-                ) from None
-            if is_flush(item):
-                raise CheckpointError(
-                    f"window {self._window} holds fewer than {skip} outputs; the state does "
-                    f"not belong to this recipe"
-                )
+        replay(
+            self.next,
+            skip,
+            lambda _: f"replay ended before {skip} outputs of window {self._window}",
+            lambda _: (
+                f"window {self._window} holds fewer than {skip} outputs; the state does "
+                f"not belong to this recipe"
+            ),
+        )
 
     def next(self) -> Any:
         """Return the next output or :class:`Flush` marker."""

@@ -85,7 +85,7 @@ def permutation(n: int, *parts: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     key = np.uint64(derive_seed(*parts))
     if n >= _REMEMBER:
-        from zephon_nodes.engine._permcache import recall, remember
+        from zephon_nodes.core._permcache import recall, remember
 
         known = recall(n, int(key))
         if known is not None:

@@ -1,0 +1,52 @@
+"""`make demo` / `make test` run pip only when pyproject.toml or the extras changed (issue 26.3).
+
+The Makefile's install targets run in a scratch copy with ``PIP`` replaced by ``echo``, so the
+test sees which pip commands would run without installing anything.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make(cwd: Path, target: str) -> str:
+    out = subprocess.run(
+        ["make", "-s", target, "VENV=v", "PIP=echo PIP", f"PYTHON={sys.executable}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make (CI runs the Makefile)")
+def test_second_install_skips_pip(tmp_path: Path) -> None:
+    """Installed once, a second run is a no-op; a test install covers the demo's; an edited
+    pyproject.toml installs again."""
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    (tmp_path / "v" / "bin").mkdir(parents=True)
+    (tmp_path / "v" / "bin" / "python").symlink_to(sys.executable)
+    first = make(tmp_path, "install")
+    assert "PIP install -q -e ." in first
+    stamp = (tmp_path / "v" / ".installed-base").read_text()
+    assert stamp.startswith("torch==2.13.0 extras=[] pyproject=")
+    second = make(tmp_path, "install")
+    assert "PIP install" not in second and "up to date" in second
+    (tmp_path / "v" / ".installed-base").unlink()
+    assert "PIP install -q -e .[test," in make(tmp_path, "install-test")
+    assert "PIP install" not in make(tmp_path, "install")  # the test extras hold the demo's
+    assert "PIP install" not in make(tmp_path, "install-test")
+    with open(tmp_path / "pyproject.toml", "a") as f:
+        f.write("\n# changed\n")
+    assert "PIP install -q -e .\n" in make(tmp_path, "install")
+    assert "PIP install -q -e .[test," in make(tmp_path, "install-test")

@@ -1,0 +1,53 @@
+"""The CPU/GPU launcher refuses a relative checkpoint path at once (TorchTitan does, ~45 s in)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zephon_nodes.integrations.torchtitan_train import check_paths
+
+REPO = Path(__file__).parents[2]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--checkpoint.initial-load-path", "work/runs/dp2/checkpoint/step-3"],
+        ["--checkpoint.initial_load_path=runs/step-3"],
+    ],
+)
+def test_relative_path_refused(argv: list[str]) -> None:
+    problem = check_paths(["--training.steps", "6", *argv])
+    assert problem is not None
+    assert "relative path" in problem and '"$PWD/' in problem
+
+
+def test_absolute_path_accepted() -> None:
+    assert check_paths(["--checkpoint.initial-load-path", "/data/runs/step-3"]) is None
+    assert check_paths(["--training.steps", "6"]) is None
+
+
+def test_launcher_exits_2_in_one_line(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zephon_nodes.integrations.torchtitan_train",
+            "--checkpoint.initial-load-path",
+            "runs/step-3",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "relative path" in lines[0], proc.stderr

@@ -1,0 +1,112 @@
+"""``zephon cache``: show or clear the token cache; the ``--token-cache`` flags of commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from zephon_nodes.core.settings import Settings
+from zephon_nodes.errors import RecipeError
+from zephon_nodes.io.nodecache.tokenstore import (
+    DEFAULT_LIMIT,
+    clear,
+    default_root,
+    set_token_cache,
+    token_cache_settings,
+)
+
+__all__ = ["add_parser", "add_token_cache_args", "with_token_cache_args", "run"]
+
+
+def add_token_cache_args(p: argparse.ArgumentParser) -> None:
+    """Add ``--token-cache on|off`` and ``--token-cache-limit SIZE`` to a command."""
+    p.add_argument(
+        "--token-cache",
+        choices=("on", "off"),
+        default=None,
+        help="reuse tokenized work items across runs (default: $ZEPHON_TOKEN_CACHE, else off); "
+        "never changes a digest",
+    )
+    p.add_argument(
+        "--token-cache-limit",
+        default=None,
+        metavar="SIZE",
+        help=f"token cache size, e.g. 16G (default: $ZEPHON_TOKEN_CACHE_LIMIT, else "
+        f"{DEFAULT_LIMIT})",
+    )
+
+
+def with_token_cache_args(settings: Settings, args: argparse.Namespace) -> Settings:
+    """``settings`` with the flags of :func:`add_token_cache_args` applied.
+
+    Raises:
+        RecipeError: The limit is not a byte size.
+    """
+    if args.token_cache is not None:
+        settings = settings.replace(token_cache=args.token_cache)
+    if args.token_cache_limit is not None:
+        settings = settings.replace(token_cache_limit=args.token_cache_limit)
+    return settings
+
+
+def add_parser(sub: Any) -> None:
+    """Register the subcommand."""
+    p = sub.add_parser(
+        "cache",
+        help="show or clear the token cache",
+        description=(
+            "Show the token cache of this node ($ZEPHON_CACHE_DIR/tokens): its entries, bytes "
+            "and limit; or clear it (entries in use by a running job are kept)."
+        ),
+    )
+    p.add_argument("action", nargs="?", choices=("show", "clear"), default="show")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--token-cache-limit", default=None, metavar="SIZE", help="limit to report")
+    p.set_defaults(func=run)
+
+
+def _usage() -> tuple[int, int]:
+    data = default_root() / "data"
+    n = total = 0
+    if data.is_dir():
+        for e in data.iterdir():
+            try:
+                total += e.stat().st_size
+                n += 1
+            except FileNotFoundError:
+                continue
+    return n, total
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``zephon cache``."""
+    if args.token_cache_limit is not None:
+        set_token_cache(None, args.token_cache_limit)
+    enabled, limit = token_cache_settings()
+    root = default_root()
+    removed = 0
+    if args.action == "clear":
+        try:
+            removed = clear(root)
+        except OSError as e:
+            raise RecipeError(f"cannot clear the token cache {root}: {e}") from None
+    entries, used = _usage()
+    out = {
+        "directory": str(root),
+        "enabled": enabled,
+        "entries": entries,
+        "bytes": used,
+        "limit_bytes": limit,
+    }
+    if args.action == "clear":
+        out["removed"] = removed
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+        return 0
+    state = "on" if enabled else "off"
+    print(
+        f"token cache {root} ({state}): {entries} entries, {used} bytes of a {limit} byte limit"
+        + (f"; removed {removed}" if args.action == "clear" else "")
+    )
+    return 0

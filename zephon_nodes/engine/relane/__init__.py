@@ -1,0 +1,438 @@
+"""Re-laning: change the lane count of a running job, every document still used exactly once.
+
+A checkpoint at step ``s`` with ``L`` lanes splits the pass's work into what was consumed
+(every work item before each lane's current flush window ``w_l``, and the first ``c_l``
+samples of that window), the *leftover* of each lane's current window, and the *untouched*
+work items (old lane ``l``'s positions past window ``w_l``). Re-laning to ``L'`` lanes keeps
+the first, then gives new lane ``l'``:
+
+1. the leftovers of the old lanes ``l = l', l' + L', l' + 2L', ...`` (in that order), one
+   flush window each: old lane ``l``'s window ``w_l`` replayed exactly as the old lane ran
+   it (same work items, same operator seeds ``(old lane, old window)``), its first ``c_l``
+   samples dropped; a window may be short or, once dropped, empty;
+2. then the untouched items in their old global order ``g = i * L + l``, renumbered
+   ``g' = 0, 1, 2, ...``: first a *catch-up* block per new lane, so that every new lane
+   holds as many items (lane ``l'`` with ``A_l'`` leftover items takes the next
+   ``M - A_l'`` ranks, ``M = max A``, lanes in order; ``C`` ranks in all), then round-robin:
+   rank ``C + k * L' + l'`` is lane ``l'``'s ``k``-th item after its block. If the old
+   stream was dealt by size (``work.deal = "balanced"``: its items' sizes are known), the
+   untouched items are dealt by those sizes instead, each new lane starting with the
+   estimated size of its leftovers (their items' sizes less ``c_l * seq_len`` each),
+   largest first to the lane holding the least, then swaps; each lane still reads its items
+   in rank order. They form flush windows of ``K`` items seeded by ``(salt, l', window)``
+   with a salt derived from the lineage (never one of the old seeds).
+
+Everything after the change is a function of the recipe, the checkpoint and ``L'``: the
+same global batches at every dp size dividing ``L'``, any worker count, runner or restart.
+
+The new checkpoint keeps two integers per lane and records a *lineage* (plain JSON)::
+
+    {"fingerprint": "<the checkpoint's fingerprint>", "num_lanes": L, "step": s,
+     "lanes": [[w_0, c_0], [w_1, c_1], ...],
+     "pass": p,           # only when the old lanes were past the first pass
+     "mixture": {...},    # only when the old checkpoint had dynamic-mixture decisions
+     "parent": {...}}     # only when the old checkpoint was itself re-laned
+
+A second re-lane nests the first lineage under ``parent``. Positions of a re-laned lane count
+the dropped samples of a leftover window as consumed (so ``[w, c]`` keeps its meaning: replay
+window ``w`` and drop ``c``). Mixture decisions (``set_mixture``) are refused after a re-lane.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from zephon_nodes.core.plain import is_int
+from zephon_nodes.engine.relane.nodes import RelanedLane, RelanedWorkItemNode
+from zephon_nodes.engine.relane.sources import RelanedWorkSource
+from zephon_nodes.engine.work import WorkSource
+from zephon_nodes.errors import CheckpointError, RecipeError
+
+__all__ = [
+    "LINEAGE_KEY",
+    "Lineage",
+    "RelanedLane",
+    "RelanedWorkItemNode",
+    "RelanedWorkSource",
+    "check_lineage",
+    "describe_lineage",
+    "for_state",
+    "pipeline_at",
+    "relane_state",
+]
+
+LINEAGE_KEY = "lineage"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lineage:
+    """Where a re-laned stream came from: the checkpoint it was re-laned at.
+
+    Attributes:
+        fingerprint: The old checkpoint's recipe fingerprint (the recipe with ``num_lanes``).
+        num_lanes: The old lane count ``L``.
+        step: The step the old checkpoint was taken after.
+        lanes: Per old lane, ``(window, consumed)``.
+        pass_index: The pass the old lanes were reading.
+        mixture: The old checkpoint's dynamic-mixture section, or None.
+        parent: The old checkpoint's own lineage (it was re-laned too), or None.
+    """
+
+    fingerprint: str
+    num_lanes: int
+    step: int
+    lanes: tuple[tuple[int, int], ...]
+    pass_index: int = 0
+    mixture: dict[str, Any] | None = None
+    parent: Lineage | None = None
+
+    @property
+    def depth(self) -> int:
+        """Re-lanes in this chain (1 for a single re-lane)."""
+        return 1 + (self.parent.depth if self.parent is not None else 0)
+
+    def to_state(self) -> dict[str, Any]:
+        """Return the JSON-safe form stored under ``"lineage"`` in a checkpoint."""
+        out: dict[str, Any] = {
+            "fingerprint": self.fingerprint,
+            "num_lanes": self.num_lanes,
+            "step": self.step,
+            "lanes": [[w, c] for w, c in self.lanes],
+        }
+        if self.pass_index:
+            out["pass"] = self.pass_index
+        if self.mixture is not None:
+            out["mixture"] = copy.deepcopy(self.mixture)
+        if self.parent is not None:
+            out["parent"] = self.parent.to_state()
+        return out
+
+    @classmethod
+    def from_state(cls, raw: Any, where: str = "checkpoint lineage") -> Lineage:
+        """Validate an (untrusted) ``"lineage"`` section and return it.
+
+        Raises:
+            CheckpointError: Naming the field that is wrong.
+        """
+        if not isinstance(raw, Mapping):
+            raise CheckpointError(f"{where} must be a dict, got {type(raw).__name__}")
+        allowed = {"fingerprint", "num_lanes", "step", "lanes", "pass", "mixture", "parent"}
+        extra = sorted(set(map(str, raw)) - allowed)
+        if extra:
+            raise CheckpointError(f"{where}: unexpected key(s) {extra}")
+        missing = sorted({"fingerprint", "num_lanes", "step", "lanes"} - set(raw))
+        if missing:
+            raise CheckpointError(f"{where}: missing key(s) {missing}")
+        fp = raw["fingerprint"]
+        if not isinstance(fp, str) or len(fp) != 64:
+            raise CheckpointError(f"{where}: fingerprint must be 64 hex digits, got {fp!r:.80}")
+        for key in ("num_lanes", "step", "pass"):
+            v = raw.get(key, 0)
+            if not is_int(v) or not 0 <= v < 2**62 or (key == "num_lanes" and v < 1):
+                raise CheckpointError(f"{where}: {key}={v!r} must be an integer >= 0 (lanes >= 1)")
+        lanes = raw["lanes"]
+        if not isinstance(lanes, list) or len(lanes) != raw["num_lanes"]:
+            raise CheckpointError(
+                f"{where}: 'lanes' must be a list of {raw['num_lanes']} [window, consumed] pairs"
+            )
+        pairs = []
+        for k, v in enumerate(lanes):
+            if (
+                not isinstance(v, list)
+                or len(v) != 2
+                or not all(is_int(x) and 0 <= x < 2**62 for x in v)
+            ):
+                raise CheckpointError(f"{where}: lane {k} must be [window, consumed], got {v!r}")
+            pairs.append((int(v[0]), int(v[1])))
+        mixture = raw.get("mixture")
+        if mixture is not None and not isinstance(mixture, Mapping):
+            raise CheckpointError(f"{where}: 'mixture' must be a dict")
+        parent = raw.get("parent")
+        return cls(
+            fingerprint=fp,
+            num_lanes=int(raw["num_lanes"]),
+            step=int(raw["step"]),
+            lanes=tuple(pairs),
+            pass_index=int(raw.get("pass", 0)),
+            mixture=copy.deepcopy(dict(mixture)) if mixture is not None else None,
+            parent=cls.from_state(parent, where + " parent") if parent is not None else None,
+        )
+
+
+def describe_lineage(raw: Any) -> list[str]:
+    """One line per re-lane of a checkpoint's lineage (newest first), for ``inspect``/``lanes``."""
+    out = []
+    node = raw
+    while isinstance(node, Mapping):
+        lanes = node.get("lanes")
+        out.append(
+            f"re-laned after step {node.get('step')} from {node.get('num_lanes')} lanes "
+            f"(fingerprint {str(node.get('fingerprint'))[:16]}...; "
+            f"{len(lanes) if isinstance(lanes, list) else '?'} old lane positions kept)"
+        )
+        node = node.get("parent")
+    return out
+
+
+# -- building re-laned pipelines ------------------------------------------------------------------
+
+
+def _canonical_at(pipeline: Any, num_lanes: int) -> dict[str, Any]:
+    canonical = copy.deepcopy(pipeline.canonical)
+    canonical["num_lanes"] = num_lanes
+    return canonical
+
+
+def _fingerprint_of(canonical: Mapping[str, Any]) -> str:
+    # An indexed dataset's file list is lazy (recipe/canonical.py): same hash, no dict per file.
+    from zephon_nodes.recipe.canonical import canonical_sha256
+
+    return canonical_sha256(canonical)
+
+
+def fingerprint_at(pipeline: Any, num_lanes: int) -> str:
+    """The fingerprint of the pipeline's recipe with ``num_lanes`` lanes."""
+    return _fingerprint_of(_canonical_at(pipeline, num_lanes))
+
+
+def summary_at(pipeline: Any, num_lanes: int) -> dict[str, Any]:
+    """The checkpoint recipe summary of the pipeline's recipe with ``num_lanes`` lanes."""
+    from zephon_nodes.engine.checkpoint import recipe_summary
+
+    summary = recipe_summary(_canonical_at(pipeline, num_lanes))
+    if "contents" in pipeline.summary:
+        summary["contents"] = pipeline.summary["contents"]
+    return summary
+
+
+def _base_source(pipeline: Any, num_lanes: int) -> WorkSource:
+    """The recipe's own work source at ``num_lanes`` lanes (same data, same estimate)."""
+    if num_lanes == pipeline.num_lanes and not pipeline.lineage:
+        return pipeline.work_source  # type: ignore[no-any-return,unused-ignore]
+    from zephon_nodes.engine.assembly import work_source
+
+    recipe = pipeline.recipe
+    try:
+        changed = recipe.replace(num_lanes=num_lanes)
+    except RecipeError as e:
+        raise CheckpointError(f"cannot rebuild the recipe with num_lanes={num_lanes}: {e}") from e
+    estimate = pipeline.canonical.get("mixture", {}).get("estimate")
+    if estimate is not None and recipe.mixture.tokens_per_record is None:
+        changed = changed.replace(
+            mixture=dataclasses.replace(recipe.mixture, tokens_per_record=dict(estimate))
+        )
+    source, _ = work_source(changed, pipeline.datasets, pipeline.stateless)
+    return source
+
+
+def pipeline_at(pipeline: Any, num_lanes: int) -> Any:
+    """The pipeline of the same recipe at ``num_lanes`` lanes, never re-laned (cheap copy).
+
+    Raises:
+        RecipeError: If ``num_lanes`` does not divide the global batch.
+    """
+    if pipeline.num_lanes == num_lanes and pipeline.lineage is None:
+        return pipeline
+    out = copy.copy(pipeline)
+    out.recipe = pipeline.recipe.replace(num_lanes=num_lanes)
+    out.canonical = _canonical_at(pipeline, num_lanes)
+    out.fingerprint = _fingerprint_of(out.canonical)
+    out.summary = summary_at(pipeline, num_lanes)
+    out.lineage = None
+    out.work_source = _base_source(pipeline, num_lanes)
+    out._cache_feed = None
+    return out
+
+
+def _install_mixture(source: WorkSource, lineage: Lineage, pipeline: Any) -> None:
+    """Install the old checkpoint's decision log into the old work source (all lanes)."""
+    if lineage.mixture is None:
+        return
+    from zephon_nodes.engine.mixture_log import parse_mixture_state
+
+    names = [d.name for d in pipeline.recipe.datasets]
+    log = parse_mixture_state(lineage.mixture, names, range(lineage.num_lanes), lineage.step)
+    if not source.takes_decisions:
+        if log:
+            raise CheckpointError("the lineage holds mixture decisions but the recipe has none")
+        return
+    K = pipeline.recipe.flush_every
+    source.set_decisions(
+        [tuple(w[n] for n in names) for _, w in log.entries],
+        {i: [e * K for e in log.effects.get(i, [])] for i in range(lineage.num_lanes)},
+    )
+
+
+def _source_for(pipeline: Any, lineage: Lineage | None, num_lanes: int) -> WorkSource:
+    """The work source a checkpoint with ``lineage`` and ``num_lanes`` lanes reads."""
+    base = _base_source(pipeline, num_lanes)
+    if lineage is None:
+        return base
+    got = fingerprint_at(pipeline, lineage.num_lanes)
+    if got != lineage.fingerprint:
+        from zephon_nodes.engine.checkpoint import fingerprint_pair
+
+        raise CheckpointError(
+            f"the checkpoint's lineage does not match this recipe: it was re-laned after step "
+            f"{lineage.step} from a recipe with num_lanes={lineage.num_lanes} and fingerprint "
+            f"{fingerprint_pair(lineage.fingerprint, got)} (with num_lanes="
+            f"{lineage.num_lanes}); only num_lanes may differ across a re-lane"
+        )
+    old_full = _source_for(pipeline, lineage.parent, lineage.num_lanes)
+    if lineage.mixture is not None:
+        old_full = old_full.fork()
+        _install_mixture(old_full, lineage, pipeline)
+    old = old_full.for_pass(lineage.pass_index)
+    if old is None:
+        raise CheckpointError(
+            f"the checkpoint's lineage reads pass {lineage.pass_index}, which has no data"
+        )
+    base_pass = old_full.base_pass + lineage.pass_index
+    return RelanedWorkSource(
+        old,
+        base,
+        lineage,
+        pipeline.recipe.flush_every,
+        pipeline.recipe.seed,
+        base_pass,
+        sample_tokens=int(pipeline.recipe.seq_len or 0),
+    )
+
+
+def for_state(pipeline: Any, state: Mapping[str, Any] | None) -> Any:
+    """Return the pipeline that resumes ``state``.
+
+    ``pipeline`` itself for a checkpoint that was never re-laned; for a re-laned one, a copy
+    whose work source and lanes read the re-laned streams (the recipe must be the
+    checkpoint's, its ``num_lanes`` the new lane count). Cheap: no shard is opened again.
+
+    Raises:
+        CheckpointError: If the lineage is malformed or does not match the recipe.
+    """
+    if state is None or state.get(LINEAGE_KEY) is None:
+        return pipeline
+    if state.get("fingerprint") != pipeline.fingerprint:
+        return pipeline  # another recipe: the resume refuses it, naming the fields that differ
+    lineage = Lineage.from_state(state[LINEAGE_KEY])
+    if pipeline.lineage == lineage.to_state():
+        return pipeline
+    source = _source_for(pipeline, lineage, pipeline.num_lanes)
+    out = copy.copy(pipeline)
+    out.work_source = source
+    out.lineage = lineage.to_state()
+    out._cache_feed = None
+    return out
+
+
+def check_lineage(state: Mapping[str, Any], pipeline: Any) -> None:
+    """Refuse a state whose lineage is not the one the pipeline reads.
+
+    Raises:
+        CheckpointError: Naming what to do.
+    """
+    saved = state.get(LINEAGE_KEY)
+    mine = pipeline.lineage
+    if saved == mine:
+        return
+    if mine is None:
+        first = Lineage.from_state(saved)
+        raise CheckpointError(
+            f"the checkpoint was re-laned (after step {first.step}, from {first.num_lanes} "
+            f"lanes); build the pipeline with zephon_nodes.engine.relane.for_state(pipeline, "
+            f"state) before its rank nodes (the zephon commands and the TorchTitan loader do)"
+        )
+    if saved is None:
+        raise CheckpointError(
+            "this pipeline reads re-laned streams but the checkpoint has no lineage; build "
+            "the pipeline afresh for a checkpoint that was never re-laned"
+        )
+    raise CheckpointError(
+        "the checkpoint's lineage differs from the one this pipeline was built for; build "
+        "it with zephon_nodes.engine.relane.for_state(pipeline, state) for this checkpoint"
+    )
+
+
+def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dict[str, Any]:
+    """Re-lane a merged checkpoint state to ``num_lanes`` lanes.
+
+    Args:
+        pipeline: The compiled recipe of the checkpoint (its ``num_lanes`` may be the old or
+            the new count: only ``num_lanes`` may differ from the checkpoint's recipe).
+        state: A merged, step-boundary state holding every lane.
+        num_lanes: The new lane count ``L'`` (must divide the global batch).
+
+    Returns:
+        The new state (plain JSON data): resume it with the recipe at ``num_lanes`` lanes.
+
+    Raises:
+        CheckpointError: If the state is mid-step, lacks lanes, or belongs to another recipe.
+        RecipeError: If ``num_lanes`` does not divide the global batch.
+    """
+    from zephon_nodes.engine.checkpoint import validate_state
+
+    recipe = pipeline.recipe
+    if not is_int(num_lanes) or num_lanes < 1:
+        raise RecipeError(f"--num-lanes={num_lanes!r} must be an integer >= 1")
+    if recipe.global_batch_size % num_lanes:
+        raise RecipeError(
+            f"cannot re-lane to num_lanes={num_lanes}: global_batch_size="
+            f"{recipe.global_batch_size} must be a multiple of it (every step takes the same "
+            f"number of samples from each lane)"
+        )
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"a zephon-nodes state must be a dict, got {type(state).__name__}")
+    raw_lanes: Any = state.get("num_lanes")
+    if not is_int(raw_lanes) or raw_lanes < 1:
+        raise CheckpointError(f"checkpoint num_lanes={raw_lanes!r} must be an integer >= 1")
+    old_lanes = int(raw_lanes)
+    if state.get("micro", 0):
+        raise CheckpointError(
+            "cannot re-lane a state taken in the middle of a step (micro="
+            f"{state.get('micro')!r}); re-lane a step-boundary checkpoint"
+        )
+    old_pipeline = for_state(pipeline_at(pipeline, old_lanes), state)
+    positions = validate_state(
+        state,
+        fingerprint=old_pipeline.fingerprint,
+        summary=old_pipeline.summary,
+        num_lanes=old_lanes,
+        lanes=range(old_lanes),
+        samples_per_lane=None,
+    )
+    check_lineage(state, old_pipeline)
+    source = old_pipeline.work_source
+    mixture = state.get("mixture")
+    if mixture is not None and isinstance(source, RelanedWorkSource):  # pragma: no cover
+        raise CheckpointError("a re-laned checkpoint cannot hold mixture decisions")
+    p = int(state.get("pass", 0))
+    lanes = []
+    for lane in range(old_lanes):
+        w, c = positions[lane]
+        if not p:  # a re-laned lane's position counts its dropped samples as consumed
+            c = max(c, source.leftover_drop(lane, w))
+        lanes.append((w, c))
+    parent = state.get(LINEAGE_KEY)
+    lineage = Lineage(
+        fingerprint=str(state["fingerprint"]),
+        num_lanes=old_lanes,
+        step=int(state["step"]),
+        lanes=tuple(lanes),
+        pass_index=p,
+        mixture=copy.deepcopy(dict(mixture)) if mixture is not None else None,
+        parent=Lineage.from_state(parent) if parent is not None else None,
+    )
+    relaned = _source_for(pipeline_at(pipeline, num_lanes), lineage, num_lanes)  # checks all
+    assert isinstance(relaned, RelanedWorkSource)
+    return {
+        "format": state["format"],
+        "fingerprint": fingerprint_at(pipeline, num_lanes),
+        "recipe": summary_at(pipeline, num_lanes),
+        "num_lanes": num_lanes,
+        "step": lineage.step,
+        "micro": 0,
+        "lanes": {str(i): [0, relaned.leftover_drop(i, 0)] for i in range(num_lanes)},
+        LINEAGE_KEY: lineage.to_state(),
+    }

@@ -1,0 +1,207 @@
+"""What both TorchTitan adapters share: the state codec's wrapper, checks, the metrics registry.
+
+Nothing here imports TorchTitan: the 0.3.0 and the main adapter both build on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from zephon_nodes.core.settings import parse_limit, parse_size
+from zephon_nodes.engine.checkpoint import FORMAT
+from zephon_nodes.engine.metrics import flatten_metrics
+from zephon_nodes.engine.operator_pools import parse_operator_workers
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.pool import RUNNERS
+from zephon_nodes.errors import RecipeError
+from zephon_nodes.operators.tokenize import load_tokenizer
+from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.bounds import SETTINGS, check_setting
+from zephon_nodes.state.dcp import decode_dcp_state
+
+__all__ = [
+    "check_agreement",
+    "check_config",
+    "check_tokenizer",
+    "from_dcp_state",
+    "loader_metrics",
+    "register_loader",
+    "resolve_max_decisions",
+]
+
+AUTO_DECISIONS = 256
+"""Room for set_mixture decisions that ``max_decisions = -1`` gives a recipe of several datasets."""
+
+# Loaders alive in this process, whose metrics TorchTitan's metrics processor logs.
+_LIVE_LOADERS: weakref.WeakSet[Any] = weakref.WeakSet()
+_SERIAL = itertools.count()
+
+
+def register_loader(loader: Any) -> int:
+    """Remember a live loader for :func:`loader_metrics`; return its serial number."""
+    _LIVE_LOADERS.add(loader)
+    return next(_SERIAL)
+
+
+def loader_metrics(prefix: str = "zephon") -> dict[str, float]:
+    """Metrics of the live ``ZephonDataLoader`` (training, not validation), flattened.
+
+    Keys are ``zephon/data_wait_s``, ``zephon/operators/tokenize/busy_s``, ...; empty when
+    no loader is alive. With several loaders (a validator's too) the first one built (the
+    trainer's) is reported.
+    """
+    loaders = sorted(_LIVE_LOADERS, key=lambda x: x.serial)
+    return flatten_metrics(loaders[0].metrics(), prefix) if loaders else {}
+
+
+def from_dcp_state(
+    sd: Mapping[str, Any],
+    pipeline: Pipeline,
+    lanes: list[int],
+    *,
+    dp_world_size: int,
+    local_batch_size: int,
+    max_decisions: int = 0,
+    lineage_bytes: int = 0,
+) -> dict[str, Any]:
+    """Convert loaded DCP tensors back to a JSON-safe multiplexer state for ``lanes``.
+
+    :func:`zephon_nodes.state.dcp.decode_dcp_state` with the state's ``format`` added;
+    see there for the arguments and the errors.
+    """
+    state = decode_dcp_state(
+        sd,
+        pipeline,
+        lanes,
+        dp_world_size=dp_world_size,
+        local_batch_size=local_batch_size,
+        max_decisions=max_decisions,
+        lineage_bytes=lineage_bytes,
+    )
+    return {"format": FORMAT, **state}
+
+
+def resolve_max_decisions(max_decisions: int, recipe: Recipe) -> int:
+    """The room for ``set_mixture`` decisions in the checkpoint (fixed-shape DCP tensors).
+
+    ``-1`` (the default) is 0 for a recipe of one dataset (it has no mixture to change, so
+    its checkpoint carries no mixture keys and a lane costs its 32 bytes) and
+    :data:`AUTO_DECISIONS` for a recipe of several; any other value is used as given (0 for
+    a static mixture of several datasets keeps the checkpoint small too).
+    """
+    if max_decisions >= 0:
+        return max_decisions
+    return AUTO_DECISIONS if len(recipe.datasets) > 1 else 0
+
+
+def check_config(config: Any) -> None:
+    """Check the physical settings every adapter's ``Config`` shares (``__post_init__``).
+
+    Raises:
+        RecipeError: Naming the ``dataloader.*`` setting and its bound.
+    """
+    for name in ("num_workers", "lookahead", "prefetch", "worker_timeout_s"):
+        check_setting(f"dataloader.{name}", getattr(config, name), bound=SETTINGS[name])
+    if config.runner not in RUNNERS:
+        raise RecipeError(f"dataloader.runner={config.runner!r} must be one of {RUNNERS}")
+    if config.lookahead < 1:
+        raise RecipeError(f"dataloader.lookahead={config.lookahead} must be >= 1")
+    try:
+        parse_operator_workers(config.operator_workers)
+    except RecipeError as e:
+        raise RecipeError(f"dataloader.operator_workers: {e}") from None
+    if config.prefetch < 0:
+        raise RecipeError(f"dataloader.prefetch={config.prefetch} must be >= 0")
+    if config.cache_limit:
+        parse_limit(config.cache_limit, "dataloader.cache_limit")
+    if config.token_cache not in ("", "on", "off"):
+        raise RecipeError(
+            f"dataloader.token_cache={config.token_cache!r} must be 'on', 'off' or empty"
+        )
+    if config.token_cache_limit:
+        try:
+            parse_size(config.token_cache_limit)
+        except ValueError as e:
+            raise RecipeError(f"dataloader.token_cache_limit: {e}") from None
+    if config.max_decisions < -1:
+        raise RecipeError(
+            f"dataloader.max_decisions={config.max_decisions} must be >= 0 (or -1: automatic)"
+        )
+    if config.relane_from < 0 or config.max_lineage_bytes < 0:
+        raise RecipeError(
+            f"dataloader.relane_from={config.relane_from} and dataloader."
+            f"max_lineage_bytes={config.max_lineage_bytes} must be >= 0"
+        )
+    if not config.worker_timeout_s > 0:
+        raise RecipeError(f"dataloader.worker_timeout_s={config.worker_timeout_s} must be > 0")
+
+
+def check_agreement(step: int, index: int, weights: Mapping[str, float], group: Any = None) -> None:
+    """Check that every rank of ``group`` makes decision ``index`` after ``step`` alike.
+
+    One ``all_gather`` of ``2 + D`` float64 values; nothing happens when
+    ``torch.distributed`` is not initialized.
+
+    Raises:
+        RecipeError: Naming a rank that disagrees and both weight sets (and steps).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    names = list(weights)
+    mine = torch.tensor([float(step), float(index), *weights.values()], dtype=torch.float64)
+    if dist.get_backend(group) == "nccl":
+        mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    me = dist.get_rank(group)
+    for rank, theirs in enumerate(gathered):
+        if not torch.equal(theirs.cpu(), mine.cpu()):
+            t = theirs.cpu().tolist()
+            raise RecipeError(
+                f"ranks disagree on mixture decision {index}: rank {me} decided "
+                f"{dict(weights)} after step {step}, rank {rank} decided "
+                f"{dict(zip(names, t[2:], strict=True))} after step {int(t[0])} (decision "
+                f"{int(t[1])}); every rank must call set_mixture with the same weights "
+                f"after the same step"
+            )
+
+
+def check_tokenizer(recipe: Recipe, tokenizer: Any) -> None:
+    """Refuse a TorchTitan tokenizer that does not describe the recipe's vocabulary.
+
+    The recipe's tokenizer produces every token id the loader yields; TorchTitan's
+    tokenizer (built from ``--hf-assets-path``) is not used by the loader. They must be
+    the same vocabulary: equal vocabulary size, and equal bos/eos ids where TorchTitan's
+    tokenizer defines them.
+
+    Raises:
+        RecipeError: Naming the first property that differs.
+    """
+    if tokenizer is None:
+        return
+    ours = load_tokenizer(recipe.tokenizer)
+    where = f"recipe tokenizer ({recipe.tokenizer.kind}"
+    where += f" {recipe.tokenizer.path})" if recipe.tokenizer.path else ")"
+    theirs_vocab = None
+    if hasattr(tokenizer, "get_vocab_size"):
+        theirs_vocab = int(tokenizer.get_vocab_size())
+    if theirs_vocab is not None and theirs_vocab != ours.vocab_size:
+        raise RecipeError(
+            f"TorchTitan's tokenizer (--hf-assets-path) has vocab_size={theirs_vocab}, the "
+            f"{where} has {ours.vocab_size}: both must be the same vocabulary (the recipe's "
+            f"tokenizer produces the ids; TorchTitan's describes them to the model)"
+        )
+    for name in ("bos_id", "eos_id"):
+        theirs = getattr(tokenizer, name, None)
+        if theirs is not None and int(theirs) != int(getattr(ours, name)):
+            raise RecipeError(
+                f"TorchTitan's tokenizer has {name}={theirs}, the {where} has "
+                f"{name}={getattr(ours, name)}: both must be the same vocabulary"
+            )
