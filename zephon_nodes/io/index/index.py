@@ -125,7 +125,7 @@ def load_index(location: str) -> dict[str, Any] | None:
 
     def fail(name: str, problem: str) -> DataError:
         return DataError(
-            f"{storage.redact(_join(_dirname(location), name))}: its dataset index entry "
+            f"{storage.redact(storage.join(_dirname(location), name))}: its dataset index entry "
             f"({where}) is impossible: {problem}; {hint}"
         )
 

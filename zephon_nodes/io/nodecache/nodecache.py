@@ -287,25 +287,6 @@ class NodeCache:
         with self._global():
             return self._usage()
 
-    def discard(self, key: str) -> bool:
-        """Remove ``key``'s entry (a damaged one) unless another process has it pinned.
-
-        Returns:
-            Whether the entry is gone.
-        """
-        name = _name(key)
-        with self._global():
-            fd = self._lock_fd(name)
-            try:
-                if not _try_flock(fd, fcntl.LOCK_EX):
-                    return False
-                with contextlib.suppress(FileNotFoundError):
-                    (self.root / "data" / name).unlink()
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
-        return True
-
     def contains(self, key: str) -> bool:
         """Return whether ``key`` is in the cache now."""
         return (self.root / "data" / _name(key)).exists()
