@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.commands.run import zephon
-from zephon_nodes.engine.decisions import read_updates
+from zephon_nodes.engine.mixture_log import read_updates
 from zephon_nodes.errors import RecipeError
 
 NAMES = ["web", "code"]
