@@ -68,7 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_flags(args)
         return int(args.func(args) or 0)
     except ZephonError as e:
-        print(f"zephon {args.command}: error: {e}", file=sys.stderr)
+        from zephon_nodes.io.storage.storage import redact
+
+        print(f"zephon {args.command}: error: {redact(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

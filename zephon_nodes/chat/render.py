@@ -79,22 +79,27 @@ def conversation_of(
 
 def _char_index_of_bytes(text: str) -> np.ndarray:
     """For each UTF-8 byte of ``text`` (and one past the end): the index of its character."""
-    lens = np.fromiter((len(c.encode("utf-8")) for c in text), dtype=np.int64, count=len(text))
-    return np.concatenate([np.repeat(np.arange(len(text), dtype=np.int64), lens), [len(text)]])
+    raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    first = (raw & 0xC0) != 0x80  # a character's first byte (not a continuation byte)
+    index = np.cumsum(first, dtype=np.int64) - 1
+    return np.concatenate([index, np.asarray([len(text)], dtype=np.int64)])
 
 
-def _encode_plain(tok: Any, text: str) -> tuple[list[int], list[int], list[int]]:
-    """Ids and character ``[start, end)`` of each token of ``text`` (no special tokens)."""
+def _encode_plain(tok: Any, text: str) -> tuple[Any, Any, Any]:
+    """Ids and character ``[start, end)`` of each token of ``text`` (no special tokens).
+
+    Arrays or lists of ints (a 20 MB message is 20 million byte tokens: arrays, not lists).
+    """
     if not text:
         return [], [], []
     if isinstance(tok, ByteTokenizer):
-        ids = tok.encode_batch([text])[0]
-        chars = _char_index_of_bytes(text)[:-1].tolist()
-        return ids, chars, [c + 1 for c in chars]
+        ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64) + 3
+        chars = _char_index_of_bytes(text)[:-1]
+        return ids, chars, chars + 1
     if isinstance(tok, SentencePieceTokenizer):
         out = tok.sp.encode(text, out_type="offset_mapping")  # character offsets
-        ids = [int(i) for i in out["ids"]]
-        return ids, [int(a) for a, _ in out["offsets"]], [int(b) for _, b in out["offsets"]]
+        pairs = out["offsets"]
+        return [int(i) for i in out["ids"]], [int(a) for a, _ in pairs], [int(b) for _, b in pairs]
     if hasattr(tok, "encode_with_offsets"):
         ids, offsets = tok.encode_with_offsets(text)
         return list(ids), [int(a) for a, _ in offsets], [int(b) for _, b in offsets]
@@ -117,26 +122,23 @@ def encode_with_offsets(
         enc = tok.tok.encode(text, add_special_tokens=False)
         offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
         return np.asarray(enc.ids, dtype=np.int64), offsets[:, 0], offsets[:, 1]
-    ids: list[int] = []
-    starts: list[int] = []
-    ends: list[int] = []
+    ids: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+
+    def add(i: Any, a: Any, b: Any, pos: int) -> None:
+        ids.append(np.asarray(i, dtype=np.int64))
+        starts.append(np.asarray(a, dtype=np.int64) + pos)
+        ends.append(np.asarray(b, dtype=np.int64) + pos)
+
     pieces = [re.escape(s) for s in sorted(specials, key=len, reverse=True) if s]
     pos = 0
     for m in re.finditer("|".join(pieces), text) if pieces else ():
-        i, a, b = _encode_plain(tok, text[pos : m.start()])
-        ids += i
-        starts += [x + pos for x in a]
-        ends += [x + pos for x in b]
-        ids.append(specials[m.group()])
-        starts.append(m.start())
-        ends.append(m.end())
+        add(*_encode_plain(tok, text[pos : m.start()]), pos)
+        add([specials[m.group()]], [m.start()], [m.end()], 0)
         pos = m.end()
-    i, a, b = _encode_plain(tok, text[pos:])
-    ids += i
-    starts += [x + pos for x in a]
-    ends += [x + pos for x in b]
-    as_array = np.asarray
-    return as_array(ids, np.int64), as_array(starts, np.int64), as_array(ends, np.int64)
+    add(*_encode_plain(tok, text[pos:]), pos)
+    return np.concatenate(ids), np.concatenate(starts), np.concatenate(ends)
 
 
 def trained_mask(
@@ -195,7 +197,7 @@ class RenderChat:
         try:
             rows = item.shard.read(item.start, item.stop)
         except DataError as e:
-            if not skipping:
+            if not skipping or getattr(e, "refused_under_skip", False):
                 raise DataError(f"dataset {item.dataset_name!r}: {e}") from None
             reason = classify_file_error(str(e), item.shard.path)
             skipped = add_skipped((), reason, item.stop - item.start)

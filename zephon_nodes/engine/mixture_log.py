@@ -76,13 +76,26 @@ def read_updates(path: str, names: Sequence[str]) -> list[tuple[int, dict]]:
     Raises:
         RecipeError: If the file cannot be read or is not a valid list of decisions.
     """
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen: set[str] = set()
+            for k, _ in pairs:
+                if k in seen:
+                    raise RecipeError(f"--mixture-updates {path}: the key {k!r} appears twice")
+                seen.add(k)
+        return out
+
     try:
         with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
+            raw = json.load(f, object_pairs_hook=unique)
     except OSError as e:
         raise RecipeError(f"--mixture-updates {path}: cannot read the file: {e}") from None
+    except RecursionError:
+        raise RecipeError(f"--mixture-updates {path}: JSON nested too deeply") from None
     except ValueError as e:
-        raise RecipeError(f"--mixture-updates {path}: not valid JSON: {e}") from None
+        raise RecipeError(f"--mixture-updates {path}: not valid JSON: {str(e)[:200]}") from None
     return parse_updates(raw, names, f"--mixture-updates {path}")
 
 

@@ -228,6 +228,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         tokens = getattr(self.pipeline, "token_cache_stats", lambda: None)()
         if tokens is not None:  # with the token cache on
             out["token_cache"] = tokens
+        from zephon_nodes.io.nodecache.workercounts import bad_cache_entries
+
+        out["bad_cache_entries"] = bad_cache_entries()  # dropped and made again, never served
         return out
 
     def _restore(self, initial_state: dict[str, Any] | None) -> None:

@@ -215,6 +215,14 @@ class Pipeline:
         last = self.num_lanes - 1
         if self.work_source.work(last, 0) is None:
             items = sum(d.num_work_items for d in self.datasets)
+            if items >= self.num_lanes:  # enough items: they are not dealt, not too few
+                raise RecipeError(
+                    f"lane {last} gets no work item although the data holds {items} work "
+                    f"item(s) per epoch: items whose records are all skipped (on_error = "
+                    f'"skip") or hold no tokens are not dealt, so the recipe can produce no '
+                    f"global batch; check the data (zephon stats counts skipped records by "
+                    f"reason)"
+                )
             raise RecipeError(
                 f"num_lanes={self.num_lanes} but the data holds only {items} work item(s) "
                 f"per epoch: lane {last} gets none, so the recipe can produce no global batch "

@@ -84,16 +84,11 @@ def _decode_b64(value: Any, name: str) -> bytes:
 
 
 def _from_record(raw: Any, text_field: str, image_field: str) -> tuple[str, tuple[bytes, ...]]:
-    record: Any = raw
-    if isinstance(raw, bytes):
-        try:
-            record = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise _Bad("invalid_utf8", f"invalid UTF-8 at byte {e.start}") from None
-        except json.JSONDecodeError as e:
-            raise _Bad("invalid_json", f"invalid JSON: {e.msg} (column {e.colno})") from None
-    if not isinstance(record, dict):
-        raise _Bad("not_an_object", f"a record must be a JSON object, got {type(record).__name__}")
+    from zephon_nodes.operators.parse import record_object
+
+    record, reason, message = record_object(raw)
+    if record is None:
+        raise _Bad(reason, message)
     text = record.get(text_field)
     if text is None:
         raise _Bad("missing_text", f"image without text: no field {text_field!r}")
@@ -121,8 +116,8 @@ def _from_tar(sample: TarSample, text_field: str) -> tuple[str, tuple[bytes, ...
         raise _Bad("missing_text", "image without text (no .txt or .json member)")
     try:
         record = json.loads(sample.json.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _Bad("invalid_json", f".json member: {e}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise _Bad("invalid_json", f".json member: {str(e)[:200]}") from None
     text = record.get(text_field) if isinstance(record, dict) else None
     if not isinstance(text, str):
         raise _Bad("missing_text", f"image without text: .json member has no string {text_field!r}")
@@ -157,7 +152,7 @@ class ParseMultimodal:
         try:
             rows = item.shard.read(item.start, item.stop)
         except DataError as e:
-            if not skipping:
+            if not skipping or getattr(e, "refused_under_skip", False):
                 raise DataError(f"{prefix}: {e}") from None
             reason = classify_file_error(str(e), item.shard.path)
             return MMBatch([], item.dataset, add_skipped((), reason, item.stop - item.start))

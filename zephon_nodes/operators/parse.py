@@ -30,9 +30,32 @@ def record_object(raw: Any) -> tuple[dict[str, Any] | None, str, str]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             return None, "invalid_json", f"invalid JSON: {e.msg} (column {e.colno})"
+        except RecursionError:
+            return None, "nesting_depth", "JSON nested too deeply to decode"
+        except ValueError as e:  # an integer of more digits than Python converts
+            return None, "number_size", f"a number too large to decode ({str(e)[:60]})"
+        if "\\u" in line and _lone_surrogate(line, record):
+            return None, "invalid_text_encoding", "a string holds a lone UTF-16 surrogate"
     if not isinstance(record, dict):
         return None, "not_an_object", f"a record must be a JSON object, got {type(record).__name__}"
     return record, "", ""
+
+
+def _lone_surrogate(line: str, record: Any) -> bool:
+    r"""Whether a decoded line holds a string that is not Unicode text (``"\ud800"``).
+
+    Only lines with a ``\u`` escape of a surrogate (``\ud800`` to ``\udfff``) can.
+    """
+    lower = line.lower()
+    if not any(f"\\ud{c}" in lower for c in "89abcdef"):
+        return False
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (RecursionError, ValueError):
+        return False
+    return False
 
 
 def _text_of(raw: Any, field_name: str) -> tuple[str | None, str, str]:
@@ -86,7 +109,7 @@ class ParseJsonl:
                 # one truncated after it was indexed (raise, or skip and count).
                 raise DataError(f"{item.shard.path}: cannot read: {e}") from None
         except DataError as e:
-            if not skipping:
+            if not skipping or getattr(e, "refused_under_skip", False):
                 raise DataError(f"dataset {item.dataset_name!r}: {e}") from None
             skipped = add_skipped(
                 (), classify_file_error(str(e), item.shard.path), item.stop - item.start

@@ -221,6 +221,7 @@ class Recipe:
         where = f"{source}: " if source else ""
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         top = _Fields(data, where + "recipe")
+        _misspelled_tables(data, where)
         try:
             tok = top.table("tokenizer")
             tok_path = tok.get("path", str, None)
@@ -279,9 +280,10 @@ class Recipe:
             work = top.table("work")
             epochs_raw = work.get("epochs", (int, str), 1)
             if isinstance(epochs_raw, str):
-                if epochs_raw not in ("inf", "infinite"):
+                if epochs_raw != "inf":
                     raise RecipeError(
-                        f"{where}work.epochs={epochs_raw!r} must be an integer or 'inf'"
+                        f"{where}work.epochs={epochs_raw!r} must be an integer >= 1 or "
+                        f'"inf" (endless)'
                     )
                 epochs: int | None = None
             else:
@@ -376,3 +378,18 @@ def _parse_operator(op: _Fields) -> OperatorSpec:
     )
     op.done()
     return spec
+
+
+_TABLES = ("tokenizer", "datasets", "mixture", "work", "shuffle", "pack", "chat", "image")
+
+
+def _misspelled_tables(data: Mapping[str, Any], where: str) -> None:
+    """Refuse a misspelled table (``[tokeniser]``) before its absence is blamed instead."""
+    import difflib
+
+    for key, value in data.items():
+        if key in _TABLES or not isinstance(value, (Mapping, list)):
+            continue
+        close = difflib.get_close_matches(str(key), _TABLES, n=1, cutoff=0.8)
+        if close and close[0] not in data:
+            raise RecipeError(f"{where}recipe: unknown table [{key}] (did you mean [{close[0]}]?)")

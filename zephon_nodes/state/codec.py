@@ -79,10 +79,15 @@ def decode_checked(raw: bytes, where: str | os.PathLike[str], *, allow_unchecked
                 f'{{"checksum":"sha256:<64 lowercase hex>", ...)'
             )
         got = hashlib.sha256(raw[m.end() :]).hexdigest()
-        if got != m.group(1).decode("ascii"):
+        said = m.group(1).decode("ascii")
+        if got != said:
+            # Enough digits to show where they differ (a flip late in the recorded checksum).
+            first = next(i for i, (a, b) in enumerate(zip(said, got, strict=True)) if a != b)
+            n = max(16, first + 4)
+            cut = "..." if n < len(got) else ""
             raise CheckpointError(
-                f"{where}: checksum mismatch (the file says sha256:{m.group(1).decode()[:16]}..., "
-                f"its bytes hash to sha256:{got[:16]}...): the file was damaged or edited "
+                f"{where}: checksum mismatch (the file says sha256:{said[:n]}{cut}, "
+                f"its bytes hash to sha256:{got[:n]}{cut}): the file was damaged or edited "
                 f"after it was written"
             )
         obj = parse_json(raw, where)

@@ -76,12 +76,27 @@ def normalize_weights(names: Sequence[str], weights: Any, *, where: str = "mixtu
     out: dict[str, float] = {}
     for n in names:
         w = weights[n]
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
-            raise RecipeError(f"{where}: weight of {n!r} is {w!r}, expected a number >= 0")
+        try:
+            ok = not isinstance(w, bool) and isinstance(w, (int, float)) and math.isfinite(w)
+        except OverflowError:  # an integer beyond any float
+            ok = False
+        if not ok or w < 0:
+            shown = f"{str(w)[:20]}... ({len(str(w))} digits)" if len(str(w)) > 40 else repr(w)
+            raise RecipeError(f"{where}: weight of {n!r} is {shown}, expected a finite number >= 0")
         out[n] = float(w)
     total = sum(out.values())
+    if not math.isfinite(total):
+        raise RecipeError(
+            f"{where}: the weights sum to more than a float holds ({max(out.values()):g} is "
+            f"too large); only their ratios matter, use smaller numbers"
+        )
     if not total > 0:
         raise RecipeError(f"{where}: the weights sum to 0 (at least one dataset needs weight > 0)")
+    if any(w > 0 and w / total == 0 for w in out.values()):
+        raise RecipeError(
+            f"{where}: a weight > 0 is too small next to the others to be represented "
+            f"({min(w for w in out.values() if w > 0):g} of {total:g}); give it 0 or more"
+        )
     return {n: w / total for n, w in out.items()}
 
 

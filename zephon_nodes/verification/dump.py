@@ -60,6 +60,9 @@ def write_step(
         key: np.concatenate([_as_numpy(mb[key]) for mb in microbatches]) for key in microbatches[0]
     }
     fd, tmp = tempfile.mkstemp(dir=out, prefix=name + ".", suffix=".tmp")
+    from zephon_nodes.io.storage.cache import umask_mode
+
+    umask_mode(fd)  # the usual mode (umask), not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)  # type: ignore[arg-type]

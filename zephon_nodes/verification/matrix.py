@@ -115,11 +115,19 @@ def default_matrix(
     for b in micro_batch_sizes:
         if b < 1:
             raise RecipeError(f"micro-batch size {b} must be >= 1")
-        out += [
+        split = [
             Setting(d, resume_workers, "thread", local_batch_size=b)
             for d in sizes
             if global_batch_size is None or (global_batch_size // d) % b == 0
         ]
+        if not split and global_batch_size is not None:  # never silently dropped
+            local = sorted({global_batch_size // d for d in sizes})
+            raise RecipeError(
+                f"micro-batch size {b} divides no rank's batch: global_batch_size="
+                f"{global_batch_size} at dp sizes {list(sizes)} gives local batches {local}; "
+                "give a divisor of one of them"
+            )
+        out += split
     if resume:
         out += [
             Setting(b, resume_workers, "thread", resume_from=a, checkpoint_step=checkpoint_step)

@@ -24,15 +24,28 @@ import zstandard
 
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.formats.arrow import ArrowShard
+from zephon_nodes.io.formats.copies import artifacts as _artifacts
+from zephon_nodes.io.formats.copies import build as _build
+from zephon_nodes.io.formats.copies import load_index as _load_index
+from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, read_checked
 from zephon_nodes.io.formats.parquet import ParquetShard
 from zephon_nodes.io.formats.tar import TarShard
 from zephon_nodes.io.storage import storage
-from zephon_nodes.io.storage.cache import atomic_write, cache_dir
+from zephon_nodes.io.storage.cache import cache_dir
 from zephon_nodes.io.storage.checksum import file_checksum
 
-__all__ = ["FileShard", "MemoryShard", "Shard", "cache_dir", "open_shard"]
+__all__ = ["FileShard", "MemoryShard", "Shard", "ShardChanged", "cache_dir", "open_shard"]
 
 _BLOCK = 16 << 20
+
+
+class ShardChanged(DataError):
+    """A shard changed during the run: refused even under ``on_error = "skip"``.
+
+    What a skip would leave out depends on when the edit happened, so the output would too.
+    """
+
+    refused_under_skip = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,27 @@ class FileShard:
     offsets: tuple[int, ...] = field(default=(), repr=False)
     end: int = 0
     frames: tuple[tuple[int, int, int], ...] = field(default=(), repr=False)
+    version: str = ""
+
+    def _check_unchanged(self) -> None:
+        """Refuse a local shard whose size or modification time changed since it was opened.
+
+        Every read checks (one ``stat``), whatever is cached: the records of a shard edited
+        during a run would differ from the checkpointed ones.
+        """
+        source = self.uri or self.path
+        if not self.version or storage.is_remote(source):
+            return
+        try:
+            st = os.stat(storage.local_path(source))
+        except OSError as e:
+            raise DataError(f"{self.path}: cannot read: {e.strerror}") from None
+        if st.st_size != self.size or str(st.st_mtime_ns) != self.version:
+            raise ShardChanged(
+                f"{self.path}: the file changed during the run (size {self.size} -> "
+                f"{st.st_size}, modification time {self.version} -> {st.st_mtime_ns} ns); "
+                "a shard must not be edited while a run reads it"
+            )
 
     def _read_plain(self, lo: int, hi: int) -> bytes:
         """Uncompressed bytes ``[lo, hi)``: a range read, or the zstd frames covering it."""
@@ -118,11 +152,15 @@ class FileShard:
             raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
         rows = _split_records(blob)
         base = first * self.every
+        # Between two kept offsets lie exactly `every` records, after the last one exactly
+        # the rest: a record count or offset that is not the file's is refused here.
+        expected = min(last * self.every, self.num_records) - base
         want = rows[start - base : stop - base].tolist()
-        if len(want) != stop - start:
+        if len(rows) != expected or len(want) != stop - start:
             raise DataError(
                 f"{self.path}: file changed since it was indexed (records [{start}, {stop}) "
-                f"not where the dataset index says)"
+                f"not where the dataset index says: {len(rows)} records between offsets "
+                f"{lo} and {hi}, the index says {expected}); rebuild it with `zephon index`"
             )
         return [(start + k, blob[a:b]) for k, (a, b) in enumerate(want)]
 
@@ -132,20 +170,57 @@ class FileShard:
             raise DataError(f"{self.path}: records [{start}, {stop}) out of range")
         if start == stop:
             return []
+        try:
+            rows = self._read(start, stop)
+        except BadEntry:
+            if self._foreign_copy():
+                raise  # the node cache's entry: its owner drops and fetches it again
+            count_bad()  # a damaged cache copy or record index: made again, never served
+            self._remake()
+            rows = self._read(start, stop)
+        self._check_unchanged()  # after the read: what was read is what was opened
+        return rows
+
+    def _compressed(self) -> bool:
+        return (self.uri or self.path).endswith(".zst") and not self.frames
+
+    def _foreign_copy(self) -> bool:
+        """Whether the copy read is not this content's own cache copy (a node-cache entry)."""
+        own = {str(p) for p in _artifacts(self.checksum)}
+        return bool(self.data_path) and self._compressed() and self.data_path not in own
+
+    def _remake(self) -> None:
+        """Make this content's cache copy, record index and sums again from the shard."""
+        from zephon_nodes.io.formats.copies import remake
+
+        source = self.uri or self.path
+        if storage.is_remote(source):
+            from zephon_nodes.io.storage.remote import fetched
+
+            with fetched(source, storage.stat(source)) as (tmp, checksum):
+                _check_same(self, checksum)
+                remake(tmp, checksum, self._compressed())
+        else:
+            remake(Path(storage.local_path(source)), self.checksum, self._compressed())
+
+    def _read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
         if not self.index_path:
             if self.every:
                 return self._read_sparse(start, stop)
             data_path, index_path = self._local_copy()
-            return dataclasses.replace(self, data_path=data_path, index_path=index_path).read(
+            return dataclasses.replace(self, data_path=data_path, index_path=index_path)._read(
                 start, stop
             )
         index = _load_index(self.index_path)
         lo = int(index[start, 0])
         hi = int(index[stop - 1, 1])
-        try:
-            blob = storage.read_range(self.data_path, lo, hi, tag=self.checksum)
-        except DataError as e:
-            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
+        if self._compressed():  # a cache copy: each block read is checked
+            blob = read_checked(self.data_path, self.index_path, lo, hi)
+        else:
+            try:
+                blob = storage.read_range(self.data_path, lo, hi, tag=self.checksum)
+            except DataError as e:
+                raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
         rows = index[start:stop] - lo
         return [(start + k, blob[a:b]) for k, (a, b) in enumerate(rows.tolist())]
 
@@ -204,19 +279,12 @@ class MemoryShard:
 
 Shard = FileShard | MemoryShard | ParquetShard | TarShard | ArrowShard
 
-_INDEX_CACHE: dict[str, np.ndarray] = {}
 
+def _decompress_to(src: Path, dst: Any, hasher: Any = None) -> None:
+    """Decompress every zstd frame of ``src`` into the file object ``dst``.
 
-def _load_index(index_path: str) -> np.ndarray:
-    index = _INDEX_CACHE.get(index_path)
-    if index is None:
-        index = np.load(index_path, allow_pickle=False)
-        _INDEX_CACHE[index_path] = index
-    return index
-
-
-def _decompress_to(src: Path, dst: Any) -> None:
-    """Decompress every zstd frame of ``src`` into the file object ``dst``."""
+    ``hasher`` (optional) is updated with every compressed block read.
+    """
     dctx = zstandard.ZstdDecompressor()
     obj = dctx.decompressobj()
     frame_done = True
@@ -225,6 +293,8 @@ def _decompress_to(src: Path, dst: Any) -> None:
             block = f.read(1 << 20)
             if not block:
                 break
+            if hasher is not None:
+                hasher.update(block)
             while block:
                 try:
                     out = obj.decompress(block)
@@ -286,6 +356,7 @@ def indexed_shard(uri: str, entry: Mapping[str, Any]) -> FileShard:
         offsets=() if compressed else tuple(int(x) for x in entry["offsets"]),
         end=int(entry.get("end", 0)),
         frames=() if compressed else frames,  # type: ignore[arg-type]
+        version=str(entry.get("version", "")),
     )
 
 
@@ -323,26 +394,6 @@ def _index_file(data_path: Path) -> np.ndarray:
     return np.stack([starts, ends], axis=1).astype(np.int64)
 
 
-def _artifacts(checksum: str) -> tuple[Path, Path]:
-    root = cache_dir()
-    key = checksum.partition(":")[2][:32]
-    return root / f"{key}.jsonl", root / f"{key}.index.npy"
-
-
-def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
-    """Build the decompressed copy and record index of ``src`` (content ``checksum``)."""
-    data_path, index_path = _artifacts(checksum)
-    if compressed and not data_path.exists():
-        try:
-            atomic_write(data_path, lambda f: _decompress_to(src, f))
-        except DataError as e:
-            raise DataError(f"{src}: {str(e).partition(': ')[2]}") from None
-    if not index_path.exists():
-        index = _index_file(data_path if compressed else src)
-        atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
-    return data_path, index_path
-
-
 def _open_remote(uri: str) -> FileShard:
     from zephon_nodes.io.storage.remote import fetched, known_checksum
 
@@ -359,15 +410,26 @@ def _open_remote(uri: str) -> FileShard:
         except DataError as e:
             text = str(e)
             raise DataError(text.replace(str(cache_dir()), "<cache>")) from None
-    n = int(_load_index(str(index_path)).shape[0])
-    return FileShard(
+    shard = FileShard(
         path=storage.redact(uri),
         data_path=str(data_path) if compressed else uri,
         index_path=str(index_path),
-        num_records=n,
+        num_records=0,
         checksum=checksum,
         size=st.size,
+        uri=uri,
     )
+    return dataclasses.replace(shard, num_records=_records(shard))
+
+
+def _records(shard: FileShard) -> int:
+    """Records of a shard from its cached record index (made again if it is damaged)."""
+    try:
+        return int(_load_index(shard.index_path).shape[0])
+    except BadEntry:
+        count_bad()
+        shard._remake()
+        return int(_load_index(shard.index_path).shape[0])
 
 
 def open_shard(path: str | os.PathLike[str]) -> FileShard:
@@ -390,20 +452,21 @@ def open_shard(path: str | os.PathLike[str]) -> FileShard:
         raise DataError(f"{p}: data file not found")
     try:
         compressed = p.name.endswith(".zst")
+        st = p.stat()
         checksum = file_checksum(p)
         data_path, index_path = _build(p, checksum, compressed)
-        n = int(_load_index(str(index_path)).shape[0])
-        size = p.stat().st_size
+        shard = FileShard(
+            path=str(p),
+            data_path=str(data_path) if compressed else str(p),
+            index_path=str(index_path),
+            num_records=0,
+            checksum=checksum,
+            size=st.st_size,
+            version=str(st.st_mtime_ns),
+        )
+        return dataclasses.replace(shard, num_records=_records(shard))
     except OSError as e:
         raise DataError(f"{p}: cannot read: {e}") from None
-    return FileShard(
-        path=str(p),
-        data_path=str(data_path) if compressed else str(p),
-        index_path=str(index_path),
-        num_records=n,
-        checksum=checksum,
-        size=size,
-    )
 
 
 def memory_shard(name: str, records: Sequence[Mapping[str, Any]]) -> MemoryShard:

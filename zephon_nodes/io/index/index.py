@@ -35,6 +35,7 @@ import numpy as np
 
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import current
+from zephon_nodes.io.index.indexcheck import SEAL_KEY, check_entry, kind_of, parse_manifest, seal
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
 
@@ -80,35 +81,40 @@ def rebuild_hint(directory: str) -> str:
     return f"rebuild it: zephon index '{storage.redact(storage.join(directory, '*'))}'"
 
 
-def _read_text(uri: str) -> str | None:
+def _read_text(uri: str) -> bytes | None:
     if not storage.is_remote(uri):
         path = storage.local_path(uri)
         if not os.path.isfile(path):
             return None
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise DataError(f"{path}: cannot read the dataset index: {e}") from None
     try:
         st = storage.stat(uri)
     except DataError as e:
         if "not found" in str(e):
             return None
         raise
-    return storage.read_range(uri, 0, st.size, cache=False).decode("utf-8")
+    return storage.read_range(uri, 0, st.size, cache=False)
 
 
 def load_index(location: str) -> dict[str, Any] | None:
     """Load the manifest at ``location`` (a file URI/path); ``None`` if there is none.
 
+    Its seal is checked and every entry range-checked (:mod:`zephon_nodes.io.index.indexcheck`).
+
     Raises:
-        DataError: If the manifest is unreadable or of another format or version.
+        DataError: If the manifest is unreadable, of another format or version, does not
+            match its seal, or holds a value that cannot describe its shard.
     """
-    text = _read_text(location)
-    if text is None:
+    raw = _read_text(location)
+    if raw is None:
         return None
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise DataError(f"{storage.redact(location)}: not a JSON dataset index: {e}") from None
+    where = storage.redact(location)
+    hint = rebuild_hint(_dirname(location))
+    data = parse_manifest(raw, where, hint)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise DataError(f"{storage.redact(location)}: not a zephon dataset index")
     if data.get("version") != VERSION:
@@ -119,6 +125,21 @@ def load_index(location: str) -> dict[str, Any] | None:
         )
     if not isinstance(data.get("shards"), dict):
         raise DataError(f"{storage.redact(location)}: dataset index has no 'shards' table")
+    every = data.get("every", EVERY)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise DataError(f"{where}: dataset index: every={every!r} is not an integer >= 1; {hint}")
+
+    def fail(name: str, problem: str) -> DataError:
+        return DataError(
+            f"{storage.redact(storage.join(_dirname(location), name))}: its dataset index entry "
+            f"({where}) is impossible: {problem}; {hint}"
+        )
+
+    for name, entry in data["shards"].items():
+        if not isinstance(name, str) or not name or "\n" in name:
+            raise DataError(f"{where}: dataset index: a malformed shard name {name!r}; {hint}")
+        check_entry(name, entry, fail)
+    data.pop(SEAL_KEY, None)
     return data
 
 
@@ -283,12 +304,7 @@ def indexed_identity(uri: str) -> dict[str, Any] | None:
     return {"checksum": str(entry["checksum"]), "bytes": int(entry["bytes"])}
 
 
-def _kind(name: str) -> str:
-    if name.endswith((".parquet", ".pq")):
-        return "parquet"
-    if name.endswith(".tar"):
-        return "tar"
-    return "jsonl.zst" if name.endswith(".zst") else "jsonl"
+_kind = kind_of
 
 
 def _frames(path: Path) -> list[list[int]]:
@@ -323,18 +339,17 @@ def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
 
     entry: dict[str, Any] = {"kind": kind}
     if kind in ("jsonl", "jsonl.zst"):
-        src = path
         if kind == "jsonl.zst":
-            tmp = path.with_name(path.name + ".plain")
-            with open(tmp, "wb") as out:
-                shards._decompress_to(path, out)
-            src = tmp
+            # Counted as a stream: no temporary file (the data folder may be read-only, and
+            # concurrent runs must not share one).
+            from zephon_nodes.io.nodecache.wholeshard import _LineCounter
+
+            counter = _LineCounter()
+            shards._decompress_to(path, counter)
+            index = counter.index()
             entry["frames"] = _frames(path)
-        try:
-            index = shards._index_file(src)
-        finally:
-            if kind == "jsonl.zst":
-                os.unlink(src)
+        else:
+            index = shards._index_file(path)
         entry["records"] = int(index.shape[0])
         entry["every"] = every
         entry["offsets"] = [int(x) for x in index[::every, 0].tolist()]
@@ -462,7 +477,7 @@ def write_index(manifest: dict[str, Any], location: str, directory: str | None =
         else:
             base = os.path.relpath(directory, here)
         manifest = {**manifest, "base": base}
-    blob = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    blob = seal(json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode("utf-8"))
     if storage.is_remote(location):
 
         def put() -> None:

@@ -47,7 +47,7 @@ __all__ = ["IndexedFiles", "ShardTable", "load_table", "resolve_indexed", "verif
 # Kind codes of the ``kinds`` column.
 KINDS = ("jsonl", "jsonl.zst", "parquet", "tar")
 # Bump when the table's on-disk layout changes (old tables are then rebuilt).
-LAYOUT = 1
+LAYOUT = 2  # 2: the manifest's seal and values are checked when converted
 _COLUMNS = (
     "records",
     "sizes",

@@ -804,7 +804,13 @@ def node_cache(settings: Settings | None = None) -> NodeCache:
     with _SHARED_LOCK:
         cache = _SHARED.get(key)
         if cache is None:
-            cache = NodeCache(root, s.cache_limit_bytes(), s.cache_policy)
+            try:
+                cache = NodeCache(root, s.cache_limit_bytes(), s.cache_policy)
+            except OSError as e:
+                raise DataError(
+                    f"node cache {root}: cannot use the directory ({e.strerror or e}); the "
+                    "cache directory (ZEPHON_CACHE_DIR) must be writable with --cache-limit"
+                ) from None
             cache.settings = s
             _SHARED[key] = cache
     return cache

@@ -73,18 +73,22 @@ class NodeCachedShard:
 
     def cache_fetch(self, dest: Path) -> None:
         """Fetch (if remote), check the checksum and decompress the shard into ``dest``."""
-        from zephon_nodes.io.formats.shards import _check_same, _decompress_to
+        from zephon_nodes.io.formats.shards import _check_same, _decompress_to, _index_file
         from zephon_nodes.io.storage import storage
         from zephon_nodes.io.storage.checksum import file_checksum
 
         s = self.shard
 
         def decompress(src: Path) -> None:
+            from zephon_nodes.io.storage.checksum import Hasher
+
+            hasher = Hasher()  # the copy is of the checksummed content, whatever was trusted
             try:
                 with open(dest, "wb") as f:
-                    _decompress_to(src, f)
+                    _decompress_to(src, f, hasher)
             except DataError as e:
                 raise DataError(f"{s.path}: {str(e).partition(': ')[2]}") from None
+            _check_same(s, hasher.hexdigest())
 
         if storage.is_remote(s.uri):
             from zephon_nodes.io.storage.remote import fetched
@@ -96,7 +100,19 @@ class NodeCachedShard:
             local = Path(storage.local_path(s.uri))
             _check_same(s, file_checksum(local))
             decompress(local)
-        self._index(dest)
+        from zephon_nodes.io.formats.copies import load_index
+        from zephon_nodes.io.formats.entrysums import BadEntry, write_sums
+
+        index_path = self._index(dest)
+        try:
+            index = load_index(index_path)
+        except BadEntry:  # no sums yet, or an index not of this copy: made from it now
+            index = _index_file(dest)
+            atomic_write(Path(index_path), lambda f: np.save(f, index, allow_pickle=False))
+        write_sums(dest, index, index_path)  # the copy is of the checksummed content
+        from zephon_nodes.io.formats.copies import forget_index
+
+        forget_index(index_path)
 
     def _index(self, data: Path) -> str:
         """The record index of the decompressed copy (built once, kept in the usual cache)."""
@@ -109,12 +125,31 @@ class NodeCachedShard:
         return str(index_path)
 
     def _with_copy(self, fn: Any) -> Any:
+        from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, drop, sums_path
+
         cache = node_cache()
-        with cache.open(self.cache_key, self.cache_size, self.cache_fetch) as local:
-            local_shard = dataclasses.replace(
-                self.shard, data_path=str(local), index_path=self._index(local)
-            )
-            return fn(local_shard)
+        if cache is None:  # no limit (any more): the shard's own, unbounded copy
+            return fn(self.shard)
+        for attempt in (0, 1):
+            try:
+                with cache.open(self.cache_key, self.cache_size, self.cache_fetch) as local:
+                    local_shard = dataclasses.replace(
+                        self.shard, data_path=str(local), index_path=self._index(local)
+                    )
+                    return fn(local_shard)
+            except BadEntry:
+                if attempt:
+                    raise
+                # A damaged entry (or one without sums): dropped, fetched again, counted.
+                from zephon_nodes.io.formats.copies import forget_index
+                from zephon_nodes.io.formats.shards import _artifacts
+
+                count_bad()
+                index_path = _artifacts(self.shard.checksum)[1]
+                drop(index_path, sums_path(index_path))
+                forget_index(str(index_path))
+                cache.discard(self.cache_key)
+        raise AssertionError("unreachable")
 
     def read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
         """Return records ``[start, stop)`` as ``(record number, raw line)`` pairs."""
@@ -283,5 +318,6 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
         size=st.size,
         uri=uri,
         end=int(index[-1, 1]) if len(index) else 0,
+        version="" if storage.is_remote(uri) else st.version,
     )
     return NodeCachedShard(shard, plain_size=plain)

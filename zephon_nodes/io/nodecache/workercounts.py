@@ -19,7 +19,15 @@ from typing import Any
 
 from zephon_nodes.core.operator import operator_name
 
-__all__ = ["CountedCall", "CountedResult", "collect", "merged", "merged_tokens", "worker_totals"]
+__all__ = [
+    "CountedCall",
+    "CountedResult",
+    "bad_cache_entries",
+    "collect",
+    "merged",
+    "merged_tokens",
+    "worker_totals",
+]
 
 # Counters that add up over processes (peak_bytes and limit_bytes do not).
 ADDITIVE = (
@@ -31,6 +39,7 @@ ADDITIVE = (
     "bytes_read",
     "evictions",
     "waits",
+    "bad_cache_entries",
 )
 _LOCK = threading.Lock()
 _TOTALS: dict[str, int] = {}
@@ -41,10 +50,11 @@ TOKENS = "tokens."
 
 
 def _own() -> dict[str, int]:
-    """The counters of this process's node caches and token stores (none made here: empty)."""
+    """The counters of this process's node caches and token stores, and its bad entries."""
+    from zephon_nodes.io.formats.entrysums import bad_entries
     from zephon_nodes.io.nodecache import nodecache, tokenstore
 
-    out: dict[str, int] = {}
+    out: dict[str, int] = {"bad_cache_entries": bad_entries()}
     with nodecache._SHARED_LOCK:
         caches = [c for k, c in nodecache._SHARED.items() if k[0] == os.getpid()]
     for cache in caches:
@@ -141,3 +151,10 @@ def merged(stats: Mapping[str, int]) -> dict[str, int]:
         else:
             out[key] = int(out.get(key, 0)) + value
     return out
+
+
+def bad_cache_entries() -> int:
+    """Damaged cache entries dropped and made again, by this process and its workers."""
+    from zephon_nodes.io.formats.entrysums import bad_entries
+
+    return bad_entries() + worker_totals().get("bad_cache_entries", 0)

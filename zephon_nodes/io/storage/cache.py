@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from zephon_nodes.core.atomic import atomic_write
+from zephon_nodes.core.atomic import atomic_write, umask_mode
 from zephon_nodes.core.settings import current
 
-__all__ = ["atomic_write", "cache_dir", "cache_key"]
+__all__ = ["atomic_write", "cache_dir", "cache_key", "umask_mode"]
 
 
 def cache_dir() -> Path:
@@ -16,8 +16,19 @@ def cache_dir() -> Path:
 
     The current settings' ``cache_dir`` (``ZEPHON_CACHE_DIR``, default
     ``~/.cache/zephon_nodes``; see :mod:`zephon_nodes.core.settings`).
+
+    Raises:
+        DataError: It cannot be created (naming it).
     """
-    return current().cache_root
+    try:
+        return current().cache_root
+    except OSError as e:
+        from zephon_nodes.core.errors import DataError
+
+        raise DataError(
+            f"cache directory {current().cache_dir}: cannot create it ({e.strerror or e}); "
+            "set ZEPHON_CACHE_DIR to a writable folder"
+        ) from None
 
 
 def cache_key(path: Path) -> str:

@@ -29,11 +29,12 @@ __all__ = ["RetryPolicy", "describe", "is_transient", "redact", "with_retries"]
 
 T = TypeVar("T")
 
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
+# A URI's user:password@ part, anywhere in a text (a password may hold "@" or ":").
+_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/'\"]*@")
 
 
 def redact(uri: str) -> str:
-    """Return ``uri`` without a ``user:password@`` part (for messages)."""
+    """Return ``uri`` (or a message) without any URI's ``user:password@`` part."""
     return _USERINFO.sub(r"\1", uri)
 
 
@@ -255,7 +256,7 @@ def describe(exc: BaseException) -> str:
     if not is_transient(exc) and _DENIED_TEXT.search(f"{type(exc).__name__}: {exc}"):
         return "access denied (403; check the backend's credentials)"
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return redact(f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": "))
 
 
 _LAST_WARNING = [-1e9]

@@ -1,0 +1,126 @@
+"""The cache's derived files of a shard: its decompressed copy, record index and checksums.
+
+For a shard of content checksum ``xxh3_128:K`` the cache directory holds ``K.index.npy`` (the
+byte range of every record), for a ``.jsonl.zst`` ``K.jsonl`` (its decompressed text), and
+``K.sums.npy`` (see :mod:`zephon_nodes.io.formats.entrysums`). A copy is made in a temporary file,
+its record index and sums are written, and only then is it renamed into place, so a copy
+that exists always has its sums; a copy without them (an older cache) or not matching them
+is dropped and made again by :func:`remake`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from zephon_nodes.core.errors import DataError
+from zephon_nodes.io.formats.entrysums import BadEntry, check_index, drop, sums_path, write_sums
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir, umask_mode
+
+__all__ = ["artifacts", "build", "forget_index", "load_index", "remake"]
+
+_INDEX_CACHE: dict[str, np.ndarray] = {}
+
+
+def artifacts(checksum: str) -> tuple[Path, Path]:
+    """``(decompressed copy, record index)`` paths of the content ``checksum``."""
+    root = cache_dir()
+    key = checksum.partition(":")[2][:32]
+    return root / f"{key}.jsonl", root / f"{key}.index.npy"
+
+
+def load_index(index_path: str) -> np.ndarray:
+    """A record index from the cache (once per process), checked against its sums.
+
+    Raises:
+        BadEntry: It does not match its sums, or has none.
+    """
+    index = _INDEX_CACHE.get(index_path)
+    if index is None:
+        try:
+            index = np.load(index_path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise BadEntry(f"{index_path}: unreadable cached record index ({e})") from None
+        if index.dtype != np.int64 or index.ndim != 2 or index.shape[1:] != (2,):
+            raise BadEntry(f"{index_path}: not a record index")
+        check_index(index, index_path)
+        _INDEX_CACHE[index_path] = index
+    return index
+
+
+def forget_index(index_path: str) -> None:
+    """Forget a loaded record index (after it was dropped)."""
+    _INDEX_CACHE.pop(index_path, None)
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
+
+
+def build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
+    """Build the decompressed copy, record index and sums of ``src`` (content ``checksum``).
+
+    Raises:
+        DataError: ``src`` is corrupt, (compressed) its bytes do not hash to ``checksum``, or
+            the cache directory cannot be written (named, e.g. a full disk).
+    """
+    try:
+        return _build(src, checksum, compressed)
+    except OSError as e:
+        if not os.path.exists(src) or (e.filename and str(e.filename) == str(src)):
+            raise
+        raise DataError(
+            f"cache directory {cache_dir()}: cannot write the copy of {src.name} "
+            f"({e.strerror or e}); free space there or set ZEPHON_CACHE_DIR"
+        ) from None
+
+
+def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
+    from zephon_nodes.io.formats.shards import _decompress_to, _index_file
+    from zephon_nodes.io.storage.checksum import Hasher
+
+    data_path, index_path = artifacts(checksum)
+    if compressed and not data_path.exists():
+        fd, tmp = tempfile.mkstemp(dir=data_path.parent, prefix=data_path.name + ".", suffix=".tmp")
+        try:
+            umask_mode(fd)
+            # Hashed as it is decompressed: a copy is never kept under another content's
+            # checksum (a trusted modification time, an index, ZEPHON_IMMUTABLE_DATA).
+            hasher = Hasher()
+            with os.fdopen(fd, "wb") as f:
+                try:
+                    _decompress_to(src, f, hasher)
+                except DataError as e:
+                    raise DataError(f"{src}: {str(e).partition(': ')[2]}") from None
+            if hasher.hexdigest() != checksum:
+                raise DataError(
+                    f"{src}: content differs from its checksum {checksum} (got "
+                    f"{hasher.hexdigest()}): edited in place with its modification time kept?"
+                )
+            index = _index_file(Path(tmp))
+            write_sums(tmp, index, str(index_path))
+            _save(index_path, index)
+            os.replace(tmp, data_path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    elif not index_path.exists() or not (compressed or sums_path(index_path).exists()):
+        index = _index_file(data_path if compressed else src)
+        if compressed:
+            check_index(index, str(index_path))  # the sums were made with the copy
+        else:
+            write_sums(None, index, str(index_path))
+        _save(index_path, index)
+    return data_path, index_path
+
+
+def remake(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
+    """Drop the derived files of ``checksum`` and build them again from ``src``."""
+    data_path, index_path = artifacts(checksum)
+    drop(*([data_path] if compressed else []), index_path, sums_path(index_path))
+    forget_index(str(index_path))
+    return build(src, checksum, compressed)

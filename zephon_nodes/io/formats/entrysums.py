@@ -1,0 +1,174 @@
+"""Checksums of the cache's copies, verified where they are read.
+
+A decompressed copy of a ``.jsonl.zst`` shard (``$ZEPHON_CACHE_DIR/<key>.jsonl``, or an entry
+``zst-*`` of the node cache) and its record index (``<key>.index.npy``) are derived from the
+shard's content checksum, so they are trusted as that content. Disk errors, a half-restored
+backup or a hand edit could still change them; a changed copy would silently change batches
+on one machine only. Each copy therefore gets ``<key>.sums.npy``: the xxh3-64 of its record
+index's bytes, then the xxh3-64 of each 16 KiB block of the copy, written when the copy is
+made. Every read checks the blocks it covers (at most 32 KiB more than it needs, see
+``benchmarks/integrity.py`` for its cost), the index is checked
+when it is loaded, and a bad entry raises :class:`BadEntry`, which the reader answers by
+dropping the copy, its index and its sums, making them again from the shard, and counting
+one ``bad_cache_entries`` (in the loader's metrics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from zephon_nodes.core.errors import DataError
+
+__all__ = [
+    "BLOCK",
+    "BadEntry",
+    "count_bad",
+    "bad_entries",
+    "check_index",
+    "drop",
+    "read_checked",
+    "sums_path",
+    "write_sums",
+]
+
+BLOCK = 1 << 14
+_LOCK = threading.Lock()
+_BAD = [0]
+# sums file -> its array (the file is replaced, never edited, when a copy is made again).
+_SUMS: dict[str, np.ndarray] = {}
+
+
+class BadEntry(DataError):
+    """A cache copy or record index does not match its checksums (it is dropped and remade)."""
+
+
+def count_bad() -> None:
+    """Count one bad entry dropped by this process."""
+    with _LOCK:
+        _BAD[0] += 1
+
+
+def bad_entries() -> int:
+    """Bad cache entries this process dropped and made again."""
+    with _LOCK:
+        return _BAD[0]
+
+
+def sums_path(index_path: str | os.PathLike[str]) -> Path:
+    """The sums file of a copy whose record index is ``index_path`` (``<key>.index.npy``)."""
+    text = str(index_path)
+    base = text[: -len(".index.npy")] if text.endswith(".index.npy") else text
+    return Path(base + ".sums.npy")
+
+
+def write_sums(
+    data_path: str | os.PathLike[str] | None, index: np.ndarray, index_path: str
+) -> None:
+    """Hash a finished copy (None: the shard is read itself) and its record index."""
+    from zephon_nodes.io.storage.cache import atomic_write
+
+    hashes = [xxhash.xxh3_64_intdigest(np.ascontiguousarray(index).tobytes())]
+    if data_path is not None:
+        with open(data_path, "rb") as f:
+            while block := f.read(BLOCK):
+                hashes.append(xxhash.xxh3_64_intdigest(block))
+    sums = np.asarray(hashes, dtype=np.uint64)
+    target = sums_path(index_path)
+    atomic_write(target, lambda f: np.save(f, sums, allow_pickle=False))
+    with _LOCK:
+        _SUMS.pop(str(target), None)
+        _SUMS.pop(str(index_path), None)
+
+
+def _sums(index_path: str) -> np.ndarray:
+    sums = _SUMS.get(index_path)  # a dict read is atomic: no lock on the hot path
+    if sums is not None:
+        return sums
+    key = str(sums_path(index_path))
+    with _LOCK:
+        sums = _SUMS.get(key)
+    if sums is None:
+        try:
+            sums = np.load(key, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise BadEntry(f"{key}: the cache copy has no readable checksums ({e})") from None
+        if sums.dtype != np.uint64 or sums.ndim != 1 or len(sums) < 1:
+            raise BadEntry(f"{key}: not a checksum table")
+        with _LOCK:
+            _SUMS[key] = sums
+            _SUMS[index_path] = sums
+    return sums
+
+
+def check_index(index: np.ndarray, index_path: str) -> None:
+    """Refuse a record index whose bytes are not those its sums recorded.
+
+    Raises:
+        BadEntry: It differs (or it has no sums).
+    """
+    want = int(_sums(index_path)[0])
+    if xxhash.xxh3_64_intdigest(np.ascontiguousarray(index).tobytes()) != want:
+        raise BadEntry(f"{index_path}: the cached record index does not match its checksum")
+
+
+def read_checked(data_path: str, index_path: str, lo: int, hi: int) -> bytes:
+    """Bytes ``[lo, hi)`` of a cache copy, each 16 KiB block they touch checked.
+
+    Raises:
+        BadEntry: A block differs from its checksum, or the copy is shorter than recorded.
+    """
+    if hi <= lo:
+        return b""
+    sums = _sums(index_path)
+    first, last = lo // BLOCK, (hi - 1) // BLOCK
+    if last + 1 >= len(sums):
+        raise BadEntry(f"{data_path}: the cache copy is longer than its checksums say")
+    base = first * BLOCK
+    try:
+        with open(data_path, "rb") as f:
+            # The bytes asked for are read into the result itself; the parts of the first
+            # and last blocks around them only to be hashed.
+            f.seek(base)
+            head = f.read(lo - base)
+            body = f.read(hi - lo)
+            tail = f.read((last + 1) * BLOCK - hi)
+    except OSError as e:
+        raise BadEntry(f"{data_path}: cannot read the cache copy: {e.strerror}") from None
+    if len(head) != lo - base or len(body) != hi - lo:
+        raise BadEntry(f"{data_path}: the cache copy is shorter than its record index")
+    parts = ((base, memoryview(head)), (lo, memoryview(body)), (hi, memoryview(tail)))
+    want = sums[first + 1 : last + 2].tolist()
+    for k, expected in enumerate(want):
+        start = base + k * BLOCK
+        end = start + BLOCK
+        pieces = [
+            view[max(start - at, 0) : end - at]
+            for at, view in parts
+            if at < end and at + len(view) > start
+        ]
+        if len(pieces) == 1:
+            got = xxhash.xxh3_64_intdigest(pieces[0])
+        else:
+            h = xxhash.xxh3_64()
+            for piece in pieces:
+                h.update(piece)
+            got = h.intdigest()
+        if got != expected:
+            raise BadEntry(f"{data_path}: block {first + k} of the cache copy is damaged")
+    return body
+
+
+def drop(*paths: str | os.PathLike[str]) -> None:
+    """Remove a bad entry's files (a copy, its record index, its sums)."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        with _LOCK:
+            _SUMS.pop(str(path), None)
+            _SUMS.pop(str(sums_path(path)), None)
