@@ -275,6 +275,8 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
     Raises:
         DataError: A missing, unreadable, corrupt or truncated shard (naming it).
     """
+    from zephon_nodes.io.formats.copies import forget_index
+    from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, drop, sums_path
     from zephon_nodes.io.formats.shards import _artifacts, _decompress_to, _load_index
     from zephon_nodes.io.storage import storage
     from zephon_nodes.io.storage.checksum import file_checksum
@@ -283,7 +285,14 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
         size_path = _artifacts(checksum)[1].with_suffix(".size")
         index_path = _artifacts(checksum)[1]
         if index_path.exists() and size_path.exists():
-            return _load_index(str(index_path)), int(size_path.read_text())
+            try:
+                return _load_index(str(index_path)), int(size_path.read_text())
+            except (BadEntry, ValueError):
+                # A damaged record index (or one without its sums): dropped, made again,
+                # counted; never used.
+                count_bad()
+                drop(index_path, sums_path(index_path), size_path)
+                forget_index(str(index_path))
         counter = _LineCounter()
         try:
             _decompress_to(src, counter)
