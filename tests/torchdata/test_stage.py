@@ -12,15 +12,8 @@ from hypothesis import strategies as st
 from torchdata.nodes import BaseNode, Mapper
 
 from tests.torchdata.helpers import STAGE_KINDS, WindowNumbered, recipe, reference
-from zephon_nodes import (
-    AccumulatorNode,
-    Lane,
-    Pipeline,
-    RecipeError,
-    TorchdataStage,
-    WorkerPool,
-    WorkItemNode,
-)
+from zephon_nodes import AccumulatorNode, Pipeline, RecipeError, TorchdataStage, WorkerPool
+from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.operators import ShuffleBuffer
 from zephon_nodes.testing import assert_save_load_state, assert_state_roundtrip, list_source
 from zephon_nodes.verification.simulate import simulate
