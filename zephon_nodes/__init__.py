@@ -20,12 +20,6 @@ from zephon_nodes.core.errors import (
     WorkerError,
     ZephonError,
 )
-from zephon_nodes.engine.accumulate import AccumulatorNode
-from zephon_nodes.engine.loader_state import rank_state
-from zephon_nodes.engine.parallel_map import OrderedParallelMap
-from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.torchdata_stage import TorchdataStage
 from zephon_nodes.recipe import (
     ChatSpec,
     DatasetSpec,
@@ -40,11 +34,33 @@ from zephon_nodes.recipe import (
 )
 from zephon_nodes.recipe.registry import register_filter, register_map, register_tokenizer
 from zephon_nodes.state import load_state, merge_states, save_state
-from zephon_nodes.verification.digest import digest_microbatches, global_batch_digest
-from zephon_nodes.verification.simulate import simulate
 
 if TYPE_CHECKING:
+    from zephon_nodes.engine.accumulate import AccumulatorNode
+    from zephon_nodes.engine.loader_state import rank_state
+    from zephon_nodes.engine.parallel_map import OrderedParallelMap
+    from zephon_nodes.engine.pipeline import Pipeline
+    from zephon_nodes.engine.pool import WorkerPool
+    from zephon_nodes.engine.torchdata_stage import TorchdataStage
     from zephon_nodes.testing import assert_elastic
+    from zephon_nodes.verification.digest import digest_microbatches, global_batch_digest
+    from zephon_nodes.verification.simulate import simulate
+
+# What needs torch is imported on first use, so that `import zephon_nodes` (and the command
+# line's `--help`, `lanes`, `inspect`, `index`) starts without it; the testing kit needs
+# hypothesis (the `testing` extra).
+_LAZY = {
+    "AccumulatorNode": "zephon_nodes.engine.accumulate",
+    "rank_state": "zephon_nodes.engine.loader_state",
+    "OrderedParallelMap": "zephon_nodes.engine.parallel_map",
+    "Pipeline": "zephon_nodes.engine.pipeline",
+    "WorkerPool": "zephon_nodes.engine.pool",
+    "TorchdataStage": "zephon_nodes.engine.torchdata_stage",
+    "assert_elastic": "zephon_nodes.testing",
+    "digest_microbatches": "zephon_nodes.verification.digest",
+    "global_batch_digest": "zephon_nodes.verification.digest",
+    "simulate": "zephon_nodes.verification.simulate",
+}
 
 __version__ = "0.1.0"
 
@@ -92,9 +108,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Import the testing kit on first use: it needs ``hypothesis`` (the ``testing`` extra)."""
-    if name == "assert_elastic":
-        from zephon_nodes.testing import assert_elastic
+    """Import a name of :data:`_LAZY` on first use (its module needs torch or hypothesis)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zephon_nodes' has no attribute {name!r}")
+    import importlib
 
-        return assert_elastic
-    raise AttributeError(f"module 'zephon_nodes' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

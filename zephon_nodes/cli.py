@@ -1,4 +1,9 @@
-"""The ``zephon`` command line: one subcommand per module in ``zephon_nodes.commands``."""
+"""The ``zephon`` command line: one subcommand per module in ``zephon_nodes.commands``.
+
+Only the module of the subcommand being run is imported (the others are listed by name and
+help line), so ``zephon --help`` and the commands that need no tensors (``lanes``, ``inspect``,
+``index``) start without importing torch.
+"""
 
 from __future__ import annotations
 
@@ -13,20 +18,45 @@ from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["main"]
 
-# Subcommand name -> module in zephon_nodes.commands exposing add_parser(subparsers).
+# Subcommand name -> (module in zephon_nodes.commands exposing add_parser(subparsers), the
+# help line that module gives it: shown by `zephon --help` without importing the module).
 COMMANDS = {
-    "digest": "digest",
-    "demo": "demo",
-    "verify": "verify",
-    "inspect": "inspect",
-    "lanes": "lanes",
-    "stats": "stats",
-    "digest-dump": "digest_dump",
-    "explain": "explain",
-    "index": "index",
-    "recompress": "recompress",
-    "relane": "relane",
-    "cache": "cache",
+    "digest": ("digest", "simulate N ranks and print one JSON line per global batch"),
+    "demo": (
+        "demo",
+        "run the bundled default recipe at dp 1/2/4, 1/2 workers, and across a resume",
+    ),
+    "verify": (
+        "verify",
+        "check that a recipe gives identical global batches under many settings",
+    ),
+    "inspect": ("inspect", "print a checkpoint's format, fingerprint, step and lane positions"),
+    "lanes": ("lanes", "suggest lane counts for the dp sizes you plan to use"),
+    "stats": (
+        "stats",
+        "token shares per dataset, padding and skipped records over the first S steps",
+    ),
+    "digest-dump": (
+        "digest_dump",
+        "print the digest of every step of a batch dump (JSON lines, like digest)",
+    ),
+    "explain": (
+        "explain",
+        "print what each rank will run: lanes, operators, pools, checkpoint size",
+    ),
+    "index": (
+        "index",
+        "build the dataset index (record counts, offsets, checksums) of shard files",
+    ),
+    "recompress": (
+        "recompress",
+        "rewrite .jsonl/.jsonl.zst shards as multi-frame .jsonl.zst (readable in parts)",
+    ),
+    "relane": (
+        "relane",
+        "write a checkpoint with another lane count (no document lost or repeated)",
+    ),
+    "cache": ("cache", "show or clear the token cache"),
 }
 
 
@@ -48,21 +78,29 @@ def check_flags(args: argparse.Namespace) -> None:
             check_setting("--" + dest.replace("_", "-"), value)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser with every subcommand registered."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Return the argument parser: the subcommand ``argv`` names in full, the others by name.
+
+    With ``argv`` None every subcommand is registered in full (for tests and docs).
+    """
     parser = _Parser(
         prog="zephon",
         description="Elastically deterministic training data: digest, verify and inspect recipes.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for module in COMMANDS.values():
-        importlib.import_module(f"zephon_nodes.commands.{module}").add_parser(sub)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    wanted = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    for name, (module, help_line) in COMMANDS.items():
+        if wanted is None or name == wanted:
+            importlib.import_module(f"zephon_nodes.commands.{module}").add_parser(sub)
+        else:
+            sub.add_parser(name, help=help_line)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``zephon`` command line; return the exit status."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         check_flags(args)

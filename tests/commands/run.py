@@ -17,7 +17,7 @@ def zephon(*argv: str) -> int:
     """
     parser = argparse.ArgumentParser(prog="zephon")
     sub = parser.add_subparsers(dest="command", required=True)
-    importlib.import_module(f"zephon_nodes.commands.{cli.COMMANDS[argv[0]]}").add_parser(sub)
+    importlib.import_module(f"zephon_nodes.commands.{cli.COMMANDS[argv[0]][0]}").add_parser(sub)
     args = parser.parse_args(list(argv))
     try:
         return int(args.func(args) or 0)

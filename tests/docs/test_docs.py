@@ -127,7 +127,7 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="zephon")
     sub = parser.add_subparsers(dest="command", required=True)
-    importlib.import_module(f"zephon_nodes.commands.{cli.COMMANDS[name]}").add_parser(sub)
+    importlib.import_module(f"zephon_nodes.commands.{cli.COMMANDS[name][0]}").add_parser(sub)
     return parser
 
 

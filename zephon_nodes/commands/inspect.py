@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
-from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.files import STATE_FILE, load_state
 from zephon_nodes.state.identity import summary_diff
@@ -77,6 +76,8 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
         ``(ok, message, differing fields)``; the fields are lines such as
         ``seq_len: checkpoint has 128, recipe has 256``.
     """
+    # Compiling a recipe needs the engine (and torch); only --recipe does.
+    from zephon_nodes.engine.pipeline import Pipeline
     from zephon_nodes.engine.relane import for_state
 
     pipeline = Pipeline(recipe)
