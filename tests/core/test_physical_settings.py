@@ -57,6 +57,9 @@ def test_every_variable_sets_its_field_with_the_documented_meaning() -> None:
         "ZEPHON_NO_INDEX": "1",
         "ZEPHON_RAY_MAX_RETRIES": "1",
         "RAY_ADDRESS": "127.0.0.1:6379",
+        "ZEPHON_TOKEN_CACHE": "on",
+        "ZEPHON_TOKEN_CACHE_LIMIT": "2G",
+        "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9023",
     }
     assert sorted(env) == sorted(v.name for v in ENVIRONMENT)
     s = Settings.from_env(env)
@@ -74,6 +77,8 @@ def test_every_variable_sets_its_field_with_the_documented_meaning() -> None:
         False,
     )
     assert (s.ray_max_retries, s.ray_address) == (1, "127.0.0.1:6379")
+    assert (s.token_cache, s.token_cache_limit) == (True, 2 << 30)
+    assert s.gcs_emulator_host == "http://127.0.0.1:9023"
     unset = Settings.from_env({})
     assert unset == Settings()
     assert (unset.cache_limit, unset.read_cache_mb, unset.use_index) == (None, 128.0, True)
