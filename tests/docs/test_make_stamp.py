@@ -32,8 +32,17 @@ def make(cwd: Path, target: str) -> str:
 def test_second_install_skips_pip(tmp_path: Path) -> None:
     """Installed once, a second run is a no-op; a test install covers the demo's; an edited
     pyproject.toml installs again."""
-    for name in ("Makefile", "pyproject.toml"):
+    for name in (
+        "Makefile",
+        "pyproject.toml",
+        ".ci/node/package.json",
+        ".ci/node/package-lock.json",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, tmp_path / name)
+    # Azurite's npm install is up to date (its own stamp; npm is not what this test checks).
+    (tmp_path / ".ci/node/node_modules").mkdir()
+    (tmp_path / ".ci/node/node_modules/.installed").touch()
     (tmp_path / "v" / "bin").mkdir(parents=True)
     (tmp_path / "v" / "bin" / "python").symlink_to(sys.executable)
     first = make(tmp_path, "install")
