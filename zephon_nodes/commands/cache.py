@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.core.settings import Settings
+from zephon_nodes.core.settings import Settings, current
 from zephon_nodes.io.nodecache.tokenstore import (
     DEFAULT_LIMIT,
     clear,
@@ -16,7 +16,7 @@ from zephon_nodes.io.nodecache.tokenstore import (
     token_cache_settings,
 )
 
-__all__ = ["add_parser", "add_token_cache_args", "with_token_cache_args", "run"]
+__all__ = ["add_parser", "add_token_cache_args", "settings_from_args", "run"]
 
 
 def add_token_cache_args(p: argparse.ArgumentParser) -> None:
@@ -37,12 +37,16 @@ def add_token_cache_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def with_token_cache_args(settings: Settings, args: argparse.Namespace) -> Settings:
-    """``settings`` with the flags of :func:`add_token_cache_args` applied.
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The current settings with a command's ``--cache-limit`` and token cache flags applied.
 
     Raises:
-        RecipeError: The limit is not a byte size.
+        RecipeError: A limit is not a byte size.
     """
+    settings = current()
+    limit = vars(args).get("cache_limit")
+    if limit is not None:
+        settings = settings.replace(cache_limit=limit)
     if args.token_cache is not None:
         settings = settings.replace(token_cache=args.token_cache)
     if args.token_cache_limit is not None:

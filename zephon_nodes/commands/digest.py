@@ -7,10 +7,10 @@ import json
 import sys
 from typing import Any
 
-from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
+from zephon_nodes.commands.cache import add_token_cache_args, settings_from_args
 from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.core.settings import current, using
+from zephon_nodes.core.settings import using
 from zephon_nodes.engine.mixture_log import read_updates, updates_after
 from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
@@ -87,11 +87,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon digest`` (inside the settings its flags give, see core/settings)."""
-    settings = current()
-    if args.cache_limit is not None:
-        settings = settings.replace(cache_limit=args.cache_limit)
-    settings = with_token_cache_args(settings, args)
-    with using(settings):
+    with using(settings_from_args(args)):
         return _run(args)
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
+from zephon_nodes.commands.cache import add_token_cache_args, settings_from_args
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.core.settings import current, using
+from zephon_nodes.core.settings import using
 from zephon_nodes.engine.end_of_data import unused_samples
 from zephon_nodes.engine.mixture_log import read_updates
 from zephon_nodes.engine.multiplexer import Multiplexer
@@ -262,11 +262,7 @@ def _count_items(
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon stats`` (inside the settings its flags give, see core/settings)."""
-    settings = current()
-    if args.cache_limit is not None:
-        settings = settings.replace(cache_limit=args.cache_limit)
-    settings = with_token_cache_args(settings, args)
-    with using(settings):
+    with using(settings_from_args(args)):
         return _run(args)
 
 

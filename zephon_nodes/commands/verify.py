@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from zephon_nodes.commands.cache import add_token_cache_args, with_token_cache_args
+from zephon_nodes.commands.cache import add_token_cache_args, settings_from_args
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.progress import Progress, is_terminal
-from zephon_nodes.core.settings import current, using
+from zephon_nodes.core.settings import using
 from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
@@ -189,7 +189,7 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon verify``; return 0 if every setting matches, 1 otherwise."""
-    with using(with_token_cache_args(current(), args)):
+    with using(settings_from_args(args)):
         return _run(args)
 
 
