@@ -56,6 +56,7 @@ COMMANDS = {
         "relane",
         "write a checkpoint with another lane count (no document lost or repeated)",
     ),
+    "amend": ("amend", "write a checkpoint that continues the run with a changed recipe"),
     "cache": ("cache", "show or clear the token cache"),
 }
 

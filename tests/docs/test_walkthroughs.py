@@ -86,3 +86,29 @@ def test_readme_quick_start_is_two_make_targets() -> None:
     makefile = (REPO / "Makefile").read_text()
     for target in ("demo", "test"):
         assert re.search(rf"^{target}:", makefile, re.MULTILINE), target
+
+
+def test_changing_recipes_worked_example_runs_as_written(tmp_path: Path) -> None:
+    """docs/changing-recipes.md: the planned and the amended run give the same batches."""
+    from zephon_nodes.commands.demo import prepare_default
+
+    for name in ("stages", "default"):
+        shutil.copytree(REPO / "examples" / name, tmp_path / "examples" / name)
+    prepare_default(tmp_path / "examples" / "default" / "recipe.toml")
+    page = DOCS / "changing-recipes.md"
+    block = next(b for b in blocks(page, "console") if "$ cd examples/stages" in b)
+    lines = [ln[2:] for ln in block.splitlines() if ln.startswith("$ ")]
+    assert lines[-1].endswith("&& echo identical")
+    done = subprocess.run(
+        ["bash", "-e", "-c", "\n".join(lines)],
+        cwd=tmp_path,
+        env=_user_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "identical"
+    assert "dropped by the run's changes so far" in done.stdout
+    amended = (tmp_path / "examples" / "stages" / "amended.jsonl").read_text().splitlines()
+    assert len(amended) == 10

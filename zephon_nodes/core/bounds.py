@@ -82,6 +82,7 @@ PHYSICAL: dict[str, Bound] = {
     "num_workers": Bound(int, 0, 1024),
     "steps": Bound(int, 0, 2**62),
     "save_at": Bound(int, 1, 2**62),
+    "at_step": Bound(int, 0, 2**62),
     "lookahead": Bound(int, 1, 1 << 16),
     "prefetch": Bound(int, 0, 1 << 16),
     "worker_timeout_s": Bound(float, 0, 1e7, lo_open=True),

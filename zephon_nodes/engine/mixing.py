@@ -403,6 +403,10 @@ class MixingWorkSource(WorkSource):
                     return n
         return None
 
+    def first_reaching(self, lane: int, d: int, target: int) -> int | None:
+        """Smallest ``n`` with ``counts(lane, n)[d] >= target``, or None if never."""
+        return self._first_reaching(lane, d, target)
+
     def lane_end(self, lane: int) -> int | None:
         """Return the first item index past the end of ``lane``'s stream (None: endless)."""
         if lane in self._ends:

@@ -85,6 +85,13 @@ class CompiledRecipe(Protocol):
     work_source: WorkSource
     #: The re-lane lineage of the streams it reads (plain JSON), None if never re-laned.
     lineage: dict[str, Any] | None
+    #: A recipe changing mid-run (engine/stages.py): the run's pipeline, the stage section
+    #: of the stage this one runs (None: the base recipe), the step it started after and the
+    #: step the next stage starts after (None: no more change).
+    run: Any
+    stage: Any
+    base_step: int
+    next_change: int | None
 
     @property
     def num_lanes(self) -> int:
@@ -131,27 +138,21 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         pipeline: CompiledRecipe,
         local_batch_size: int | None = None,
         work_source: WorkSource | None = None,
+        lane_builder: Callable[[Any, int], Lane] | None = None,
     ) -> None:
         super().__init__()
         self.lanes = dict(sorted(lanes.items()))
         self.pipeline = pipeline
         self.work_source = work_source if work_source is not None else pipeline.work_source
         self._mixture = MixtureLog()
-        recipe = pipeline.recipe
-        self.samples_per_lane = recipe.samples_per_lane
-        per_step = self.samples_per_lane * len(self.lanes)
         if not self.lanes:
             raise RecipeError("a rank needs at least one lane")
         if local_batch_size is not None:
             check_setting("local_batch_size", local_batch_size)
-        self.local_batch_size = local_batch_size if local_batch_size is not None else per_step
-        if per_step % self.local_batch_size:
-            raise RecipeError(
-                f"this rank's share of a step ({per_step} samples: {len(self.lanes)} lanes x "
-                f"{self.samples_per_lane}) must be a multiple of local_batch_size="
-                f"{self.local_batch_size}"
-            )
-        self.micro_per_step = per_step // self.local_batch_size
+        self._local_batch_size = local_batch_size
+        self._geometry()
+        #: Builds lane ``lane`` of another stage's pipeline (a recipe changing mid-run).
+        self._lane_builder = lane_builder
         self._step = 0
         self._micro = 0
         self._positions: dict[int, tuple[int, int]] = {}
@@ -170,6 +171,44 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         #: Called with ``{lane: next work item index}`` (start of the lane's current flush
         #: window) after a reset and after each step, e.g. to plan a node cache's future.
         self.position_hooks: list[Callable[[dict[int, int]], None]] = []
+
+    def _geometry(self) -> None:
+        """Samples per lane and micro-batches per step of the recipe in force."""
+        self.samples_per_lane = self.pipeline.recipe.samples_per_lane
+        per_step = self.samples_per_lane * len(self.lanes)
+        lbs = self._local_batch_size
+        self.local_batch_size = lbs if lbs is not None else per_step
+        if per_step % self.local_batch_size:
+            raise RecipeError(
+                f"this rank's share of a step ({per_step} samples: {len(self.lanes)} lanes x "
+                f"{self.samples_per_lane}) must be a multiple of local_batch_size="
+                f"{self.local_batch_size}"
+            )
+        self.micro_per_step = per_step // self.local_batch_size
+
+    def _switch(self, segment: Any) -> None:
+        """Run another stage of the run's recipe: its lanes, work source and batch geometry."""
+        if segment is self.pipeline:
+            return
+        if self._lane_builder is None:
+            raise RecipeError(
+                "this rank node cannot change its recipe mid-run (it was built without a lane "
+                "builder; build it with Pipeline.rank_node)"
+            )
+        self.pipeline = segment
+        self.lanes = {i: self._lane_builder(segment, i) for i in self.lanes}
+        self.work_source = segment.work_source.fork()
+        self._geometry()
+
+    @property
+    def positions(self) -> dict[int, tuple[int, int]]:
+        """Per owned lane, ``(window, consumed)`` as of the start of the current step."""
+        return dict(self._positions)
+
+    @property
+    def micro(self) -> int:
+        """Micro-batches of the current step already handed out."""
+        return self._micro
 
     def own(self, resources: Iterable[Closable]) -> None:
         """Close ``resources`` with this node (:meth:`close`, ``with``, or garbage collection).
@@ -234,9 +273,12 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         return out
 
     def _restore(self, initial_state: dict[str, Any] | None) -> None:
+        from zephon_nodes.engine.stages import segment_for_state
+
         super().reset(initial_state)
         self._pending, self._pending_end, self._exhausted = [], {}, False
         self._partial, self._unused = {}, None
+        self._switch(segment_for_state(self.pipeline, initial_state))
         if initial_state is None:
             if self._used:
                 self._pass += 1
@@ -261,8 +303,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             num_lanes=p.num_lanes,
             lanes=self.lanes,
             samples_per_lane=self.samples_per_lane,
+            base_step=p.base_step,
         )
-        check_lineage(initial_state.get(LINEAGE_KEY), getattr(p, "lineage", None))
+        if p.stage is not None:
+            p.stage.require_lanes(self.lanes)
+        check_lineage(initial_state.get(LINEAGE_KEY), p.lineage)
         step = initial_state[STEP_KEY]
         mixture = parse_mixture_state(
             initial_state.get(MIXTURE_KEY),
@@ -323,7 +368,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         the lane (:func:`~zephon_nodes.state.validate.check_replayed`). Done only while that
         is at most :data:`REPLAY_CHECK_SAMPLES` samples per lane.
         """
-        base = 0
+        base = self.pipeline.base_step  # positions count from the recipe's last change
         if lineage is not None and not pass_index and isinstance(lineage, Mapping):
             base = int(lineage.get(STEP_KEY, 0))
         samples = (step - base) * self.samples_per_lane
@@ -414,6 +459,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         if self._exhausted:
             raise StopIteration
         if self._micro == 0:
+            if self.pipeline.next_change == self._step:
+                self._enter_stage()
             t0 = time.perf_counter()
             try:
                 self._build_step()
@@ -432,6 +479,20 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             self._micro = 0
             self._notify_positions()
         return batch
+
+    def _enter_stage(self) -> None:
+        """Move to the recipe's stage starting now (see :mod:`zephon_nodes.engine.stages`)."""
+        from zephon_nodes.engine.stages import enter_stage, stage_state_dict
+
+        run = self.pipeline.run
+        k = run.recipe.stage_at(self._step)
+        prev = self.pipeline.stage
+        stage = enter_stage(self, run.recipe.stage_recipe(k), k, prev.amended if prev else ())
+        self._own_state = True
+        try:
+            self.reset(stage_state_dict(run, self._step, stage))
+        finally:
+            self._own_state = False
 
     def unused_samples(self) -> dict[int, int]:
         """Count, per owned lane, the samples of this pass never delivered (end of data).
@@ -483,4 +544,14 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             pass_index=self._pass,
             mixture=self._mixture.to_state(list(self.lanes)) if self._mixture else None,
             lineage=p.lineage,  # a re-laned stream (engine/relane/)
+            stage=self._stage_section(),
         ).to_dict()
+
+    def _stage_section(self) -> dict[str, Any] | None:
+        """The stage section of this rank's lanes (None before any recipe change)."""
+        stage = self.pipeline.stage
+        if stage is None:
+            return None
+        section: dict[str, Any] = stage.to_state()
+        section["lanes"] = {k: v for k, v in section["lanes"].items() if int(k) in self.lanes}
+        return section

@@ -201,6 +201,14 @@ class Pipeline:
         self._cache_feed: Any = None
         #: The re-lane lineage of the streams read (engine/relane/), None if never re-laned.
         self.lineage: dict[str, Any] | None = None
+        # A recipe that changes during the run (engine/stages.py): this pipeline is the run's
+        # (``run``) and runs its base recipe; each stage's pipeline is a copy made by
+        # ``stages.stage_pipeline`` (its ``stage`` section, ``base_step`` and next change).
+        self.run: Pipeline = self
+        self.segments: dict[int, Pipeline] = {}
+        self.stage: Any = None
+        self.base_step = 0
+        self.next_change: int | None = recipe.stages[0].start_step if recipe.stages else None
 
     def check_produces(self) -> None:
         """Refuse, cheaply and before any lane is built, a recipe that can produce no batch.
@@ -282,11 +290,16 @@ class Pipeline:
                 parts = relaned.lane_seed
                 node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, *parts(lane, items, w)))
             else:
-                node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, seed, lane, w))
+                seeds = self.work_source.shuffle_parts  # (seed, lane, w) but after a change
+                node = AccumulatorNode(node, lambda w: ShuffleBuffer(size, *seeds(seed, lane, w)))
         for k, make in enumerate(self.stages):
             name = getattr(make, "__name__", type(make).__name__)
             node = TorchdataStage(node, make, name=f"stage {k} ({name})")
         return relaned.lane_node(node, lane) if relaned is not None else Lane(node, lane)
+
+    def run_stateless(self, item: WorkItem) -> Any:
+        """Run the stateless chain on one work item here, under the pipeline's settings."""
+        return self._in_settings(self.stateless)(item)
 
     def _in_settings(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """``fn`` bound to the pipeline's settings (one wrapper per function: Ray caches it)."""
@@ -351,6 +364,21 @@ class Pipeline:
         if operator_pools:
             chain_stages, created = self.operator_stages(operator_pools, pool)
             owned.extend(created)
+        if local_batch_size is not None:
+            for k, stage in enumerate(self.run.recipe.stages):
+                share = stage.recipe.samples_per_lane * len(lanes)
+                if share % local_batch_size:
+                    raise RecipeError(
+                        f"stages[{k}] (start_step={stage.start_step}): this rank's share of a "
+                        f"step ({share} samples: {len(lanes)} lanes x "
+                        f"{stage.recipe.samples_per_lane}) must be a multiple of "
+                        f"local_batch_size={local_batch_size}"
+                    )
+
+        def lane_builder(segment: Pipeline, lane: int) -> Lane:
+            # A stage's lanes run its own chain on the rank's pool (one fused chain).
+            return segment.build_lane(lane, pool, lookahead)
+
         # Each rank node gets its own copy of a mixing work source (its decisions are per
         # node); build_lane (which subclasses override) reads it as ``self.work_source``.
         shared = self.work_source
@@ -364,7 +392,13 @@ class Pipeline:
                 else self.build_lane(lane, pool, lookahead, chain_stages=chain_stages)
                 for lane in lanes
             }
-            node = Multiplexer(built, self, local_batch_size=local_batch_size, work_source=ws)
+            node = Multiplexer(
+                built,
+                self,
+                local_batch_size=local_batch_size,
+                work_source=ws,
+                lane_builder=lane_builder,
+            )
         except BaseException:
             for p in owned:
                 p.close()

@@ -27,6 +27,7 @@ from zephon_nodes.recipe.mixture import MixtureSpec
 from zephon_nodes.recipe.operators import OPERATOR_KINDS, OperatorSpec
 from zephon_nodes.recipe.packing import PackSpec
 from zephon_nodes.recipe.shuffle import ShuffleSpec
+from zephon_nodes.recipe.stages import StageSpec, parse_stages
 from zephon_nodes.recipe.tokenizer import TokenizerSpec
 from zephon_nodes.recipe.work import WorkSpec
 
@@ -57,6 +58,8 @@ class Recipe:
         chat: Conversations rendered with a chat template, labels on trained turns only
             (``[chat]``); makes the recipe a chat / SFT recipe (see ``docs/sft.md``).
         source: Path of the TOML file the recipe came from, if any (not fingerprinted).
+        stages: Planned changes of the recipe at given steps (``[[stages]]``, see
+            :mod:`zephon_nodes.recipe.stages`), in the order they start.
     """
 
     datasets: tuple[DatasetSpec, ...]
@@ -74,6 +77,7 @@ class Recipe:
     image: ImageSpec | None = None
     source: Path | None = field(default=None, compare=False)
     chat: ChatSpec | None = None
+    stages: tuple[StageSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -113,6 +117,33 @@ class Recipe:
                 f"num_lanes={self.num_lanes} (every step takes the same number of samples "
                 f"from each lane)"
             )
+        if self.stages:
+            self._check_stages()
+
+    def _check_stages(self) -> None:
+        """Refuse stages a run cannot move through (see :mod:`zephon_nodes.recipe.stages`)."""
+        from zephon_nodes.recipe.stages import fixed_differences
+
+        if self.balanced_dealing or self.wraps:
+            raise RecipeError(
+                "a recipe with [[stages]] needs its work items dealt round-robin: a stage "
+                "continues each dataset's stream in every lane where it was, which a stream "
+                "dealt by size (work.deal, the default for a finite single-dataset recipe) or "
+                'wrapped (work.end_of_data = "wrap") cannot; set work.deal = "round_robin"'
+            )
+        previous = 0
+        for i, stage in enumerate(self.stages):
+            if stage.start_step <= previous:
+                raise RecipeError(
+                    f"stages[{i}].start_step={stage.start_step} must be greater than "
+                    f"{previous} (stages are listed in the order they start)"
+                )
+            previous = stage.start_step
+            if stage.recipe.stages:
+                raise RecipeError(f"stages[{i}]: a stage's recipe cannot have stages")
+            differs = fixed_differences(self.base, stage.recipe)
+            if differs:
+                raise RecipeError(f"stages[{i}] (start_step={stage.start_step}): {differs[0]}")
 
     @property
     def balanced_dealing(self) -> bool:
@@ -182,7 +213,21 @@ class Recipe:
                 if self.chat is not None
                 else {}
             ),
+            **({"stages": [s.canonical() for s in self.stages]} if self.stages else {}),
         }
+
+    @property
+    def base(self) -> Recipe:
+        """The recipe in force before the first stage (this recipe without its stages)."""
+        return dataclasses.replace(self, stages=()) if self.stages else self
+
+    def stage_recipe(self, index: int) -> Recipe:
+        """The effective recipe of stage ``index`` (0: the base recipe, before any stage)."""
+        return self.base if index == 0 else self.stages[index - 1].recipe
+
+    def stage_at(self, step: int) -> int:
+        """The stage whose batches follow step ``step`` (0: the base recipe)."""
+        return sum(1 for s in self.stages if s.start_step <= step)
 
     def fingerprint(self) -> str:
         """Return the SHA-256 (hex) of the canonical JSON of :meth:`canonical`."""
@@ -327,7 +372,18 @@ class Recipe:
                 if "chat" in data
                 else None,
             )
+            raw_stages = top.raw("stages", list, [])
             top.done()
+            if raw_stages:
+
+                def build(raw: Mapping[str, Any], here: str) -> Recipe:
+                    try:
+                        return cls.from_dict(raw, base_dir=base)
+                    except RecipeError as e:
+                        raise RecipeError(here + str(e)) from None
+
+                stages = parse_stages(data, recipe, build, where)
+                recipe = dataclasses.replace(recipe, stages=stages)
         except RecipeError as e:
             msg = str(e)
             if where and not msg.startswith(where):

@@ -20,6 +20,7 @@ from zephon_nodes.state.schema import (
     PASS_KEY,
     STEP_KEY,
 )
+from zephon_nodes.state.stage import STAGE_KEY, merge_stage_sections
 
 __all__ = ["merge_states"]
 
@@ -55,9 +56,12 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if overlap:
             raise CheckpointError(f"lanes {sorted(overlap)} appear in more than one rank state")
         lanes.update(s[LANES_KEY])
-    merged = {k: v for k, v in first.items() if k not in (LANES_KEY, LAYOUT_KEY)}
+    merged = {k: v for k, v in first.items() if k not in (LANES_KEY, LAYOUT_KEY, STAGE_KEY)}
     merged[LANES_KEY] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
     mixtures = [s.get(MIXTURE_KEY) for s in states]
     if any(m is not None for m in mixtures):
         merged[MIXTURE_KEY] = merge_mixtures(mixtures)
+    stage = merge_stage_sections([s.get(STAGE_KEY) for s in states])
+    if stage is not None:
+        merged[STAGE_KEY] = stage
     return merged

@@ -5,7 +5,8 @@ A rank's state is plain JSON-safe data (``Multiplexer.state_dict()``)::
     {"format": "zephon-nodes/1", "fingerprint": "<sha256 of the recipe>",
      "recipe": {<per-field summary of the recipe>}, "num_lanes": L, "step": s, "micro": 0,
      "lanes": {"0": [window, consumed], "1": [...], ...},
-     "layout": {...}, "pass": p, "mixture": {...}, "lineage": {...}}   # each optional
+     "layout": {...}, "pass": p, "mixture": {...}, "lineage": {...},
+     "stage": {...}}   # each optional
 
 :class:`RankState` is the typed form: :meth:`RankState.from_dict` checks the structure
 (keys, types, ranges) of an untrusted dict, :meth:`RankState.to_dict` gives the dict back.
@@ -20,6 +21,7 @@ from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.lineage import LINEAGE_KEY
+from zephon_nodes.state.stage import STAGE_KEY
 
 __all__ = [
     "FINGERPRINT_KEY",
@@ -40,6 +42,7 @@ __all__ = [
     "REQUIRED_KEYS",
     "RankState",
     "SCHEMA_VERSION",
+    "STAGE_KEY",
     "STATE_KEYS",
     "STEP_KEY",
     "is_int",
@@ -62,12 +65,22 @@ LAYOUT_KEY = "layout"  # only when micro > 0
 MIXTURE_KEY = "mixture"  # the decision log of a dynamic mixture (state.mixture)
 PASS_KEY = "pass"  # the pass of the recipe's stream, after the first (docs/torchdata.md)
 # LINEAGE_KEY: where a re-laned stream came from (state.lineage)
+# STAGE_KEY: the stage of a recipe that changes during the run (state.stage)
 LAYOUT_LANES_KEY = "lanes"
 LOCAL_BATCH_SIZE_KEY = "local_batch_size"
 
 REQUIRED_KEYS = (FINGERPRINT_KEY, NUM_LANES_KEY, STEP_KEY, MICRO_KEY, LANES_KEY)
 STATE_KEYS = frozenset(
-    (FORMAT_KEY, RECIPE_KEY, *REQUIRED_KEYS, LAYOUT_KEY, MIXTURE_KEY, PASS_KEY, LINEAGE_KEY)
+    (
+        FORMAT_KEY,
+        RECIPE_KEY,
+        *REQUIRED_KEYS,
+        LAYOUT_KEY,
+        MIXTURE_KEY,
+        PASS_KEY,
+        LINEAGE_KEY,
+        STAGE_KEY,
+    )
 )
 MAX_VALUE = 2**62
 """Every step, micro-batch, pass, window and count is an integer below this."""
@@ -98,6 +111,7 @@ class RankState:
         pass_index: The pass of the recipe's stream (0: the first).
         mixture: The dynamic-mixture section (:mod:`zephon_nodes.state.mixture`), or None.
         lineage: The re-lane lineage (:mod:`zephon_nodes.state.lineage`), or None.
+        stage: The stage section (:mod:`zephon_nodes.state.stage`), or None.
     """
 
     fingerprint: str
@@ -110,6 +124,7 @@ class RankState:
     pass_index: int = 0
     mixture: Mapping[str, Any] | None = None
     lineage: Mapping[str, Any] | None = None
+    stage: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the plain, JSON-safe state (a fresh dict)."""
@@ -130,6 +145,8 @@ class RankState:
             out[PASS_KEY] = self.pass_index
         if self.lineage is not None:
             out[LINEAGE_KEY] = self.lineage
+        if self.stage is not None:
+            out[STAGE_KEY] = self.stage
         return out
 
     @classmethod
@@ -182,6 +199,7 @@ class RankState:
             pass_index=int(state.get(PASS_KEY, 0)),
             mixture=mixture,
             lineage=state.get(LINEAGE_KEY),
+            stage=state.get(STAGE_KEY),
         )
 
 

@@ -54,6 +54,7 @@ def validate_state(
     num_lanes: int,
     lanes: Iterable[int],
     samples_per_lane: int | None = None,
+    base_step: int = 0,
 ) -> dict[int, tuple[int, int]]:
     """Check a state against the running recipe and return ``{lane: (window, consumed)}``.
 
@@ -70,6 +71,8 @@ def validate_state(
         num_lanes: Lane count of the running recipe.
         lanes: Lanes this rank owns; each must be present.
         samples_per_lane: The recipe's ``G / L``; enables the step/position checks.
+        base_step: The step the recipe in force started after (a recipe changed mid-run:
+            lane positions count from there).
 
     Raises:
         CheckpointError: Naming what is wrong (format, recipe fields, lanes, values).
@@ -84,7 +87,12 @@ def validate_state(
     if absent:
         raise CheckpointError(f"checkpoint has no state for lane(s) {absent} owned by this rank")
     if samples_per_lane is not None and rank.lineage is None:
-        check_positions(rank.lanes, rank.step, samples_per_lane)
+        if rank.step < base_step:
+            raise CheckpointError(
+                f"checkpoint step={rank.step} is before the recipe change after step "
+                f"{base_step} its positions count from"
+            )
+        check_positions(rank.lanes, rank.step - base_step, samples_per_lane)
     return dict(rank.lanes)
 
 

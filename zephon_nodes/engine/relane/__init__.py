@@ -247,6 +247,12 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
     from zephon_nodes.engine.checkpoint import validate_state
 
     recipe = pipeline.recipe
+    if recipe.stages or state.get("stage") is not None:
+        raise RecipeError(
+            "re-laning a run whose recipe changes (stages or an amendment) is not supported "
+            "yet: re-lane before the first change, or amend with the new lane count's recipe "
+            "after re-laning"
+        )
     if not is_int(num_lanes) or num_lanes < 1:
         raise RecipeError(f"--num-lanes={num_lanes!r} must be an integer >= 1")
     if recipe.global_batch_size % num_lanes:

@@ -1,0 +1,103 @@
+"""``zephon amend`` from the command line: the checkpoint it writes, and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+BASE = """
+seed = 7
+num_lanes = 4
+global_batch_size = 8
+seq_len = {seq_len}
+flush_every = 2
+[tokenizer]
+kind = "bytes"
+{datasets}
+[work]
+chunk_size = 4
+epochs = "inf"
+"""
+
+
+def _write(root: Path, name: str, seq_len: int, names: str, extra: str = "") -> Path:
+    datasets = "".join(f'[[datasets]]\nname = "{n}"\npaths = ["{n}/*.jsonl"]\n' for n in names)
+    path = root / name
+    path.write_text(BASE.format(seq_len=seq_len, datasets=datasets) + extra)
+    tomllib.loads(path.read_text())
+    return path
+
+
+def _zephon(*args: Any, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zephon_nodes.cli", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _digests(out: str) -> list[str]:
+    return [json.loads(line)["digest"] for line in out.splitlines() if line.startswith("{")]
+
+
+def test_amend_then_resume_gives_the_stage(corpus: tuple[Path, Any]) -> None:
+    root, _ = corpus
+    old = _write(root, "old.toml", 32, "ab")
+    new = _write(root, "new.toml", 64, "ac")
+    staged = _write(
+        root,
+        "staged.toml",
+        32,
+        "ab",
+        '[[stages]]\nstart_step = 5\nseq_len = 64\nremove_datasets = ["b"]\n'
+        '[[stages.datasets]]\nname = "c"\npaths = ["c/*.jsonl"]\n',
+    )
+    ref = _zephon("digest", staged, "--steps", 8, "--dp-world-size", 2, cwd=root)
+    assert ref.returncode == 0, ref.stderr
+    ck = _zephon("digest", old, "--steps", 3, "--save-at", 3, "--checkpoint-dir", "ck", cwd=root)
+    assert ck.returncode == 0, ck.stderr
+    # The change follows step 5: amend runs the old recipe from step 3 to step 5 first.
+    am = _zephon("amend", old, "ck", new, "--at-step", 5, "--output", "am", "--json", cwd=root)
+    assert am.returncode == 0, am.stderr
+    out = json.loads(am.stdout)
+    assert out["step"] == 5 and out["datasets"] == ["a", "b", "c"] and out["amendments"] == 1
+    assert "seq_len: old recipe has 32, new has 64" in out["changed"]
+    res = _zephon(
+        "digest", new, "--steps", 3, "--resume-from", "am", "--dp-world-size", 4, cwd=root
+    )
+    assert res.returncode == 0, res.stderr
+    assert _digests(res.stdout) == _digests(ref.stdout)[5:]
+    wrong = _zephon("digest", old, "--steps", 1, "--resume-from", "am", cwd=root)
+    assert wrong.returncode == 2
+    assert wrong.stderr.count("\n") == 1 and "different recipe" in wrong.stderr
+    assert "seq_len: checkpoint has 64, recipe has 32" in wrong.stderr
+
+
+def test_amend_refusals_are_one_line(corpus: tuple[Path, Any]) -> None:
+    root, _ = corpus
+    old = _write(root, "old2.toml", 32, "ab")
+    assert (
+        _zephon(
+            "digest", old, "--steps", 3, "--save-at", 3, "--checkpoint-dir", "ck2", cwd=root
+        ).returncode
+        == 0
+    )
+    seeded = root / "seeded.toml"
+    seeded.write_text(old.read_text().replace("seed = 7", "seed = 8"))
+    cases = [
+        ((old, "ck2", seeded, "--output", "x1"), "seed cannot change within a run"),
+        ((old, "ck2", old, "--at-step", 2, "--output", "x2"), "before the checkpoint's step 3"),
+        ((old, "nowhere", old, "--output", "x3"), "no checkpoint at nowhere"),
+        ((seeded, "ck2", old, "--output", "x4"), "different recipe"),
+    ]
+    for args, message in cases:
+        done = _zephon("amend", *args, cwd=root)
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr

@@ -1,0 +1,114 @@
+"""``zephon amend``: continue a run with a changed recipe, no document repeated."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from zephon_nodes.commands.inspect import load_any
+from zephon_nodes.core.errors import RecipeError
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.stages import amend_state
+from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.bounds import check_setting
+from zephon_nodes.state.files import check_writable, save_state
+from zephon_nodes.state.identity import summary_diff
+from zephon_nodes.state.schema import STEP_KEY, RankState
+from zephon_nodes.state.stage import STAGE_KEY
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Register the subcommand."""
+    p = sub.add_parser(
+        "amend",
+        help="write a checkpoint that continues the run with a changed recipe",
+        description=(
+            "Amend CHECKPOINT (taken with OLD_RECIPE) so that the run continues with "
+            "NEW_RECIPE after step --at-step (default: the checkpoint's step; a later step is "
+            "reached by running OLD_RECIPE from the checkpoint). Datasets kept continue where "
+            "each lane left them, removed ones are no longer read, added ones start at their "
+            "beginning; each lane's shuffle buffer and the rest of the document the change "
+            "cuts are dropped and counted. "
+            "The same change written as a [[stages]] entry starting at that step gives the "
+            "same batches (see docs/changing-recipes.md)."
+        ),
+    )
+    p.add_argument("old_recipe", help="recipe TOML file the checkpoint was taken with")
+    p.add_argument(
+        "checkpoint",
+        help="a state JSON file, a directory holding zephon_state.json, or a multi-rank "
+        "checkpoint directory (a committed step directory or its root)",
+    )
+    p.add_argument("new_recipe", help="recipe TOML file to continue with")
+    p.add_argument("--at-step", type=int, default=None, help="the step the change follows")
+    p.add_argument("--output", required=True, help="directory to write zephon_state.json to")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``zephon amend``."""
+    check_writable(args.output)
+    state = load_any(args.checkpoint)
+    step = RankState.from_dict(state).step
+    old = Pipeline(Recipe.from_toml(args.old_recipe))
+    new = Pipeline(Recipe.from_toml(args.new_recipe))
+    if args.at_step is not None:
+        check_setting("at_step", args.at_step)
+        if args.at_step < step:
+            raise RecipeError(
+                f"--at-step={args.at_step} is before the checkpoint's step {step}: the batches "
+                f"up to step {step} were delivered already; amend at step {step} or later"
+            )
+        if args.at_step > step:
+            state = _run_to(old, state, args.at_step)
+    amended = amend_state(old, state, new)
+    path = save_state(args.output, amended)
+    section = amended[STAGE_KEY]
+    lanes = section["lanes"].values()
+    out = {
+        "output": str(path),
+        "step": amended[STEP_KEY],
+        "fingerprint": amended["fingerprint"],
+        "changed": [
+            line.replace("checkpoint has", "old recipe has").replace(", recipe has", ", new has")
+            for line in summary_diff(old.summary, new.summary)
+        ],
+        "amendments": len(section.get("amended", [])),
+        "datasets": section["names"],
+        "dropped_samples": sum(row[-2] for row in lanes),
+        "dropped_tokens": sum(row[-1] for row in lanes),
+    }
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+        return 0
+    print(f"amended the checkpoint of step {out['step']}: {path}")
+    print("changed: " + ("; ".join(out["changed"]) or "nothing but the fingerprint"))
+    print(
+        f"dropped by the run's changes so far (each lane's shuffle buffer and the rest of the "
+        f"document each change cut): {out['dropped_samples']} samples, "
+        f"{out['dropped_tokens']} tokens"
+    )
+    print(
+        f"resume it with {args.new_recipe} (fingerprint {str(out['fingerprint'])[:16]}...); "
+        f"any other recipe is refused"
+    )
+    return 0
+
+
+def _run_to(pipeline: Pipeline, state: dict[str, Any], step: int) -> dict[str, Any]:
+    """Run ``pipeline`` from ``state`` to after ``step`` and return the merged state there."""
+    from zephon_nodes.verification.simulate import simulate
+
+    first = RankState.from_dict(state).step
+    saved: list[dict[str, Any]] = []
+    for _ in simulate(
+        pipeline, 1, step - first, resume_state=state, save_at=step, on_save=saved.append
+    ):
+        pass
+    if not saved:
+        raise RecipeError(f"the data ends before step {step}: nothing to amend there")
+    return saved[0]
