@@ -303,3 +303,27 @@ def test_with_a_shuffle_buffer_only_the_buffer_is_dropped(corpus: tuple[Path, An
     # Per lane: the 3 samples the old buffer held (and the rest of the document cut).
     assert row[-2] == 3 and 3 * 32 <= row[-1] < 3 * 32 + 100
     assert digests(p, 2, 1, resume=saved[0]) == digests(p, 8, 4)[6:]
+
+
+def test_stats_and_metrics_report_the_change(staged: Pipeline, reference: list[Any]) -> None:
+    from zephon_nodes.commands.stats import compute_stats
+
+    stats = compute_stats(staged.recipe, 8, 2, 1)
+    tokens = stats["tokens_per_dataset"]
+    assert set(tokens) == {"a", "b", "c"} and all(tokens.values())
+    # The same count from the batches themselves (labels that count in the loss, by the
+    # documents' own tags): c is only read after step 4.
+    c_tokens = sum(
+        n for _, _, b in reference[:8] for _, doc, n in fragments(b) if doc and doc[0] == "c"
+    )
+    assert 0 < c_tokens <= tokens["c"]
+    change = stats["recipe_change"]
+    assert (change["stage"], change["after_step"], change["amendments"]) == (2, 7, 0)
+    assert change["dropped_tokens"] > 0
+    node = staged.rank_node(2, 1)
+    with node:
+        node.reset(None)
+        for _ in range(6 * node.micro_per_step):
+            next(node)
+        metrics = node.metrics()["recipe_change"]
+    assert metrics["stage"] == 1 and metrics["after_step"] == 4

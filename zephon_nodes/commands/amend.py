@@ -14,8 +14,7 @@ from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.state.files import check_writable, save_state
 from zephon_nodes.state.identity import summary_diff
-from zephon_nodes.state.schema import STEP_KEY, RankState
-from zephon_nodes.state.stage import STAGE_KEY
+from zephon_nodes.state.schema import STAGE_KEY, STEP_KEY, RankState
 
 __all__ = ["add_parser", "run"]
 

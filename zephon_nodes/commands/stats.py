@@ -21,7 +21,8 @@ from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.operators.pack import IGNORE_INDEX
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.merge import merge_states
-from zephon_nodes.state.schema import LANES_KEY
+from zephon_nodes.state.schema import LANES_KEY, STAGE_KEY
+from zephon_nodes.state.stage import summarize_changes
 
 __all__ = ["add_parser", "compute_stats", "run"]
 
@@ -121,7 +122,11 @@ def compute_stats(
         raise RecipeError(f"--window-steps={window_steps} must be >= 1")
     pipeline = Pipeline(recipe, provenance=True)
     pipeline.check_produces()
+    # Every dataset the run reads, its stages' included (a sample's dataset ids index the
+    # datasets of the recipe in force when it was made).
     names = [d.name for d in recipe.datasets]
+    for stage in recipe.stages:
+        names += [d.name for d in stage.recipe.datasets if d.name not in names]
     tokens = np.zeros(len(names), dtype=np.int64)
     padding = positions = produced = non_padding = 0
     with WorkerPool(num_workers, "thread") as pool:
@@ -149,9 +154,11 @@ def compute_stats(
                     window_weights = in_force
                 before = [node.state_dict() for node in ranks]
                 batches = [next(node) for node in ranks for _ in range(node.micro_per_step)]
+                in_use = [d.name for d in ranks[0].pipeline.recipe.datasets]
+                to_run = np.asarray([names.index(n) for n in in_use] + [-1], dtype=np.int64)
                 for mb in batches:
                     labels = mb["labels"].numpy()
-                    ds = mb["dataset_ids"].numpy()
+                    ds = to_run[mb["dataset_ids"].numpy()]  # -1 (padding) stays -1
                     real = labels != IGNORE_INDEX
                     counts = np.bincount(ds[real], minlength=len(names))[: len(names)]
                     tokens += counts
@@ -177,7 +184,12 @@ def compute_stats(
         for node in ranks:
             for lane, (w, c) in node.get_state()[LANES_KEY].items():
                 lanes[int(lane)] = (w, c)
-        documents, skipped = _count_items(pipeline, lanes, pool)
+        changes = summarize_changes(node.get_state().get(STAGE_KEY) for node in ranks)
+        if changes:  # documents are counted over the base recipe's streams only
+            documents: dict[str, int] = {}
+            skipped: dict[str, dict[str, int]] = {}
+        else:
+            documents, skipped = _count_items(pipeline, lanes, pool)
         end_of_data: dict[str, Any] | None = None
         if ended is not None:
             unused = unused_samples(pipeline, ended, pool)
@@ -212,6 +224,7 @@ def compute_stats(
         "token_shares": _shares(per_dataset),
         "documents_per_dataset": documents,
         "document_shares": _shares(documents),
+        "recipe_change": changes,
         "skipped_records": skipped_records,
         "skipped_files": pipeline.skipped_files,
         "filtered": filtered,
@@ -294,9 +307,18 @@ def _run(args: argparse.Namespace) -> int:
     )
     for name, count in stats["tokens_per_dataset"].items():
         w = f"{weights[name]:.4f}" if name in weights else "-"
+        docs = stats["document_shares"].get(name)
         print(
             f"{name:<20} {count:>14} {stats['token_shares'][name]:>12.4f} {w:>10} "
-            f"{stats['document_shares'][name]:>10.4f}"
+            f"{f'{docs:.4f}' if docs is not None else '-':>10}"
+        )
+    change = stats["recipe_change"]
+    if change is not None:
+        print(
+            f"recipe changed: stage {change['stage']} in force since step "
+            f"{change['after_step']} ({change['amendments']} amendment(s)); the changes "
+            f"dropped {change['dropped_samples']} samples, {change['dropped_tokens']} tokens "
+            f"(shuffle buffers and cut documents; documents are not counted across a change)"
         )
     if "cache" in stats:
         c = stats["cache"]

@@ -39,6 +39,7 @@ from zephon_nodes.state.schema import (
     STEP_KEY,
     RankState,
 )
+from zephon_nodes.state.stage import summarize_changes
 from zephon_nodes.state.validate import check_replayed, validate_state
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
@@ -270,6 +271,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         from zephon_nodes.io.nodecache.workercounts import bad_cache_entries
 
         out["bad_cache_entries"] = bad_cache_entries()  # dropped and made again, never served
+        change = summarize_changes([self._stage_section()])
+        if change is not None:  # the recipe changed mid-run (engine/stages.py)
+            out["recipe_change"] = change
         return out
 
     def _restore(self, initial_state: dict[str, Any] | None) -> None:

@@ -18,9 +18,10 @@ from zephon_nodes.state.schema import (
     MIXTURE_KEY,
     NUM_LANES_KEY,
     PASS_KEY,
+    STAGE_KEY,
     STEP_KEY,
 )
-from zephon_nodes.state.stage import STAGE_KEY, merge_stage_sections
+from zephon_nodes.state.stage import merge_stage_sections
 
 __all__ = ["merge_states"]
 

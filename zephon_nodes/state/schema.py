@@ -21,7 +21,6 @@ from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.lineage import LINEAGE_KEY
-from zephon_nodes.state.stage import STAGE_KEY
 
 __all__ = [
     "FINGERPRINT_KEY",
@@ -65,7 +64,7 @@ LAYOUT_KEY = "layout"  # only when micro > 0
 MIXTURE_KEY = "mixture"  # the decision log of a dynamic mixture (state.mixture)
 PASS_KEY = "pass"  # the pass of the recipe's stream, after the first (docs/torchdata.md)
 # LINEAGE_KEY: where a re-laned stream came from (state.lineage)
-# STAGE_KEY: the stage of a recipe that changes during the run (state.stage)
+STAGE_KEY = "stage"  # the stage of a recipe that changes during the run (state.stage)
 LAYOUT_LANES_KEY = "lanes"
 LOCAL_BATCH_SIZE_KEY = "local_batch_size"
 

@@ -29,9 +29,8 @@ from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 
-__all__ = ["STAGE_KEY", "StageState", "merge_stage_sections"]
+__all__ = ["StageState", "merge_stage_sections", "summarize_changes"]
 
-STAGE_KEY = "stage"
 _KEYS = ("index", "step", "names", "streams", "lanes")
 _ALLOWED = frozenset((*_KEYS, "amended"))
 _MAX = 2**62
@@ -225,3 +224,25 @@ def merge_stage_sections(sections: list[Any]) -> dict[str, Any] | None:
     merged = {k: copy.deepcopy(v) for k, v in first.items() if k != "lanes"}
     merged["lanes"] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
     return merged
+
+
+def summarize_changes(sections: Iterable[Any]) -> dict[str, Any] | None:
+    """What the recipe changes of a run did, over the stage sections of some ranks.
+
+    Returns:
+        ``{"stage", "after_step", "amendments", "dropped_samples", "dropped_tokens"}`` (the
+        stage in force, the step it started after, the amendments, and what the changes so
+        far dropped in these ranks' lanes), or None if the recipe never changed.
+    """
+    present = [s for s in sections if isinstance(s, Mapping)]
+    if not present:
+        return None
+    rows = [row for sec in present for row in sec["lanes"].values()]
+    first = present[0]
+    return {
+        "stage": first["index"],
+        "after_step": first["step"],
+        "amendments": len(first.get("amended", [])),
+        "dropped_samples": sum(r[-2] for r in rows),
+        "dropped_tokens": sum(r[-1] for r in rows),
+    }
