@@ -206,6 +206,7 @@ class RenderChat:
         specials = self._specials(tok)
         docs: list[np.ndarray] = []
         masks: list[np.ndarray] = []
+        records: list[int] = []
         for record_no, raw in rows:
             messages, reason, message = conversation_of(
                 raw, self.chat.messages_field, self.chat.roles
@@ -221,6 +222,7 @@ class RenderChat:
                     if mask.any():
                         docs.append(ids)
                         masks.append(mask)
+                        records.append(record_no)
                     else:
                         skipped = add_skipped(skipped, NOTHING_TO_TRAIN, 1)
                     continue
@@ -232,4 +234,12 @@ class RenderChat:
         lengths = np.asarray([len(d) for d in docs], dtype=np.int64)
         tokens = np.concatenate(docs).astype(np.int32) if docs else empty
         mask_all = np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
-        return DocBatch(tokens, lengths, item.dataset, skipped, mask_all)
+        return DocBatch(
+            tokens,
+            lengths,
+            item.dataset,
+            skipped,
+            mask_all,
+            item.shard_index,
+            np.asarray(records, dtype=np.int64),
+        )

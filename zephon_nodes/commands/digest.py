@@ -18,7 +18,7 @@ from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.files import check_writable, load_state, save_state
 from zephon_nodes.state.schema import STEP_KEY, RankState
-from zephon_nodes.verification.dump import write_step
+from zephon_nodes.verification.dump import write_sources, write_step
 from zephon_nodes.verification.simulate import simulate
 
 __all__ = ["add_parser", "run"]
@@ -67,7 +67,8 @@ def add_parser(sub: Any) -> None:
         "--dump-batches",
         default=None,
         metavar="DIR",
-        help="also write each global batch as DIR/step-SSSSSSSS.npz (see zephon digest-dump)",
+        help="also write each global batch as DIR/step-SSSSSSSS.npz, with each token's "
+        "shard and record, and DIR/sources.json (see zephon digest-dump)",
     )
     p.add_argument(
         "--progress",
@@ -96,7 +97,8 @@ def _run(args: argparse.Namespace) -> int:
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
     if args.checkpoint_dir is not None:
         check_writable(args.checkpoint_dir)  # now, not when the save step is reached
-    pipeline = Pipeline(Recipe.from_toml(args.recipe))
+    # A dump says where each token came from (source_shard, source_record; not digested).
+    pipeline = Pipeline(Recipe.from_toml(args.recipe), trace=args.dump_batches is not None)
     pipeline.check_produces()
     resume = load_state(args.resume_from) if args.resume_from else None
     first = RankState.from_dict(resume).step if resume else 0
@@ -147,6 +149,8 @@ def _run(args: argparse.Namespace) -> int:
             bar.update(result)
     if bar is not None:
         bar.close()
+    if args.dump_batches is not None and produced:
+        write_sources(args.dump_batches, pipeline)
     if produced == 0 and args.steps > 0 and not resume:
         raise RecipeError(
             f"{args.recipe}: the recipe produced no global batch (its data ends before step 1)"

@@ -47,6 +47,7 @@ class WorkItem:
         stop: End record (exclusive).
         lane: Lane the item was dealt to.
         position: Index of the item in its lane's stream.
+        shard_index: Index of the shard in its dataset's shard list (-1: unknown).
     """
 
     dataset: int
@@ -59,6 +60,7 @@ class WorkItem:
     stop: int
     lane: int
     position: int
+    shard_index: int = -1
 
     def describe(self) -> str:
         """Say where the item's records are, for error messages."""

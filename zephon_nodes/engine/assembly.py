@@ -24,12 +24,13 @@ from zephon_nodes.recipe.schedule import WeightSchedule
 __all__ = ["stateless_chain", "work_source"]
 
 
-def stateless_chain(recipe: Recipe, tokenizer: Tokenizer) -> Chain:
+def stateless_chain(recipe: Recipe, tokenizer: Tokenizer, *, trace: bool = False) -> Chain:
     """Return the operators run on the pool for every work item, fused into one call.
 
     Parse (with each dataset's ``on_error``), the recipe's filters and maps in order,
     tokenize, then (best-fit packing only) the long-document rule. With the token cache on
-    (:mod:`zephon_nodes.operators.tokencache`), parse and tokenize read and fill it.
+    (:mod:`zephon_nodes.operators.tokencache`), parse and tokenize read and fill it, unless
+    ``trace`` (the cache keeps no record numbers).
     """
     index = {d.name: i for i, d in enumerate(recipe.datasets)}
     skip = frozenset(i for i, d in enumerate(recipe.datasets) if d.on_error == "skip")
@@ -42,7 +43,7 @@ def stateless_chain(recipe: Recipe, tokenizer: Tokenizer) -> Chain:
     ops.append(Tokenize(recipe.tokenizer, tokenizer=custom))
     if recipe.pack.mode == "bestfit":
         ops.append(LongDocuments(recipe.seq_len, recipe.pack.long_documents))
-    return Chain(cached_chain(ops, recipe))
+    return Chain(ops if trace else cached_chain(ops, recipe))
 
 
 def _no_wrap(recipe: Recipe) -> Any:

@@ -461,6 +461,7 @@ class MixingWorkSource(WorkSource):
             stop=stop,
             lane=lane,
             position=i,
+            shard_index=shard,
         )
 
 

@@ -106,6 +106,9 @@ class Pipeline:
             :mod:`zephon_nodes.core.settings`) its build and all of its work run under,
             on any pool (default: the current settings when it is built). Never part of
             the fingerprint: they change no byte of output.
+        trace: Samples of text recipes (concatenated packing) also hold ``source_shard`` and
+            ``source_record`` per token (where each token came from; for batch dumps, never
+            part of a digest).
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class Pipeline:
         provenance: bool = True,
         stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]] = (),
         settings: Settings | None = None,
+        trace: bool = False,
     ) -> None:
         from zephon_nodes.io.index import index
         from zephon_nodes.io.storage.checksum import one_pass
@@ -123,6 +127,7 @@ class Pipeline:
         if settings is not None and not isinstance(settings, Settings):
             raise RecipeError(f"settings must be a Settings, got {type(settings).__name__}")
         self.settings: Settings = settings or current()
+        self.trace = trace
         self._bound: dict[int, tuple[Any, InSettings]] = {}
         index.forget()  # dataset indexes are read afresh for every build
         try:
@@ -171,7 +176,7 @@ class Pipeline:
             self.placeholder_id = placeholder_id(recipe, tok)
             self.stateless = multimodal_chain(recipe, tok)
         else:
-            self.stateless = stateless_chain(recipe, tok)
+            self.stateless = stateless_chain(recipe, tok, trace=self.trace)
         # Multimodal recipes also read Parquet files' binary image column.
         images = [(d.image_field or "image") if recipe.image else None for d in recipe.datasets]
         opened = [
@@ -283,7 +288,10 @@ class Pipeline:
             node = AccumulatorNode(node, lambda w: BestFitPacker(seq_len, pad_id, bins, prov))
         else:
             docs = r.chat is not None  # chat samples carry document boundaries
-            node = AccumulatorNode(node, lambda w: ConcatPacker(seq_len, pad_id, prov, docs))
+            trace = self.trace
+            node = AccumulatorNode(
+                node, lambda w: ConcatPacker(seq_len, pad_id, prov, docs, trace=trace)
+            )
         if r.shuffle.buffer_size > 0:
             size, seed = r.shuffle.buffer_size, r.seed
             if relaned is not None:

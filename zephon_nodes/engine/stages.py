@@ -115,6 +115,7 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
                 provenance=run.provenance,
                 stages=run.stages,
                 settings=run.settings,
+                trace=run.trace,
             )
         run.segments[key] = seg
     recipe = seg.recipe

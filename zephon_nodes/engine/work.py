@@ -252,6 +252,7 @@ class DatasetWorkSource(WorkSource):
             stop=stop,
             lane=lane,
             position=i,
+            shard_index=shard,
         )
 
 

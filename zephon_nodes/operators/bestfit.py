@@ -43,11 +43,13 @@ class LongDocuments:
         starts = ends - lengths
         index: list[np.ndarray] = []
         new_lengths: list[int] = []
+        of_doc: list[int] = []  # the input document of each output document
         dropped = 0
-        for start, n in zip(starts.tolist(), lengths.tolist(), strict=True):
+        for d, (start, n) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
             if n - 1 <= s:
                 index.append(np.arange(start, start + n))
                 new_lengths.append(n)
+                of_doc.append(d)
             elif self.mode == "drop":
                 dropped += 1
             else:
@@ -55,6 +57,7 @@ class LongDocuments:
                     piece = np.arange(start + a, start + min(a + s + 1, n))
                     index.append(piece)
                     new_lengths.append(len(piece))
+                    of_doc.append(d)
         take = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
         return DocBatch(
             batch.tokens[take],
@@ -62,6 +65,10 @@ class LongDocuments:
             batch.dataset,
             add_skipped(batch.skipped, "too_long", dropped),
             batch.mask[take] if batch.mask is not None else None,
+            batch.shard,
+            batch.records[np.asarray(of_doc, dtype=np.int64)]
+            if batch.records is not None
+            else None,
         )
 
 

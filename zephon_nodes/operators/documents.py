@@ -32,12 +32,16 @@ class TextBatch:
         source: Where the batch came from (for messages), e.g. a work item's description.
         dataset: Index of the dataset in the recipe (-1: unknown).
         skipped: Records or documents dropped so far, by reason.
+        shard: The work item's shard, by its index in the dataset (-1: unknown).
+        records: Each text's record number in the shard (None: not tracked).
     """
 
     texts: list[str]
     source: str = ""
     dataset: int = -1
     skipped: Skipped = ()
+    shard: int = -1
+    records: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,8 @@ class DocBatch:
         skipped: Records or documents dropped so far, by reason.
         mask: Per token, whether it is trained as a label (bool; chat recipes); ``None``:
             every token is.
+        shard: The work item's shard, by its index in the dataset (-1: unknown).
+        records: Each document's record number in the shard (None: not tracked).
     """
 
     tokens: np.ndarray
@@ -58,6 +64,8 @@ class DocBatch:
     dataset: int = -1
     skipped: Skipped = ()
     mask: np.ndarray | None = None
+    shard: int = -1
+    records: np.ndarray | None = None
 
     def documents(self) -> list[np.ndarray]:
         """Split back into one array per document."""

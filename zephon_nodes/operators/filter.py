@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from zephon_nodes.operators.documents import TextBatch, add_skipped
 from zephon_nodes.operators.registered import RegisteredTextOperator
 
@@ -23,9 +25,11 @@ class Filter(RegisteredTextOperator):
 
     def apply(self, batch: TextBatch, kwargs: dict[str, Any]) -> TextBatch:
         """Keep the texts the predicate accepts."""
-        kept = [t for t in batch.texts if self.fn(t, **kwargs)]
+        keep = [bool(self.fn(t, **kwargs)) for t in batch.texts]
+        kept = [t for t, k in zip(batch.texts, keep, strict=True) if k]
         dropped = len(batch.texts) - len(kept)
         if not dropped:
             return batch
         skipped = add_skipped(batch.skipped, self.name, dropped)
-        return TextBatch(kept, batch.source, batch.dataset, skipped)
+        records = batch.records[np.asarray(keep, dtype=bool)] if batch.records is not None else None
+        return TextBatch(kept, batch.source, batch.dataset, skipped, batch.shard, records)

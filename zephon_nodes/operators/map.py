@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,4 +37,4 @@ class Map(RegisteredTextOperator):
                     f"({batch.source})"
                 )
             out.append(new)
-        return TextBatch(out, batch.source, batch.dataset, batch.skipped)
+        return dataclasses.replace(batch, texts=out)

@@ -8,9 +8,11 @@ import numpy as np
 
 from zephon_nodes.operators.documents import DocBatch
 
-__all__ = ["IGNORE_INDEX", "ConcatPacker", "Sample"]
+__all__ = ["IGNORE_INDEX", "SOURCE_FIELDS", "ConcatPacker", "Sample"]
 
 IGNORE_INDEX = -100
+#: Fields a traced sample adds (each token's shard and record); never part of a digest.
+SOURCE_FIELDS = ("source_shard", "source_record")
 # Tokens packed at a time: bounds the packer's working memory (about 60 bytes per token)
 # whatever the length of a document.
 CHUNK_TOKENS = 1 << 18
@@ -56,6 +58,9 @@ class ConcatPacker:
             for statistics; off in training, so digests are unaffected.
         document_ids: Also emit ``document_ids``.
         chunk_tokens: Tokens packed at a time (memory, never output).
+        trace: Also emit ``source_shard`` and ``source_record``: each token's shard (its
+            index in the dataset) and record number, -1 on padding and where unknown (for
+            batch dumps; :data:`SOURCE_FIELDS` are left out of digests).
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class ConcatPacker:
         provenance: bool = False,
         document_ids: bool = False,
         chunk_tokens: int = CHUNK_TOKENS,
+        trace: bool = False,
     ) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"{chunk_tokens=} must be >= 1")
@@ -73,6 +79,18 @@ class ConcatPacker:
         self.provenance = provenance
         self.document_ids = document_ids
         self.chunk_tokens = chunk_tokens
+        self.trace = trace
+        # The extra columns, after input, labels and positions, in this order.
+        self._extra = [
+            name
+            for name, on in (
+                ("dataset_ids", provenance),
+                ("document_ids", document_ids),
+                (SOURCE_FIELDS[0], trace),
+                (SOURCE_FIELDS[1], trace),
+            )
+            if on
+        ]
         self._parts: list[tuple[np.ndarray, ...]] = []
         self._held = 0
         self._docs = 0
@@ -124,6 +142,10 @@ class ConcatPacker:
             if self.document_ids:
                 doc_of = np.repeat(doc_rank[d0:d1], seg)
                 part += (doc_of[local].astype(np.int64),)
+            if self.trace:
+                recs = batch.records if batch.records is not None else np.full(len(lengths), -1)
+                rec_of = np.repeat(np.asarray(recs, dtype=np.int64)[d0:d1], seg)[local]
+                part += (np.full(len(idx), batch.shard, dtype=np.int64), rec_of)
             del idx, local, doc_start, is_input
             self._parts.append(part)
             self._held += len(part[0])
@@ -169,13 +191,11 @@ class ConcatPacker:
             {"input": inp[i].copy(), "labels": lab[i].copy(), "positions": pos[i].copy()}
             for i in range(rows)
         ]
-        if self.provenance:
-            for i, row in enumerate(blocks[3].reshape(rows, s)):
-                out[i]["dataset_ids"] = row.copy()
-        if self.document_ids:
-            for i, row in enumerate(blocks[-1].reshape(rows, s)):
+        for name, block in zip(self._extra, blocks[3:], strict=True):
+            for i, row in enumerate(block.reshape(rows, s)):
                 ids = row.copy()
-                real = ids >= 0
-                ids[real] -= ids[0]  # documents of a sample count from 0
-                out[i]["document_ids"] = ids
+                if name == "document_ids":
+                    real = ids >= 0
+                    ids[real] -= ids[0]  # documents of a sample count from 0
+                out[i][name] = ids
         return out

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from zephon_nodes.core.errors import DataError, classify_file_error
 from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.operators.documents import Skipped, TextBatch, add_skipped
@@ -114,16 +116,25 @@ class ParseJsonl:
             skipped = add_skipped(
                 (), classify_file_error(str(e), item.shard.path), item.stop - item.start
             )
-            return TextBatch([], item.describe(), item.dataset, skipped)
+            return TextBatch([], item.describe(), item.dataset, skipped, item.shard_index)
         texts = []
+        records = []
         for record_no, raw in rows:
             text, reason, message = _text_of(raw, item.text_field)
             if text is not None:
                 texts.append(text)
+                records.append(record_no)
             elif skipping:
                 skipped = add_skipped(skipped, reason, 1)
             else:
                 raise DataError(
                     f"dataset {item.dataset_name!r}: {item.shard.where(record_no)}: {message}"
                 )
-        return TextBatch(texts, item.describe(), item.dataset, skipped)
+        return TextBatch(
+            texts,
+            item.describe(),
+            item.dataset,
+            skipped,
+            item.shard_index,
+            np.asarray(records, dtype=np.int64),
+        )

@@ -313,7 +313,9 @@ class Tokenize:
             if self.spec.add_eos:
                 tokens[pos + n - 1] = tok.eos_id
             pos += n
-        return DocBatch(tokens, lengths, batch.dataset, batch.skipped)
+        return DocBatch(
+            tokens, lengths, batch.dataset, batch.skipped, None, batch.shard, batch.records
+        )
 
     def _by_pieces(self, tok: Any, batch: TextBatch) -> DocBatch:
         """Tokenize with ``encode_pieces``: int32 pieces copied once into the output.
@@ -349,4 +351,6 @@ class Tokenize:
             if eos:
                 tokens[pos] = tok.eos_id
                 pos += 1
-        return DocBatch(tokens, lengths, batch.dataset, batch.skipped)
+        return DocBatch(
+            tokens, lengths, batch.dataset, batch.skipped, None, batch.shard, batch.records
+        )

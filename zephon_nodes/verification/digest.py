@@ -5,8 +5,9 @@ lane 1's, ...). For each row the hash is fed, in this order:
 
 1. the lane id as 8 bytes, little-endian signed (int64);
 2. each field in :data:`FIELD_ORDER` (``input``, ``labels``, ``positions``), then any other
-   field in sorted name order (never ``lane``): the row's values as little-endian int64 for
-   integer tensors, little-endian float32 for floating-point tensors, raw bytes for uint8.
+   field in sorted name order (never ``lane``, nor a dump's ``source_shard`` and
+   ``source_record``): the row's values as little-endian int64 for integer tensors,
+   little-endian float32 for floating-point tensors, raw bytes for uint8.
 
 The digest is the lower-case hex SHA-256. See ``docs/digest.md``.
 """
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from zephon_nodes.engine.multiplexer import LANE_KEY
+from zephon_nodes.operators.pack import SOURCE_FIELDS
 
 __all__ = ["FIELD_ORDER", "digest_microbatches", "global_batch_digest"]
 
@@ -39,7 +41,9 @@ def _as_numpy(x: Any) -> np.ndarray:
 
 
 def _fields(row: Mapping[str, Any]) -> list[str]:
-    rest = sorted(k for k in row if k not in FIELD_ORDER and k != LANE_KEY)
+    # A traced batch's source fields say where tokens came from; they are not the data.
+    skip = (*FIELD_ORDER, LANE_KEY, *SOURCE_FIELDS)
+    rest = sorted(k for k in row if k not in skip)
     return [k for k in FIELD_ORDER if k in row] + rest
 
 

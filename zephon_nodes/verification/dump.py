@@ -9,15 +9,25 @@ File layout: ``step-SSSSSSSS.npz`` (the whole global batch) or ``step-SSSSSSSS.r
 (one rank's rows of the step), each holding one array per batch field (``input``, ``labels``,
 ``positions``, ``lane``, and whatever else the recipe's samples carry), rows in the order
 the rank yielded them. Plain ``.npz`` (``numpy.savez``, never pickled objects).
+
+Provenance (``zephon digest --dump-batches``, text and chat recipes with concatenated
+packing): per token, ``dataset_ids`` (the dataset's index in the recipe in force),
+``source_shard`` (the shard's index in that dataset) and ``source_record`` (the record's
+number in the shard), -1 on padding; ``sources.json`` names them: ``{"stages": [{"after_step":
+S, "datasets": [{"name": ..., "shards": [path, ...]}, ...]}, ...]}`` (one entry for a recipe
+that never changes, ``after_step`` 0; a stage's entry applies to the steps after its step).
+The source fields are never part of a digest.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +35,7 @@ import torch
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.verification.digest import digest_microbatches
 
-__all__ = ["StepDumper", "dump_digests", "write_step"]
+__all__ = ["StepDumper", "dump_digests", "write_sources", "write_step"]
 
 _NAME = re.compile(r"^step-(\d{8})(?:\.rank-(\d{5}))?\.npz$")
 
@@ -149,3 +159,28 @@ class StepDumper:
         """The steps this rank's folder holds files for."""
         for path in sorted(self.folder.glob(f"step-*.rank-{self.rank:05d}.npz")):
             yield int(path.name[5:13])
+
+
+def write_sources(folder: str | os.PathLike[str], pipeline: Any) -> Path:
+    """Write ``sources.json``: the datasets and shards the dump's source fields index.
+
+    Args:
+        folder: The dump folder.
+        pipeline: The run's :class:`~zephon_nodes.engine.pipeline.Pipeline` (its stages
+            entered so far included).
+    """
+    from zephon_nodes.io.storage.storage import redact
+
+    def datasets(p: Any) -> list[dict[str, Any]]:
+        return [
+            {"name": d.name, "shards": [redact(str(s.path)) for s in d.shards]} for d in p.datasets
+        ]
+
+    stages = [{"after_step": 0, "datasets": datasets(pipeline)}]
+    for k, seg in sorted(pipeline.segments.items()):
+        if k:
+            start = pipeline.recipe.stages[k - 1].start_step
+            stages.append({"after_step": start, "datasets": datasets(seg)})
+    out = Path(folder) / "sources.json"
+    out.write_text(json.dumps({"stages": stages}, indent=1) + "\n")
+    return out
