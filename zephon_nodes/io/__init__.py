@@ -17,7 +17,10 @@ call; the subpackages are their parts:
   and ``tar``, and shards rewritten as multi-frame ``.zst`` (``recompress``);
 - ``index/``: the dataset index written by ``zephon index`` (``index``), its columns read
   without opening shards (``table``) and the shards it stands for (``lazyshards``);
-- ``nodecache/``: the bounded node cache shared by a node's ranks (``nodecache``), fed with
-  the exact future accesses (``future``), the whole decompressed shards it holds
-  (``wholeshard``) and its counters from process workers (``workercounts``).
+- ``nodecache/``: the process's node cache (``nodecache``): a bounded directory shared by a
+  node's ranks (``cache``; its entries ``entries``, file locks ``locks``, the processes'
+  plans ``plans``, eviction ``policies``, bytes held ``usage``, prefetcher ``prefetch``), fed
+  with the exact future accesses (``future``), the whole decompressed shards it holds
+  (``wholeshard``), the token cache's entries (``tokenstore``) and its counters from process
+  workers (``workercounts``).
 """

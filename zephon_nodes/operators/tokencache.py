@@ -91,7 +91,7 @@ def tokenizer_identity(spec: Any) -> str | None:
     """A digest of everything about a tokenizer spec that decides its ids (None: custom).
 
     Args:
-        spec: A :class:`~zephon_nodes.recipe.spec.TokenizerSpec`.
+        spec: A :class:`~zephon_nodes.recipe.tokenizer.TokenizerSpec`.
     """
     if spec.kind == "custom":
         return None

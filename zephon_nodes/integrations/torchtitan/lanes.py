@@ -187,7 +187,7 @@ class LaneLoader:
         """Return the node cache's counters in this process, or None without a cache limit.
 
         Keys: hits, misses, bytes_fetched, evictions, peak_bytes, limit_bytes and more (see
-        :meth:`~zephon_nodes.io.nodecache.nodecache.NodeCache.stats`); log them with your metrics.
+        :meth:`~zephon_nodes.io.nodecache.cache.NodeCache.stats`); log them with your metrics.
         """
         return self.pipeline.cache_stats()
 
@@ -268,8 +268,9 @@ class LaneLoader:
     def metrics(self) -> dict[str, Any]:
         """Return the rank's run metrics (a plain dict; see ``docs/torchtitan.md``).
 
-        As :meth:`~zephon_nodes.Multiplexer.metrics` (operators, queues, skipped records,
-        replay time), but the per-step numbers are those of the steps the trainer took:
+        As :meth:`~zephon_nodes.engine.multiplexer.Multiplexer.metrics` (operators, queues,
+        skipped records, replay time), but the per-step numbers are those of the steps the
+        trainer took:
         ``step`` is the last step fully handed out, ``data_wait_s`` the time the trainer
         waited for its micro-batches (after the prefetcher), ``samples``, ``tokens`` and
         ``padding_fraction`` its rows.

@@ -4,11 +4,11 @@
 shards they will read are known for any horizon. :class:`AccessPlan` lists them (the lanes
 advance together, so the order is round-robin over the lanes: item ``p_l`` of every lane
 ``l``, then ``p_l + 1``, ...) and :class:`CacheFeed` hands that list to the
-:class:`~zephon_nodes.io.nodecache.nodecache.NodeCache` (eviction by Belady's rule) and resolves
+:class:`~zephon_nodes.io.nodecache.cache.NodeCache` (eviction by Belady's rule) and resolves
 keys for its prefetcher.
 
 Only shards that go through the node cache take part: those with a ``cache_key`` (see
-:class:`~zephon_nodes.io.nodecache.nodecache.Cacheable`); shards read in place are left out.
+:class:`~zephon_nodes.io.nodecache.entries.Cacheable`); shards read in place are left out.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from zephon_nodes.core.work_item import WorkItem
-from zephon_nodes.io.nodecache.nodecache import Cacheable, Fetch, NodeCache
+from zephon_nodes.io.nodecache.cache import NodeCache
+from zephon_nodes.io.nodecache.entries import Cacheable, Fetch
 
 __all__ = ["AccessPlan", "CacheFeed", "WorkSchedule", "cacheable"]
 

@@ -5,7 +5,7 @@ lengths and the records skipped on the way, under a key that the caller computes
 determines them (see :mod:`zephon_nodes.operators.tokencache`). The store knows nothing of
 tokenizers: it keeps bytes, bounded, checked.
 
-Entries live in a :class:`~zephon_nodes.io.nodecache.nodecache.NodeCache` rooted at
+Entries live in a :class:`~zephon_nodes.io.nodecache.cache.NodeCache` rooted at
 ``$ZEPHON_CACHE_DIR/tokens`` with the ``"lru"`` policy, so they get its coordination between
 processes for free: a global lock around every decision, a per-key exclusive lock while an
 entry is written (a key wanted by several ranks at once is written once; the others wait and
@@ -44,7 +44,9 @@ import xxhash
 
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import current, update
-from zephon_nodes.io.nodecache.nodecache import CacheFullError, NodeCache, Policy
+from zephon_nodes.io.nodecache.cache import NodeCache
+from zephon_nodes.io.nodecache.entries import CacheFullError
+from zephon_nodes.io.nodecache.policies import Policy
 from zephon_nodes.io.storage.cache import cache_dir
 
 __all__ = [

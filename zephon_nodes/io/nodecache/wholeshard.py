@@ -3,7 +3,7 @@
 A single-frame ``.jsonl.zst`` cannot be read in part: its decompressed copy is made on first
 use. :func:`route_whole_shards` wraps such shards in :class:`NodeCachedShard`, whose
 decompressed copy is an entry of the node cache: fetched once per node, pinned while a work
-item reads it, evicted by the exact future (see :mod:`zephon_nodes.io.nodecache.nodecache`).
+item reads it, evicted by the exact future (see :mod:`zephon_nodes.io.nodecache.cache`).
 The node cache is always bounded: by ``--cache-limit`` / ``ZEPHON_CACHE_LIMIT``, else by a
 share of its disk's free space
 (:meth:`~zephon_nodes.core.settings.Settings.cache_limit_bytes`), and

@@ -1,7 +1,7 @@
 """Node-cache counters of process workers, sent back with their results and added up.
 
 A process worker (``WorkerPool(runner="process")``) reads shards through its own
-:class:`~zephon_nodes.io.nodecache.nodecache.NodeCache` instance (one per process), so its hits,
+:class:`~zephon_nodes.io.nodecache.cache.NodeCache` instance (one per process), so its hits,
 misses and bytes fetched are counted in that process. :class:`CountedCall` wraps each call
 sent to a worker: it returns the call's result with the change of the worker's counters
 during the call, and :func:`collect` (run in the rank's process when the result arrives)

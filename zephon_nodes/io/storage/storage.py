@@ -96,10 +96,11 @@ def join(directory: str, name: str) -> str:
 def with_retries(
     fn: Callable[[], T], uri: str, policy: RetryPolicy | None = None, what: str = "read"
 ) -> T:
-    """Call ``fn()``; retry transient errors (:mod:`zephon_nodes.io.retry`) within the budget.
+    """Call ``fn()``; retry transient errors within the budget.
 
-    Before each retry the process's filesystem clients are dropped, so a restarted endpoint
-    gets fresh connections.
+    What is transient, and the budget, are :mod:`~zephon_nodes.io.storage.retry`'s. Before
+    each retry the process's filesystem clients are dropped, so a restarted endpoint gets
+    fresh connections.
 
     Raises:
         DataError: At once on a permanent error, or when the budget is spent, naming the
