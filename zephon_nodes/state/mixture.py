@@ -1,6 +1,6 @@
 """The dynamic-mixture section of a state: the decision log and each lane's effect windows.
 
-Stored under ``"mixture"`` (see :mod:`zephon_nodes.engine.decisions` for when a decision
+Stored under ``"mixture"`` (see :mod:`zephon_nodes.engine.mixture_log` for when a decision
 takes effect)::
 
     {"log": [{"step": 5, "weights": {"web": 0.2, "code": 0.8}}, ...],
