@@ -60,7 +60,14 @@ def cache_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 
 class Sampler:
-    """Samples the bytes physically in the cache (entries and partial fetches) every ms."""
+    """Samples the bytes physically in the cache (entries and partial fetches) every ms.
+
+    A sample lists part/ before data/ and counts each file once (by inode): the cache makes
+    room (unlinks entries) before it starts a fetch, and a fetch is renamed from part/ into
+    data/. Listing data/ first could count an entry stat'ed before its eviction together with
+    the fetch that replaced it, two files never on disk together (a loaded machine makes
+    that likely); listing part/ first, a file seen in both counts once.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root, self.peak, self.samples = root, 0, 0
@@ -70,15 +77,17 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.001):
-            total = 0
-            for sub in ("data", "part"):
+            sizes: dict[int, int] = {}
+            for sub in ("part", "data"):
                 try:
                     entries = list(os.scandir(self.root / sub))
                 except FileNotFoundError:
                     continue
                 for e in entries:
                     with contextlib.suppress(FileNotFoundError):
-                        total += e.stat().st_size
+                        st = e.stat()
+                        sizes[st.st_ino] = max(sizes.get(st.st_ino, 0), st.st_size)
+            total = sum(sizes.values())
             self.peak = max(self.peak, total)
             self.samples += 1
 
