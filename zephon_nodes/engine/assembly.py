@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine import balance
 from zephon_nodes.engine.balance import BalancedWorkSource, item_sizes
 from zephon_nodes.engine.mixing import MixingWorkSource, estimate_tokens_per_record
@@ -21,7 +22,7 @@ from zephon_nodes.operators.tokenize import Tokenize, Tokenizer
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.schedule import WeightSchedule
 
-__all__ = ["stateless_chain", "work_source"]
+__all__ = ["refuse_tar", "stateless_chain", "work_source"]
 
 
 def stateless_chain(recipe: Recipe, tokenizer: Tokenizer, *, trace: bool = False) -> Chain:
@@ -131,3 +132,21 @@ def work_source(
         recipe.mixture.block,
     )
     return source, estimate
+
+
+def refuse_tar(datasets: Sequence[Dataset]) -> None:
+    """Refuse tar shards (images) in a recipe without an ``[image]`` table."""
+    from zephon_nodes.io.formats.tar import TarShard
+
+    for d in datasets:
+        first_tar = getattr(d.shards, "first_of_kind", None)  # LazyShards: from the index
+        if first_tar is not None:
+            tar = first_tar("tar")
+            tars = [tar] if tar is not None else []
+        else:
+            tars = [s.path for s in d.shards if isinstance(s, TarShard)]
+        if tars:
+            raise RecipeError(
+                f"dataset {d.name!r}: {tars[0]} is a tar shard (images); a recipe reading "
+                f"tar shards needs an [image] table"
+            )

@@ -16,6 +16,7 @@ from torchdata.nodes import BaseNode
 from zephon_nodes.core.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
+from zephon_nodes.engine.replay_check import check_by_replay
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.operators.batch import collate
 from zephon_nodes.recipe import Recipe
@@ -40,15 +41,11 @@ from zephon_nodes.state.schema import (
     RankState,
 )
 from zephon_nodes.state.stage import summarize_changes
-from zephon_nodes.state.validate import check_replayed, validate_state
+from zephon_nodes.state.validate import validate_state
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
 
 LANE_KEY = "lane"
-REPLAY_CHECK_SAMPLES = 256
-"""A restore replays each lane from the start of its pass to check its saved position
-exactly while the lane has handed out at most this many samples of the pass (later, the
-position is checked against the step's bounds only; see ``docs/checkpoint.md``)."""
 
 
 class Closable(Protocol):
@@ -343,7 +340,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             if micro >= self.micro_per_step:
                 raise CheckpointError(f"checkpoint micro={micro} >= {self.micro_per_step}")
         if not self._own_state:  # a state this node just made (set_mixture) needs no replay
-            self._check_by_replay(positions, step, pass_index, initial_state.get(LINEAGE_KEY))
+            check_by_replay(self, positions, step, pass_index, initial_state.get(LINEAGE_KEY))
         self._positions = {i: positions[i] for i in self.lanes}
         self._notify_positions()
         for i, lane in self.lanes.items():
@@ -356,44 +353,6 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         if micro:
             self._build_step()
             self._micro = micro
-
-    def _check_by_replay(
-        self,
-        positions: Mapping[int, tuple[int, int]],
-        step: int,
-        pass_index: int,
-        lineage: Any,
-    ) -> None:
-        """Replay each owned lane from the start of its pass to the saved step, if short.
-
-        A legitimate state holds exactly the position each lane reaches after
-        ``step x G/L`` samples of its pass (counted from the re-lane point for a re-laned
-        pass 0), so an edited step, a moved position or swapped lanes are refused, naming
-        the lane (:func:`~zephon_nodes.state.validate.check_replayed`). Done only while that
-        is at most :data:`REPLAY_CHECK_SAMPLES` samples per lane.
-        """
-        base = self.pipeline.base_step  # positions count from the recipe's last change
-        if lineage is not None and not pass_index and isinstance(lineage, Mapping):
-            base = int(lineage.get(STEP_KEY, 0))
-        samples = (step - base) * self.samples_per_lane
-        if not 0 < samples <= REPLAY_CHECK_SAMPLES:
-            return
-        start = {Lane.WINDOW_KEY: 0, Lane.CONSUMED_KEY: 0, Lane.PASS_KEY: pass_index}
-        for i, lane in self.lanes.items():
-            lane.reset(dict(start))
-            for k in range(samples):
-                try:
-                    next(lane)
-                except StopIteration:
-                    raise CheckpointError(
-                        f"checkpoint lanes[{str(i)!r}]: position {list(positions[i])} is not "
-                        f"reachable at step={step}: the lane's stream ends after {k} of the "
-                        f"{samples} samples the steps took"
-                    ) from None
-            st = lane.get_state()
-            check_replayed(
-                i, positions[i], (st[Lane.WINDOW_KEY], st[Lane.CONSUMED_KEY]), step, samples
-            )
 
     def _install(self, mixture: MixtureLog) -> None:
         """Install a decision log into this rank's work source."""
@@ -427,9 +386,13 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self.work_source.refuse_decisions()  # a re-laned stream refuses
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="set_mixture")
+        self.reset_own(with_decision(self.get_state(), normalized))
+
+    def reset_own(self, state: dict[str, Any]) -> None:
+        """Restore a state this node just made itself (no replay check: it is its own)."""
         self._own_state = True
         try:
-            self.reset(with_decision(self.get_state(), normalized))
+            self.reset(state)
         finally:
             self._own_state = False
 
@@ -486,17 +449,9 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def _enter_stage(self) -> None:
         """Move to the recipe's stage starting now (see :mod:`zephon_nodes.engine.stages`)."""
-        from zephon_nodes.engine.stages import enter_stage, stage_state_dict
+        from zephon_nodes.engine.stages import enter_next_stage
 
-        run = self.pipeline.run
-        k = run.recipe.stage_at(self._step)
-        prev = self.pipeline.stage
-        stage = enter_stage(self, run.recipe.stage_recipe(k), k, prev.amended if prev else ())
-        self._own_state = True
-        try:
-            self.reset(stage_state_dict(run, self._step, stage))
-        finally:
-            self._own_state = False
+        enter_next_stage(self)
 
     def unused_samples(self) -> dict[int, int]:
         """Count, per owned lane, the samples of this pass never delivered (end of data).
@@ -554,8 +509,4 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
     def _stage_section(self) -> dict[str, Any] | None:
         """The stage section of this rank's lanes (None before any recipe change)."""
         stage = self.pipeline.stage
-        if stage is None:
-            return None
-        section: dict[str, Any] = stage.to_state()
-        section["lanes"] = {k: v for k, v in section["lanes"].items() if int(k) in self.lanes}
-        return section
+        return None if stage is None else stage.to_state(lanes=self.lanes)

@@ -11,6 +11,7 @@ from torchdata.nodes import BaseNode
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import InSettings, Settings, current, using
 from zephon_nodes.engine.accumulate import AccumulatorNode
+from zephon_nodes.engine.assembly import refuse_tar
 from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode, chain_nodes
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.operator_pools import PoolSpec, split_stages
@@ -45,23 +46,6 @@ def lanes_for_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> list[int
         raise RecipeError(f"{dp_rank=} must be an integer in [0, {dp_world_size=})")
     per = num_lanes // dp_world_size
     return list(range(dp_rank * per, (dp_rank + 1) * per))
-
-
-def _refuse_tar(datasets: Sequence[Dataset]) -> None:
-    from zephon_nodes.io.formats.tar import TarShard
-
-    for d in datasets:
-        first_tar = getattr(d.shards, "first_of_kind", None)  # LazyShards: from the index
-        if first_tar is not None:
-            tar = first_tar("tar")
-            tars = [tar] if tar is not None else []
-        else:
-            tars = [s.path for s in d.shards if isinstance(s, TarShard)]
-        if tars:
-            raise RecipeError(
-                f"dataset {d.name!r}: {tars[0]} is a tar shard (images); a recipe reading "
-                f"tar shards needs an [image] table"
-            )
 
 
 def _read_frontiers(lanes: Mapping[int, Lane]) -> tuple[dict[int, int], dict[int, int]]:
@@ -189,7 +173,7 @@ class Pipeline:
 
         self.datasets = route_whole_shards(self.datasets, self.settings)
         if recipe.image is None:
-            _refuse_tar(self.datasets)
+            refuse_tar(self.datasets)
         self.skipped_files = {o.dataset.name: dict(o.skipped_files) for o in opened}
         self.work_source: WorkSource
         self.work_source, estimate = work_source(recipe, self.datasets, self.stateless)
@@ -372,16 +356,9 @@ class Pipeline:
         if operator_pools:
             chain_stages, created = self.operator_stages(operator_pools, pool)
             owned.extend(created)
-        if local_batch_size is not None:
-            for k, stage in enumerate(self.run.recipe.stages):
-                share = stage.recipe.samples_per_lane * len(lanes)
-                if share % local_batch_size:
-                    raise RecipeError(
-                        f"stages[{k}] (start_step={stage.start_step}): this rank's share of a "
-                        f"step ({share} samples: {len(lanes)} lanes x "
-                        f"{stage.recipe.samples_per_lane}) must be a multiple of "
-                        f"local_batch_size={local_batch_size}"
-                    )
+        from zephon_nodes.engine.stages import check_stage_batches
+
+        check_stage_batches(self.run.recipe, len(lanes), local_batch_size)
 
         def lane_builder(segment: Pipeline, lane: int) -> Lane:
             # A stage's lanes run its own chain on the rank's pool (one fused chain).

@@ -56,7 +56,14 @@ if TYPE_CHECKING:
     from zephon_nodes.engine.multiplexer import Multiplexer
     from zephon_nodes.engine.pipeline import Pipeline
 
-__all__ = ["amend_state", "enter_stage", "segment_for_state", "stage_pipeline"]
+__all__ = [
+    "amend_state",
+    "check_stage_batches",
+    "enter_next_stage",
+    "enter_stage",
+    "segment_for_state",
+    "stage_pipeline",
+]
 
 _STAGE_TAG = 0x53544745  # "STGE"
 _IGNORE = -100
@@ -417,3 +424,30 @@ def amend_state(old: Pipeline, state: Mapping[str, Any], new: Pipeline) -> dict[
         finally:
             node.close()
     return stage_state_dict(new, step, stage)
+
+
+def enter_next_stage(node: Multiplexer) -> None:
+    """Move ``node`` (at the step a planned stage starts after) into that stage."""
+    run = node.pipeline.run
+    k = run.recipe.stage_at(node.step)
+    prev = node.pipeline.stage
+    stage = enter_stage(node, run.recipe.stage_recipe(k), k, prev.amended if prev else ())
+    node.reset_own(stage_state_dict(run, node.step, stage))
+
+
+def check_stage_batches(recipe: Recipe, lanes: int, local_batch_size: int | None) -> None:
+    """Refuse, at launch, a stage whose step this rank cannot cut into micro-batches.
+
+    Raises:
+        RecipeError: Naming the stage.
+    """
+    if local_batch_size is None:
+        return
+    for k, stage in enumerate(recipe.stages):
+        share = stage.recipe.samples_per_lane * lanes
+        if share % local_batch_size:
+            raise RecipeError(
+                f"stages[{k}] (start_step={stage.start_step}): this rank's share of a step "
+                f"({share} samples: {lanes} lanes x {stage.recipe.samples_per_lane}) must be a "
+                f"multiple of local_batch_size={local_batch_size}"
+            )

@@ -91,14 +91,15 @@ class StageState:
         """The stream key and content digest of dataset ``name`` (None: never read)."""
         return self.streams[self.names.index(name)] if name in self.names else None
 
-    def to_state(self) -> dict[str, Any]:
-        """The JSON-safe section (a fresh dict)."""
+    def to_state(self, lanes: Iterable[int] | None = None) -> dict[str, Any]:
+        """The JSON-safe section (a fresh dict), with the rows of ``lanes`` (default all)."""
+        keep = set(self.lanes) if lanes is None else set(lanes)
         out: dict[str, Any] = {
             "index": self.index,
             "step": self.step,
             "names": list(self.names),
             "streams": [[k, c] for k, c in self.streams],
-            "lanes": {str(i): list(row) for i, row in sorted(self.lanes.items())},
+            "lanes": {str(i): list(row) for i, row in sorted(self.lanes.items()) if i in keep},
         }
         if self.amended:
             out["amended"] = [dict(a) for a in self.amended]
