@@ -18,7 +18,12 @@ checkpoint written by one resumes under the other when the recipe is the same. K
   int64[max_decisions]`` per lane (its effect windows, -1 unused); once a decision is made,
   each lane's check value also covers the decisions it reads (:mod:`.dcp_mixture`);
 * after a re-lane (``zephon_format`` 3): ``lineage_len`` and ``lineage`` (replicated;
-  :mod:`.dcp_lineage`).
+  :mod:`.dcp_lineage`);
+* after a recipe change, a stage or an amendment (``zephon_format`` 4): ``stage_len`` and
+  ``stage`` (replicated) and one ``stage_lane_00003`` per lane (:mod:`.dcp_stage`); a loader
+  that reserves them (a recipe with stages, or ``dataloader.amended``) writes them empty
+  before the first change, with ``zephon_format`` 2 (a state with both a lineage and a
+  stage section is refused: the engine changes no re-laned run's recipe).
 
 Nothing here knows the engine: :func:`decode_dcp_state` takes the running recipe's identity
 (anything with ``fingerprint``, ``summary`` and ``recipe``, such as a ``Pipeline``) and
@@ -49,16 +54,20 @@ from zephon_nodes.state.dcp_mixture import (
     mixture_to_dcp,
     stored_mixture_digest,
 )
+from zephon_nodes.state.dcp_stage import STAGE_LANE_PREFIX, stage_from_dcp, stage_to_dcp
 from zephon_nodes.state.dcp_tensors import read_ints, scalar
 from zephon_nodes.state.identity import fingerprint_pair
 from zephon_nodes.state.schema import MIXTURE_KEY
+from zephon_nodes.state.stage import STAGE_KEY
 
 __all__ = [
     "DCP_FORMAT",
     "DCP_FORMAT_RELANED",
+    "DCP_FORMAT_STAGED",
     "LANE_PREFIX",
     "MIXTURE_LANE_PREFIX",
     "RECIPE_PREFIX",
+    "STAGE_LANE_PREFIX",
     "RecipeIdentity",
     "decode_dcp_state",
     "lane_check",
@@ -110,6 +119,11 @@ DCP_FORMAT = 2
 DCP_FORMAT_RELANED = 3
 """``zephon_format`` of a checkpoint written after a re-lane: layout 2 plus the lineage keys
 ``lineage_len`` (int64[2]: bytes, check) and ``lineage`` (uint8[max_lineage_bytes], JSON)."""
+
+DCP_FORMAT_STAGED = 4
+"""``zephon_format`` of a checkpoint written after a recipe change (a stage or an amendment):
+layout 2 plus the stage keys ``stage_len`` (int64[2]: bytes, check), ``stage``
+(uint8[max_stage_bytes], JSON) and ``stage_lane_NNNNN`` (int64[max_stage_datasets + 6])."""
 
 FORMAT_KEY = "zephon_format"
 NUM_LANES_KEY = "num_lanes"
@@ -195,6 +209,7 @@ def to_dcp_state(
     dataset_names: list[str] | None = None,
     max_decisions: int = 0,
     lineage_bytes: int = 0,
+    stage_room: tuple[int, int] = (0, 0),
 ) -> dict[str, torch.Tensor]:
     """Convert a :class:`~zephon_nodes.engine.multiplexer.Multiplexer` state to DCP tensors.
 
@@ -206,14 +221,18 @@ def to_dcp_state(
         max_decisions: Room for decisions (0: no mixture keys).
         lineage_bytes: Room for a re-lane's lineage (0: no lineage keys; a state with a
             lineage needs room, and is written as ``DCP_FORMAT_RELANED``).
+        stage_room: ``(max_stage_bytes, max_stage_datasets)``: room for a stage section
+            (``(0, 0)``: no stage keys; a state with a section needs room, and is written as
+            ``DCP_FORMAT_STAGED``).
 
     Returns:
         ``{key: tensor}``: one ``lane_NNNNN`` per lane in ``state`` plus the replicated keys.
 
     Raises:
-        CheckpointError: If the decision log holds more than ``max_decisions`` entries, or
-            for a state of a later pass (``ZephonDataLoader`` never starts one; the DCP
-            layout has no place for it, and dropping it would resume in pass 0).
+        CheckpointError: If the decision log holds more than ``max_decisions`` entries, the
+            stage section does not fit ``stage_room``, or for a state of a later pass
+            (``ZephonDataLoader`` never starts one; the DCP layout has no place for it, and
+            dropping it would resume in pass 0).
     """
     if state.get("pass", 0):
         raise CheckpointError(
@@ -222,8 +241,15 @@ def to_dcp_state(
         )
     step = int(state["step"])
     lineage = state.get("lineage")
+    stage = state.get(STAGE_KEY)
+    if lineage is not None and stage is not None:
+        raise CheckpointError(
+            "the state carries both a re-lane's lineage and a stage section; a re-laned run "
+            "whose recipe changed is not supported"
+        )
+    fmt = DCP_FORMAT_RELANED if lineage is not None else DCP_FORMAT
     out: dict[str, torch.Tensor] = {
-        FORMAT_KEY: scalar(DCP_FORMAT if lineage is None else DCP_FORMAT_RELANED),
+        FORMAT_KEY: scalar(DCP_FORMAT_STAGED if stage is not None else fmt),
         NUM_LANES_KEY: scalar(int(state["num_lanes"])),
         STEP_KEY: scalar(step),
         MICRO_KEY: scalar(int(state["micro"])),
@@ -256,6 +282,12 @@ def to_dcp_state(
         out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
     if lineage is not None or lineage_bytes > 0:
         out.update(lineage_to_dcp(lineage, lineage_bytes))
+    if stage is not None or stage_room[0] > 0:
+        lanes = [int(k) for k in state["lanes"]]
+        room, datasets = stage_room
+        out.update(
+            stage_to_dcp(stage, lanes, fingerprint=fp, step=step, room=room, datasets=datasets)
+        )
     return out
 
 
@@ -289,6 +321,7 @@ def decode_dcp_state(
     local_batch_size: int,
     max_decisions: int = 0,
     lineage_bytes: int = 0,
+    stage_room: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     """Convert loaded DCP tensors back to a JSON-safe state for ``lanes`` (no ``format`` key).
 
@@ -300,6 +333,8 @@ def decode_dcp_state(
         local_batch_size: This job's micro-batch size.
         max_decisions: Room for decisions in the mixture keys (0: none stored).
         lineage_bytes: Room of the lineage keys (0: the checkpoint must have none).
+        stage_room: ``(max_stage_bytes, max_stage_datasets)`` of the stage keys (``(0, 0)``:
+            the checkpoint must have no stage section).
 
     Raises:
         CheckpointError: If the checkpoint is not a zephon-nodes one, was written with
@@ -318,7 +353,14 @@ def decode_dcp_state(
             f"lineage of its data stream); resume it with dataloader.relaned = true and the "
             f"job's dataloader.max_lineage_bytes"
         )
-    if fmt not in (DCP_FORMAT, DCP_FORMAT_RELANED):
+    if fmt == DCP_FORMAT_STAGED and not stage_room[0]:
+        raise CheckpointError(
+            f"the checkpoint was written after a recipe change (zephon_format={fmt}: a stage of "
+            f"its recipe or a `zephon amend`; it carries the stage section); resume it with "
+            f"dataloader.amended = true and the job's dataloader.max_stage_bytes and "
+            f"dataloader.max_stage_datasets"
+        )
+    if fmt not in (DCP_FORMAT, DCP_FORMAT_RELANED, DCP_FORMAT_STAGED):
         raise CheckpointError(f"dataloader state has zephon_format={fmt}, expected {DCP_FORMAT}")
     fp = sd.get(FINGERPRINT_KEY)
     if not isinstance(fp, torch.Tensor) or fp.dtype != torch.uint8 or fp.numel() != 32:
@@ -397,6 +439,19 @@ def decode_dcp_state(
         lineage = lineage_from_dcp(sd, lineage_bytes)
         if lineage is not None:
             state["lineage"] = lineage
+    if stage_room[0] > 0:
+        room, datasets = stage_room
+        stage = stage_from_dcp(
+            sd, lanes, fingerprint=fingerprint, step=step, room=room, datasets=datasets
+        )
+        if (stage is not None) != (fmt == DCP_FORMAT_STAGED):
+            raise CheckpointError(
+                f"dataloader.{FORMAT_KEY}={fmt} but the stage keys hold "
+                f"{'a' if stage is not None else 'no'} stage section (a damaged or edited "
+                f"checkpoint)"
+            )
+        if stage is not None:
+            state[STAGE_KEY] = stage
     if max_decisions > 0:
         names = [d.name for d in pipeline.recipe.datasets]
         mixture = mixture_from_dcp(sd, names, lanes, max_decisions)
