@@ -58,9 +58,10 @@ def union(states: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for sd in states:
         for k, v in sd.items():
-            if k in out and not k.startswith("lane_"):
+            lane = k.startswith(("lane_", "mixture_lane_", "stage_lane_"))
+            if k in out and not lane:
                 assert torch.equal(out[k], v), f"replicated key {k} differs between ranks"
-            assert not (k in out and k.startswith("lane_")), f"lane key {k} saved twice"
+            assert not (k in out and lane), f"lane key {k} saved twice"
             out[k] = v.clone()
     return out
 

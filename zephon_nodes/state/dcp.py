@@ -16,8 +16,14 @@ checkpoint written by one resumes under the other when the recipe is the same. K
   ``mixture_count`` (int64[1]) and ``mixture_log`` (float64[max_decisions, 1 + D]: the step,
   then the weights in recipe order; replicated) and one ``mixture_lane_00003 ->
   int64[max_decisions]`` per lane (its effect windows, -1 unused); once a decision is made,
-  each lane's check value also covers the decisions it reads (:func:`mixture_digest`);
-* after a re-lane (``zephon_format`` 3): ``lineage_len`` and ``lineage`` (replicated).
+  each lane's check value also covers the decisions it reads (:mod:`.dcp_mixture`);
+* after a re-lane (``zephon_format`` 3): ``lineage_len`` and ``lineage`` (replicated;
+  :mod:`.dcp_lineage`);
+* after a recipe change, a stage or an amendment (``zephon_format`` 4): ``stage_len`` and
+  ``stage`` (replicated) and one ``stage_lane_00003`` per lane (:mod:`.dcp_stage`); a loader
+  that reserves them (a recipe with stages, or ``dataloader.amended``) writes them empty
+  before the first change, with ``zephon_format`` 2 (a state with both a lineage and a
+  stage section is refused: the engine changes no re-laned run's recipe).
 
 Nothing here knows the engine: :func:`decode_dcp_state` takes the running recipe's identity
 (anything with ``fingerprint``, ``summary`` and ``recipe``, such as a ``Pipeline``) and
@@ -38,15 +44,30 @@ from zephon_nodes.state.dcp_lineage import (
     lineage_from_dcp,
     lineage_to_dcp,
 )
+from zephon_nodes.state.dcp_mixture import (
+    MIXTURE_COUNT_KEY,
+    MIXTURE_LANE_PREFIX,
+    MIXTURE_LOG_KEY,
+    mixture_digest,
+    mixture_from_dcp,
+    mixture_lane_key,
+    mixture_to_dcp,
+    stored_mixture_digest,
+)
+from zephon_nodes.state.dcp_stage import STAGE_LANE_PREFIX, stage_from_dcp, stage_to_dcp
+from zephon_nodes.state.dcp_tensors import read_ints, scalar
 from zephon_nodes.state.identity import fingerprint_pair
 from zephon_nodes.state.schema import MIXTURE_KEY
+from zephon_nodes.state.stage import STAGE_KEY
 
 __all__ = [
     "DCP_FORMAT",
     "DCP_FORMAT_RELANED",
+    "DCP_FORMAT_STAGED",
     "LANE_PREFIX",
     "MIXTURE_LANE_PREFIX",
     "RECIPE_PREFIX",
+    "STAGE_LANE_PREFIX",
     "RecipeIdentity",
     "decode_dcp_state",
     "lane_check",
@@ -99,6 +120,11 @@ DCP_FORMAT_RELANED = 3
 """``zephon_format`` of a checkpoint written after a re-lane: layout 2 plus the lineage keys
 ``lineage_len`` (int64[2]: bytes, check) and ``lineage`` (uint8[max_lineage_bytes], JSON)."""
 
+DCP_FORMAT_STAGED = 4
+"""``zephon_format`` of a checkpoint written after a recipe change (a stage or an amendment):
+layout 2 plus the stage keys ``stage_len`` (int64[2]: bytes, check), ``stage``
+(uint8[max_stage_bytes], JSON) and ``stage_lane_NNNNN`` (int64[max_stage_datasets + 6])."""
+
 FORMAT_KEY = "zephon_format"
 NUM_LANES_KEY = "num_lanes"
 STEP_KEY = "step"
@@ -108,9 +134,6 @@ LBS_KEY = "local_batch_size"
 FINGERPRINT_KEY = "fingerprint"
 RECIPE_PREFIX = "recipe_"
 LANE_PREFIX = "lane_"
-MIXTURE_COUNT_KEY = "mixture_count"
-MIXTURE_LOG_KEY = "mixture_log"
-MIXTURE_LANE_PREFIX = "mixture_lane_"
 
 _KIND_INT, _KIND_HASH, _KIND_OTHER = 0, 1, 2
 
@@ -118,10 +141,6 @@ _KIND_INT, _KIND_HASH, _KIND_OTHER = 0, 1, 2
 def lane_key(lane: int) -> str:
     """Return the DCP key of lane ``lane`` (``lane_00003``)."""
     return f"{LANE_PREFIX}{lane:05d}"
-
-
-def _scalar(value: int) -> torch.Tensor:
-    return torch.tensor([value], dtype=torch.int64)
 
 
 def _encode_field(value: Any) -> tuple[int, int]:
@@ -175,22 +194,6 @@ def lane_check(
     return int.from_bytes(hashlib.sha256(text.encode("ascii")).digest()[:8], "little") >> 2
 
 
-def mixture_digest(count: int, table: torch.Tensor, windows: torch.Tensor) -> str:
-    """SHA-256 (hex) of the ``count`` decisions a lane reads: log rows and effect windows.
-
-    Covers ``mixture_count``, the first ``count`` rows of ``mixture_log`` (their float64
-    bytes) and the first ``count`` entries of the lane's ``mixture_lane_NNNNN``; the unused
-    rows are never read. Empty (``""``) when ``count`` is 0, so a checkpoint without
-    decisions keeps the check value it had before decisions existed.
-    """
-    if count <= 0:
-        return ""
-    h = hashlib.sha256(count.to_bytes(8, "little", signed=True))
-    h.update(table[:count].to(torch.float64).contiguous().numpy().tobytes())
-    h.update(windows[:count].to(torch.int64).contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def _decode_field(kind: int, value: int) -> Any:
     if kind == _KIND_INT:
         return value
@@ -206,6 +209,7 @@ def to_dcp_state(
     dataset_names: list[str] | None = None,
     max_decisions: int = 0,
     lineage_bytes: int = 0,
+    stage_room: tuple[int, int] = (0, 0),
 ) -> dict[str, torch.Tensor]:
     """Convert a :class:`~zephon_nodes.engine.multiplexer.Multiplexer` state to DCP tensors.
 
@@ -217,14 +221,18 @@ def to_dcp_state(
         max_decisions: Room for decisions (0: no mixture keys).
         lineage_bytes: Room for a re-lane's lineage (0: no lineage keys; a state with a
             lineage needs room, and is written as ``DCP_FORMAT_RELANED``).
+        stage_room: ``(max_stage_bytes, max_stage_datasets)``: room for a stage section
+            (``(0, 0)``: no stage keys; a state with a section needs room, and is written as
+            ``DCP_FORMAT_STAGED``).
 
     Returns:
         ``{key: tensor}``: one ``lane_NNNNN`` per lane in ``state`` plus the replicated keys.
 
     Raises:
-        CheckpointError: If the decision log holds more than ``max_decisions`` entries, or
-            for a state of a later pass (``ZephonDataLoader`` never starts one; the DCP
-            layout has no place for it, and dropping it would resume in pass 0).
+        CheckpointError: If the decision log holds more than ``max_decisions`` entries, the
+            stage section does not fit ``stage_room``, or for a state of a later pass
+            (``ZephonDataLoader`` never starts one; the DCP layout has no place for it, and
+            dropping it would resume in pass 0).
     """
     if state.get("pass", 0):
         raise CheckpointError(
@@ -233,13 +241,20 @@ def to_dcp_state(
         )
     step = int(state["step"])
     lineage = state.get("lineage")
+    stage = state.get(STAGE_KEY)
+    if lineage is not None and stage is not None:
+        raise CheckpointError(
+            "the state carries both a re-lane's lineage and a stage section; a re-laned run "
+            "whose recipe changed is not supported"
+        )
+    fmt = DCP_FORMAT_RELANED if lineage is not None else DCP_FORMAT
     out: dict[str, torch.Tensor] = {
-        FORMAT_KEY: _scalar(DCP_FORMAT if lineage is None else DCP_FORMAT_RELANED),
-        NUM_LANES_KEY: _scalar(int(state["num_lanes"])),
-        STEP_KEY: _scalar(step),
-        MICRO_KEY: _scalar(int(state["micro"])),
-        DP_KEY: _scalar(dp_world_size),
-        LBS_KEY: _scalar(local_batch_size),
+        FORMAT_KEY: scalar(DCP_FORMAT_STAGED if stage is not None else fmt),
+        NUM_LANES_KEY: scalar(int(state["num_lanes"])),
+        STEP_KEY: scalar(step),
+        MICRO_KEY: scalar(int(state["micro"])),
+        DP_KEY: scalar(dp_world_size),
+        LBS_KEY: scalar(local_batch_size),
         FINGERPRINT_KEY: torch.frombuffer(
             bytearray(bytes.fromhex(str(state["fingerprint"]))), dtype=torch.uint8
         ).clone(),
@@ -256,91 +271,24 @@ def to_dcp_state(
     )
     digests: dict[int, str] = {}
     if max_decisions > 0:
-        names = list(dataset_names or [])
         mixture = state.get(MIXTURE_STATE_KEY) or {"log": [], "effects": {}}
-        log = mixture["log"]
-        if len(log) > max_decisions:
-            raise CheckpointError(
-                f"the mixture log holds {len(log)} decisions, more than "
-                f"dataloader.max_decisions={max_decisions}"
-            )
-        table = torch.full((max_decisions, 1 + len(names)), -1.0, dtype=torch.float64)
-        for k, entry in enumerate(log):
-            table[k, 0] = float(entry["step"])
-            weights = [float(entry["weights"][n]) for n in names]
-            table[k, 1:] = torch.tensor(weights, dtype=torch.float64)
-        out[MIXTURE_COUNT_KEY] = _scalar(len(log))
-        out[MIXTURE_LOG_KEY] = table
-        for key in state["lanes"]:
-            windows = torch.full((max_decisions,), -1, dtype=torch.int64)
-            eff = mixture["effects"].get(str(key), [])
-            windows[: len(eff)] = torch.tensor(eff, dtype=torch.int64)
-            out[mixture_lane_key(int(key))] = windows
-            digests[int(key)] = mixture_digest(len(log), table, windows)
+        keys, digests = mixture_to_dcp(
+            mixture, list(dataset_names or []), [int(k) for k in state["lanes"]], max_decisions
+        )
+        out.update(keys)
     for key, (window, consumed) in sorted(state["lanes"].items(), key=lambda kv: int(kv[0])):
         mix = digests.get(int(key), "")
         check = lane_check(fp, int(key), (window, consumed), replicated, mixture=mix)
         out[lane_key(int(key))] = torch.tensor([window, consumed, step, check], dtype=torch.int64)
     if lineage is not None or lineage_bytes > 0:
         out.update(lineage_to_dcp(lineage, lineage_bytes))
+    if stage is not None or stage_room[0] > 0:
+        lanes = [int(k) for k in state["lanes"]]
+        room, datasets = stage_room
+        out.update(
+            stage_to_dcp(stage, lanes, fingerprint=fp, step=step, room=room, datasets=datasets)
+        )
     return out
-
-
-def mixture_lane_key(lane: int) -> str:
-    """Return the DCP key of lane ``lane``'s decision effect windows."""
-    return f"{MIXTURE_LANE_PREFIX}{lane:05d}"
-
-
-def _mixture_from_dcp(
-    sd: Mapping[str, Any], names: list[str], lanes: list[int], max_decisions: int
-) -> dict[str, Any] | None:
-    """Read the decision log back from DCP tensors (None when there is none)."""
-    if MIXTURE_COUNT_KEY not in sd:
-        return None
-    (count,) = _as_ints(sd, MIXTURE_COUNT_KEY, 1)
-    table = sd.get(MIXTURE_LOG_KEY)
-    shape = (max_decisions, 1 + len(names))
-    if not isinstance(table, torch.Tensor) or tuple(table.shape) != shape:
-        raise CheckpointError(
-            f"dataloader.{MIXTURE_LOG_KEY}: expected a float64 tensor of shape {shape}, got "
-            f"{table!r:.80}"
-        )
-    if not 0 <= count <= max_decisions:
-        raise CheckpointError(f"dataloader.{MIXTURE_COUNT_KEY}={count} is out of range")
-    if count == 0:
-        return None
-    rows = table.to(torch.float64).tolist()
-    log = [
-        {"step": int(row[0]), "weights": dict(zip(names, row[1:], strict=True))}
-        for row in rows[:count]
-    ]
-    effects = {}
-    for lane in lanes:
-        effects[str(lane)] = _as_ints(sd, mixture_lane_key(lane), max_decisions)[:count]
-    return {"log": log, "effects": effects}
-
-
-def _stored_mixture_digest(sd: Mapping[str, Any], lane: int, max_decisions: int) -> str:
-    """:func:`mixture_digest` of the loaded ``mixture_*`` tensors, for ``lane``'s check."""
-    (count,) = _as_ints(sd, MIXTURE_COUNT_KEY, 1)
-    if not 0 <= count <= max_decisions:
-        raise CheckpointError(f"dataloader.{MIXTURE_COUNT_KEY}={count} is out of range")
-    table = sd.get(MIXTURE_LOG_KEY)
-    if not isinstance(table, torch.Tensor) or table.dtype != torch.float64:
-        raise CheckpointError(
-            f"dataloader.{MIXTURE_LOG_KEY}: expected a float64 tensor, got {table!r:.80}"
-        )
-    windows = torch.tensor(_as_ints(sd, mixture_lane_key(lane), max_decisions), dtype=torch.int64)
-    return mixture_digest(count, table, windows)
-
-
-def _as_ints(sd: Mapping[str, Any], key: str, n: int) -> list[int]:
-    value = sd.get(key)
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or value.numel() != n:
-        raise CheckpointError(
-            f"dataloader.{key}: expected an int64 tensor of {n} value(s), got {value!r:.80}"
-        )
-    return [int(v) for v in value.reshape(-1).tolist()]
 
 
 def _recipe_diff(sd: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
@@ -351,7 +299,7 @@ def _recipe_diff(sd: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]
         if name not in saved:
             out.append(f"{name}: absent from the checkpoint")
             continue
-        kind, value = _as_ints(sd, RECIPE_PREFIX + name, 2)
+        kind, value = read_ints(sd, RECIPE_PREFIX + name, 2)
         if name not in summary:
             out.append(f"{name}: in the checkpoint, absent from this recipe")
             continue
@@ -373,6 +321,7 @@ def decode_dcp_state(
     local_batch_size: int,
     max_decisions: int = 0,
     lineage_bytes: int = 0,
+    stage_room: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     """Convert loaded DCP tensors back to a JSON-safe state for ``lanes`` (no ``format`` key).
 
@@ -384,6 +333,8 @@ def decode_dcp_state(
         local_batch_size: This job's micro-batch size.
         max_decisions: Room for decisions in the mixture keys (0: none stored).
         lineage_bytes: Room of the lineage keys (0: the checkpoint must have none).
+        stage_room: ``(max_stage_bytes, max_stage_datasets)`` of the stage keys (``(0, 0)``:
+            the checkpoint must have no stage section).
 
     Raises:
         CheckpointError: If the checkpoint is not a zephon-nodes one, was written with
@@ -395,14 +346,21 @@ def decode_dcp_state(
             "the checkpoint's dataloader state has no 'zephon_format' key: it was not "
             "written by ZephonDataLoader (was it TorchTitan's default loader?)"
         )
-    (fmt,) = _as_ints(sd, FORMAT_KEY, 1)
+    (fmt,) = read_ints(sd, FORMAT_KEY, 1)
     if fmt == DCP_FORMAT_RELANED and not lineage_bytes:
         raise CheckpointError(
             f"the checkpoint was written after a re-lane (zephon_format={fmt}: it carries the "
             f"lineage of its data stream); resume it with dataloader.relaned = true and the "
             f"job's dataloader.max_lineage_bytes"
         )
-    if fmt not in (DCP_FORMAT, DCP_FORMAT_RELANED):
+    if fmt == DCP_FORMAT_STAGED and not stage_room[0]:
+        raise CheckpointError(
+            f"the checkpoint was written after a recipe change (zephon_format={fmt}: a stage of "
+            f"its recipe or a `zephon amend`; it carries the stage section); resume it with "
+            f"dataloader.amended = true and the job's dataloader.max_stage_bytes and "
+            f"dataloader.max_stage_datasets"
+        )
+    if fmt not in (DCP_FORMAT, DCP_FORMAT_RELANED, DCP_FORMAT_STAGED):
         raise CheckpointError(f"dataloader state has zephon_format={fmt}, expected {DCP_FORMAT}")
     fp = sd.get(FINGERPRINT_KEY)
     if not isinstance(fp, torch.Tensor) or fp.dtype != torch.uint8 or fp.numel() != 32:
@@ -418,7 +376,7 @@ def decode_dcp_state(
                 "was altered (a damaged or edited checkpoint)"
             )
         )
-        (saved_lanes,) = _as_ints(sd, NUM_LANES_KEY, 1)
+        (saved_lanes,) = read_ints(sd, NUM_LANES_KEY, 1)
         if saved_lanes != pipeline.recipe.num_lanes:
             detail += (
                 f" (to re-lane this checkpoint to num_lanes={pipeline.recipe.num_lanes}, "
@@ -428,24 +386,24 @@ def decode_dcp_state(
             f"the checkpoint was written with a different recipe (fingerprint "
             f"{fingerprint_pair(fingerprint, pipeline.fingerprint)}): {detail}"
         )
-    (num_lanes,) = _as_ints(sd, NUM_LANES_KEY, 1)
-    (step,) = _as_ints(sd, STEP_KEY, 1)
-    (micro,) = _as_ints(sd, MICRO_KEY, 1)
-    (saved_dp,) = _as_ints(sd, DP_KEY, 1)
-    (saved_lbs,) = _as_ints(sd, LBS_KEY, 1)
+    (num_lanes,) = read_ints(sd, NUM_LANES_KEY, 1)
+    (step,) = read_ints(sd, STEP_KEY, 1)
+    (micro,) = read_ints(sd, MICRO_KEY, 1)
+    (saved_dp,) = read_ints(sd, DP_KEY, 1)
+    (saved_lbs,) = read_ints(sd, LBS_KEY, 1)
     stored_mixture = max_decisions > 0 and MIXTURE_COUNT_KEY in sd
     positions: dict[str, list[int]] = {}
     for lane in lanes:
         key = lane_key(lane)
         if key not in sd:
             raise CheckpointError(f"the checkpoint has no state for lane {lane} ({key})")
-        window, consumed, lane_step, check = _as_ints(sd, key, 4)
+        window, consumed, lane_step, check = read_ints(sd, key, 4)
         if lane_step != step:
             raise CheckpointError(
                 f"lane {lane} was saved at step {lane_step}, the checkpoint is at step {step}"
             )
         replicated = (num_lanes, step, micro, saved_dp, saved_lbs)
-        mix = _stored_mixture_digest(sd, lane, max_decisions) if stored_mixture else ""
+        mix = stored_mixture_digest(sd, lane, max_decisions) if stored_mixture else ""
         if check != lane_check(fingerprint, lane, (window, consumed), replicated, mixture=mix):
             if mix:
                 what = (
@@ -468,7 +426,7 @@ def decode_dcp_state(
     state: dict[str, Any] = {
         "fingerprint": fingerprint,
         "recipe": {
-            k[len(RECIPE_PREFIX) :]: _decode_field(*_as_ints(sd, k, 2))
+            k[len(RECIPE_PREFIX) :]: _decode_field(*read_ints(sd, k, 2))
             for k in sorted(sd)
             if k.startswith(RECIPE_PREFIX)
         },
@@ -481,9 +439,22 @@ def decode_dcp_state(
         lineage = lineage_from_dcp(sd, lineage_bytes)
         if lineage is not None:
             state["lineage"] = lineage
+    if stage_room[0] > 0:
+        room, datasets = stage_room
+        stage = stage_from_dcp(
+            sd, lanes, fingerprint=fingerprint, step=step, room=room, datasets=datasets
+        )
+        if (stage is not None) != (fmt == DCP_FORMAT_STAGED):
+            raise CheckpointError(
+                f"dataloader.{FORMAT_KEY}={fmt} but the stage keys hold "
+                f"{'a' if stage is not None else 'no'} stage section (a damaged or edited "
+                f"checkpoint)"
+            )
+        if stage is not None:
+            state[STAGE_KEY] = stage
     if max_decisions > 0:
         names = [d.name for d in pipeline.recipe.datasets]
-        mixture = _mixture_from_dcp(sd, names, lanes, max_decisions)
+        mixture = mixture_from_dcp(sd, names, lanes, max_decisions)
         if mixture is not None:
             state[MIXTURE_STATE_KEY] = mixture
     if micro:

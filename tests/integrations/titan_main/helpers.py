@@ -17,8 +17,11 @@ SEQ = 64  # the default test recipe's seq_len (G=8, 4 lanes)
 SPL = 2  # samples per lane per step
 
 
-def build(recipe: Path | str, world: int, rank: int, rows: int = 2, **cfg: Any) -> Any:
-    """Build the main adapter the way TorchTitan main's Trainer does (one worker)."""
+def build(
+    recipe: Path | str, world: int, rank: int, rows: int = 2, *, seq: int = SEQ, **cfg: Any
+) -> Any:
+    """Build the main adapter the way TorchTitan main's Trainer does (one worker); a
+    micro-batch is ``rows`` packed samples of ``seq`` tokens."""
     from zephon_nodes.integrations.torchtitan import ZephonDataLoader
 
     cfg.setdefault("num_workers", 1)
@@ -28,7 +31,7 @@ def build(recipe: Path | str, world: int, rank: int, rows: int = 2, **cfg: Any) 
         dp_rank=rank,
         tokenizer=None,
         max_context_length=2048,
-        num_tokens_per_batch=rows * SEQ,
+        num_tokens_per_batch=rows * seq,
     )
 
 
@@ -50,7 +53,7 @@ def unflatten(batch: tuple[dict[str, torch.Tensor], torch.Tensor], seq: int = SE
 
 
 def optimizer_steps(
-    loaders: list[Any], iters: list[Any], steps: int, accum: int, spl: int = SPL
+    loaders: list[Any], iters: list[Any], steps: int, accum: int, spl: int = SPL, seq: int = SEQ
 ) -> list[str]:
     """Digest each optimizer step: every rank's ``accum`` micro-batches, rank order first."""
     out = []
@@ -58,7 +61,7 @@ def optimizer_steps(
         flat = [[next(it) for _ in range(accum)] for it in iters]
         # The step's tokens: ranks in order, then micro-batches in order, as one [G*S] run.
         tokens = torch.cat([b[0]["input"] for per_rank in flat for b in per_rank])
-        rows = [r for per_rank in flat for b in per_rank for r in unflatten(b)]
+        rows = [r for per_rank in flat for b in per_rank for r in unflatten(b, seq)]
         glued = np.concatenate([r["input"] for r in rows])
         assert np.array_equal(tokens.numpy(), glued)
         out.append(step_digest([rows], spl))
@@ -76,7 +79,7 @@ def union(states: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for sd in states:
         for k, v in sd.items():
-            lane = k.startswith(("lane_", "mixture_lane_"))
+            lane = k.startswith(("lane_", "mixture_lane_", "stage_lane_"))
             assert not (lane and k in out), f"lane key {k} saved twice"
             if k in out:
                 assert torch.equal(out[k], v), f"replicated key {k} differs between ranks"

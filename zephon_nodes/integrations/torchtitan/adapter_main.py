@@ -30,7 +30,7 @@ from torchtitan.components.data.loader import BaseDataLoader, DataloaderExhauste
 from torchtitan.components.loss import IGNORE_INDEX
 
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.integrations.torchtitan.common import check_config
+from zephon_nodes.integrations.torchtitan.common import check_config, check_stages
 from zephon_nodes.integrations.torchtitan.lanes import LaneLoader
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
@@ -229,6 +229,18 @@ class ZephonDataLoader(LaneLoader, BaseDataLoader):
         max_lineage_bytes: int = 65536
         """Room for a re-lane's lineage in the checkpoint (about 12 bytes per old lane)."""
 
+        amended: bool = False
+        """The checkpoint to load was written after a recipe change (``zephon amend``, or a
+        stage of another recipe): it carries a stage section. A recipe with stages reserves
+        its keys without this."""
+
+        max_stage_bytes: int = 16384
+        """Room for a stage section's shared part in the checkpoint (its dataset names,
+        streams and amendments: about 40 bytes per dataset, 90 per amendment)."""
+
+        max_stage_datasets: int = 32
+        """Room per lane for the datasets a changing recipe has read (8 bytes each)."""
+
         def __post_init__(self) -> None:
             check_config(self)
 
@@ -250,6 +262,7 @@ class ZephonDataLoader(LaneLoader, BaseDataLoader):
             raise RecipeError("ZephonDataLoader needs a recipe: set --dataloader.recipe PATH.toml")
         self.config = config
         recipe = Recipe.from_toml(config.recipe)
+        check_stages(recipe, f"{_MICRO} and {_STEP}")
         rows = check_launch(
             recipe,
             dp_world_size=dp_world_size,

@@ -27,6 +27,7 @@ from zephon_nodes.state.dcp import decode_dcp_state
 __all__ = [
     "check_agreement",
     "check_config",
+    "check_stages",
     "check_tokenizer",
     "from_dcp_state",
     "loader_metrics",
@@ -68,6 +69,7 @@ def from_dcp_state(
     local_batch_size: int,
     max_decisions: int = 0,
     lineage_bytes: int = 0,
+    stage_room: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     """Convert loaded DCP tensors back to a JSON-safe multiplexer state for ``lanes``.
 
@@ -82,6 +84,7 @@ def from_dcp_state(
         local_batch_size=local_batch_size,
         max_decisions=max_decisions,
         lineage_bytes=lineage_bytes,
+        stage_room=stage_room,
     )
     return {"format": FORMAT, **state}
 
@@ -137,8 +140,42 @@ def check_config(config: Any) -> None:
             f"dataloader.relane_from={config.relane_from} and dataloader."
             f"max_lineage_bytes={config.max_lineage_bytes} must be >= 0"
         )
+    if config.max_stage_bytes < 1 or config.max_stage_datasets < 1:
+        raise RecipeError(
+            f"dataloader.max_stage_bytes={config.max_stage_bytes} and dataloader."
+            f"max_stage_datasets={config.max_stage_datasets} must be >= 1"
+        )
     if not config.worker_timeout_s > 0:
         raise RecipeError(f"dataloader.worker_timeout_s={config.worker_timeout_s} must be > 0")
+
+
+def check_stages(recipe: Recipe, job: str) -> None:
+    """Refuse a recipe whose stages change what a TorchTitan job fixes for its whole run.
+
+    A TorchTitan job has one sequence length and one optimizer step (its own training
+    config); stages that change only the datasets, weights, shuffle, operators or packing
+    mode run inside the job.
+
+    Args:
+        recipe: The recipe the loader reads.
+        job: The job's settings of both, for the message (e.g. ``"training.seq_len and
+            training.global_batch_size"``).
+
+    Raises:
+        RecipeError: Naming the first stage that changes ``seq_len`` or
+            ``global_batch_size`` and what to do instead.
+    """
+    for i, stage in enumerate(recipe.stages):
+        for field in ("seq_len", "global_batch_size"):
+            before, after = getattr(recipe, field), getattr(stage.recipe, field)
+            if before != after:
+                raise RecipeError(
+                    f"stages[{i}] (start_step={stage.start_step}) changes {field} from "
+                    f"{before} to {after}, which a TorchTitan job keeps for its whole run "
+                    f"({job}): end the job after step {stage.start_step} and resume its "
+                    f"checkpoint, amended with `zephon amend` to the stage's recipe, in a job "
+                    f"with the new training config (dataloader.amended = true)"
+                )
 
 
 def check_agreement(step: int, index: int, weights: Mapping[str, float], group: Any = None) -> None:

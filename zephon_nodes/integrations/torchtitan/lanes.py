@@ -1,4 +1,4 @@
-"""The lanes behind both TorchTitan adapters: pool, rank node, state, mixture, re-lane.
+"""The lanes behind both TorchTitan adapters: pool, rank node, state, mixture, re-lane, stages.
 
 :class:`LaneLoader` is everything a ``ZephonDataLoader`` does that does not depend on
 TorchTitan's API: it owns this rank's lanes (a contiguous block of ``num_lanes /
@@ -32,6 +32,7 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.stages import segment_for_state
 from zephon_nodes.integrations.torchtitan.common import (
     check_agreement,
     check_tokenizer,
@@ -41,6 +42,7 @@ from zephon_nodes.integrations.torchtitan.common import (
 )
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.dcp import to_dcp_state
+from zephon_nodes.state.stage import STAGE_KEY
 from zephon_nodes.verification.dump import StepDumper
 
 __all__ = ["LaneLoader"]
@@ -167,6 +169,14 @@ class LaneLoader:
     def _lineage_room(self, state: Mapping[str, Any]) -> int:
         relaned = state.get("lineage") is not None or self.config.relaned
         return self.config.max_lineage_bytes if relaned else 0
+
+    def _stage_room(self, state: Mapping[str, Any] | None = None) -> tuple[int, int]:
+        """Room of the stage keys: reserved by a recipe with stages or ``dataloader.amended``."""
+        config = self.config
+        staged = bool(self.pipeline.recipe.stages) or config.amended
+        if staged or (state is not None and state.get(STAGE_KEY) is not None):
+            return config.max_stage_bytes, config.max_stage_datasets
+        return 0, 0
 
     def _relane_template(self) -> dict[str, Any]:
         """The keys of the checkpoint ``dataloader.relane_from`` names: all its old lanes."""
@@ -326,10 +336,12 @@ class LaneLoader:
                 middle of a step, a full log (``dataloader.max_decisions``), or when ranks
                 disagree (naming both weight sets).
         """
-        self.pipeline.work_source.refuse_decisions()  # a re-laned stream refuses
+        state = self._restore if self._restore is not None else self._state
+        # A re-laned stream refuses, and so does one whose recipe changed (a stage or an
+        # amendment), also before iteration reaches the node.
+        segment_for_state(self.pipeline, state).work_source.refuse_decisions()
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="ZephonDataLoader.set_mixture")
-        state = self._restore if self._restore is not None else self._state
         log = (state.get(MIXTURE_KEY) or {}).get("log", [])
         if len(log) >= self.max_decisions:
             raise RecipeError(
@@ -367,6 +379,7 @@ class LaneLoader:
             dataset_names=[d.name for d in self.pipeline.recipe.datasets],
             max_decisions=self.max_decisions,
             lineage_bytes=self._lineage_room(state),
+            stage_room=self._stage_room(state),
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -393,17 +406,22 @@ class LaneLoader:
                 local_batch_size=self.local_batch_size,
                 max_decisions=self.max_decisions,
                 lineage_bytes=room,
+                stage_room=self._stage_room(),
             )
             self._read_relaned(state)
         p = self.pipeline
+        segment = segment_for_state(p, state)  # the stage the state is in (checked here)
         validate_state(
             state,
             fingerprint=p.fingerprint,
             summary=p.summary,
             num_lanes=p.num_lanes,
             lanes=self.lanes,
-            samples_per_lane=p.recipe.samples_per_lane,
+            samples_per_lane=segment.recipe.samples_per_lane,
+            base_step=segment.base_step,
         )
+        if segment.stage is not None:
+            segment.stage.require_lanes(self.lanes)
         parse_mixture_state(
             state.get(MIXTURE_KEY),
             [d.name for d in p.recipe.datasets],
@@ -427,6 +445,7 @@ class LaneLoader:
             local_batch_size=self.local_batch_size,
             max_decisions=self.max_decisions,
             lineage_bytes=room,
+            stage_room=self._stage_room(),
         )
         new = relane_state(self.pipeline, saved, self.pipeline.num_lanes)
         logger.warning(
