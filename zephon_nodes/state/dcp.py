@@ -57,8 +57,7 @@ from zephon_nodes.state.dcp_mixture import (
 from zephon_nodes.state.dcp_stage import STAGE_LANE_PREFIX, stage_from_dcp, stage_to_dcp
 from zephon_nodes.state.dcp_tensors import read_ints, scalar
 from zephon_nodes.state.identity import fingerprint_pair
-from zephon_nodes.state.schema import MIXTURE_KEY
-from zephon_nodes.state.stage import STAGE_KEY
+from zephon_nodes.state.schema import MIXTURE_KEY, STAGE_KEY
 
 __all__ = [
     "DCP_FORMAT",

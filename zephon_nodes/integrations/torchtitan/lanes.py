@@ -42,7 +42,7 @@ from zephon_nodes.integrations.torchtitan.common import (
 )
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.dcp import to_dcp_state
-from zephon_nodes.state.stage import STAGE_KEY
+from zephon_nodes.state.schema import STAGE_KEY
 from zephon_nodes.verification.dump import StepDumper
 
 __all__ = ["LaneLoader"]
