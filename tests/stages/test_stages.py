@@ -327,3 +327,12 @@ def test_stats_and_metrics_report_the_change(staged: Pipeline, reference: list[A
             next(node)
         metrics = node.metrics()["recipe_change"]
     assert metrics["stage"] == 1 and metrics["after_step"] == 4
+
+
+def test_a_second_pass_over_a_staged_recipe_is_refused(staged: Pipeline) -> None:
+    node = staged.rank_node(1, 0)
+    with node:
+        node.reset(None)
+        next(node)
+        with pytest.raises(RecipeError, match="second pass"):
+            node.reset(None)

@@ -281,6 +281,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._partial, self._unused = {}, None
         self._switch(segment_for_state(self.pipeline, initial_state))
         if initial_state is None:
+            if self._used and self.pipeline.recipe.stages:
+                raise RecipeError(
+                    "a second pass (a new iter() without a state) over a recipe with [[stages]] "
+                    "is not supported: its stages are steps of one run"
+                )
             if self._used:
                 self._pass += 1
             self._used = False
