@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from zephon_nodes.commands.inspect import load_any
+from zephon_nodes.commands.inspect import add_checkpoint_arg, load_any
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.stages import amend_state
@@ -36,11 +36,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     p.add_argument("old_recipe", help="recipe TOML file the checkpoint was taken with")
-    p.add_argument(
-        "checkpoint",
-        help="a state JSON file, a directory holding zephon_state.json, or a multi-rank "
-        "checkpoint directory (a committed step directory or its root)",
-    )
+    add_checkpoint_arg(p)
     p.add_argument("new_recipe", help="recipe TOML file to continue with")
     p.add_argument("--at-step", type=int, default=None, help="the step the change follows")
     p.add_argument("--output", required=True, help="directory to write zephon_state.json to")

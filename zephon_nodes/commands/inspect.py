@@ -27,7 +27,7 @@ from zephon_nodes.state.schema import (
 )
 from zephon_nodes.state.validate import validate_state
 
-__all__ = ["add_parser", "load_any", "resume_check", "run"]
+__all__ = ["CHECKPOINT_HELP", "add_checkpoint_arg", "add_parser", "load_any", "resume_check", "run"]
 
 
 def add_parser(sub: Any) -> None:
@@ -41,14 +41,21 @@ def add_parser(sub: Any) -> None:
             "that recipe can resume from it and, if not, which fields differ (exit status 1)."
         ),
     )
-    p.add_argument(
-        "checkpoint",
-        help="a state JSON file, a directory holding zephon_state.json, or a multi-rank "
-        "checkpoint directory (a committed step directory or its root)",
-    )
+    add_checkpoint_arg(p)
     p.add_argument("--recipe", default=None, help="recipe TOML to check the checkpoint against")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.set_defaults(func=run)
+
+
+CHECKPOINT_HELP = (
+    "a state JSON file, a directory holding zephon_state.json, or a multi-rank checkpoint "
+    "directory (a committed step directory or its root)"
+)
+
+
+def add_checkpoint_arg(parser: Any) -> None:
+    """Add the ``checkpoint`` argument every command reading a checkpoint takes."""
+    parser.add_argument("checkpoint", help=CHECKPOINT_HELP)
 
 
 def load_any(path: str | Path) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from zephon_nodes.commands.inspect import load_any
+from zephon_nodes.commands.inspect import add_checkpoint_arg, load_any
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.relane import RelanedWorkSource, for_state, pipeline_at, relane_state
 from zephon_nodes.recipe import Recipe
@@ -30,11 +30,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     p.add_argument("recipe", help="recipe TOML file the checkpoint was taken with")
-    p.add_argument(
-        "checkpoint",
-        help="a state JSON file, a directory holding zephon_state.json, or a multi-rank "
-        "checkpoint directory (a committed step directory or its root)",
-    )
+    add_checkpoint_arg(p)
     p.add_argument("--num-lanes", type=int, required=True, help="the new lane count")
     p.add_argument("--output", required=True, help="directory to write zephon_state.json to")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
