@@ -101,3 +101,32 @@ def test_amend_refusals_are_one_line(corpus: tuple[Path, Any]) -> None:
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_decisions_a_run_cannot_take_are_refused_at_start_up(corpus: tuple[Path, Any]) -> None:
+    """Issue 27.10: a decision after a re-lane or a recipe change is refused before step 1."""
+    root, _ = corpus
+    old = _write(root, "mix4.toml", 32, "ab")
+    two = root / "mix2.toml"
+    two.write_text(old.read_text().replace("num_lanes = 4", "num_lanes = 2"))
+    staged = _write(root, "mixs.toml", 32, "ab", "[[stages]]\nstart_step = 3\nseq_len = 64\n")
+    updates = root / "updates.json"
+    updates.write_text(json.dumps([{"step": 4, "weights": {"a": 0.3, "b": 0.7}}]))
+    assert (
+        _zephon(
+            "digest", old, "--steps", 2, "--save-at", 2, "--checkpoint-dir", "ck4", cwd=root
+        ).returncode
+        == 0
+    )
+    assert (
+        _zephon("relane", old, "ck4", "--num-lanes", 2, "--output", "ck2", cwd=root).returncode == 0
+    )
+    cases = [
+        (("digest", two, "--steps", 4, "--resume-from", "ck2"), "not supported after a re-lane"),
+        (("digest", staged, "--steps", 6), "not supported after a recipe change"),
+    ]
+    for args, message in cases:
+        done = _zephon(*args, "--mixture-updates", updates, cwd=root)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+        assert done.stdout == ""  # refused before the first step, not when reached

@@ -11,13 +11,17 @@ from zephon_nodes.commands.cache import add_token_cache_args, settings_from_args
 from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import using
-from zephon_nodes.engine.mixture_log import read_updates, updates_after
+from zephon_nodes.engine.mixture_log import (
+    read_updates,
+    refuse_updates_after_stages,
+    updates_after,
+)
 from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.files import check_writable, load_state, save_state
-from zephon_nodes.state.schema import STEP_KEY, RankState
+from zephon_nodes.state.schema import STAGE_KEY, STEP_KEY, RankState
 from zephon_nodes.verification.dump import write_sources, write_step
 from zephon_nodes.verification.simulate import simulate
 
@@ -115,6 +119,14 @@ def _run(args: argparse.Namespace) -> int:
         updates = updates_after(
             read_updates(args.mixture_updates, names), resume, names, "--mixture-updates"
         )
+        stage_steps = [s.start_step for s in pipeline.recipe.stages]
+        refuse_updates_after_stages(updates, stage_steps, "--mixture-updates")
+        if resume is not None and resume.get(STAGE_KEY) is not None and updates:
+            raise RecipeError(
+                f"--mixture-updates: decision after step {updates[0][0]}: set_mixture is not "
+                f"supported after a recipe change (the checkpoint was written after one); give "
+                f"the weights as a stage's `weights` or amend the recipe"
+            )
 
     def on_save(state: dict[str, Any]) -> None:
         path = save_state(args.checkpoint_dir, state)

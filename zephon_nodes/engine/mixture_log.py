@@ -32,9 +32,10 @@ from zephon_nodes.state.mixture import (
     parse_mixture_state,
     with_decision,
 )
-from zephon_nodes.state.schema import STEP_KEY, is_int
+from zephon_nodes.state.schema import LINEAGE_KEY, STEP_KEY, is_int
 
 __all__ = [
+    "refuse_updates_after_stages",
     "MIXTURE_KEY",
     "MixtureLog",
     "normalize_weights",
@@ -142,4 +143,28 @@ def updates_after(
                 f"from the checkpoint's log: the file has {show(a)}, the checkpoint has "
                 f"{show(b)}; entries up to step {step} are replayed from the checkpoint"
             )
-    return [(s, w) for s, w in updates if s > step]
+    later = [(s, w) for s, w in updates if s > step]
+    if later and state.get(LINEAGE_KEY) is not None:
+        raise RecipeError(
+            f"{where}: decision after step {later[0][0]}: set_mixture is not supported after a "
+            f"re-lane (the checkpoint was re-laned); change the mixture before re-laning"
+        )
+    return later
+
+
+def refuse_updates_after_stages(
+    updates: Sequence[tuple[int, dict]], stage_steps: Sequence[int], where: str
+) -> None:
+    """Refuse, at start-up, a decision made after a recipe's first stage has started.
+
+    Raises:
+        RecipeError: Naming the decision and the stage.
+    """
+    if stage_steps:
+        late = [s for s, _ in updates if s >= stage_steps[0]]
+        if late:
+            raise RecipeError(
+                f"{where}: decision after step {late[0]}: set_mixture is not supported after a "
+                f"recipe change (the recipe's first stage starts after step {stage_steps[0]}); "
+                f"give the weights as a stage's `weights`"
+            )
