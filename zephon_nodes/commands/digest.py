@@ -176,7 +176,9 @@ def _run(args: argparse.Namespace) -> int:
     if skipped:
         print(f"zephon digest: files left out, by dataset and reason: {skipped}", file=sys.stderr)
     cache = pipeline.cache_stats()
-    if cache is not None:
+    # The counters are printed when a limit was asked for (--cache-limit, ZEPHON_CACHE_LIMIT):
+    # the default-bounded cache of every .zst read would add a line to every run.
+    if cache is not None and pipeline.settings.cache_limit is not None:
         print(f"zephon digest: node cache {json.dumps(cache, sort_keys=True)}", file=sys.stderr)
     tokens_cached = pipeline.token_cache_stats()
     if tokens_cached is not None:
