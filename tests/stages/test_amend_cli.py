@@ -77,6 +77,10 @@ def test_amend_then_resume_gives_the_stage(corpus: tuple[Path, Any]) -> None:
     assert wrong.returncode == 2
     assert wrong.stderr.count("\n") == 1 and "different recipe" in wrong.stderr
     assert "seq_len: checkpoint has 64, recipe has 32" in wrong.stderr
+    assert "amended from this recipe" in wrong.stderr
+    seen = _zephon("inspect", "am", "--recipe", new, cwd=root)
+    assert seen.returncode == 0 and "resume with" in seen.stdout and ": yes" in seen.stdout
+    assert "recipe change: stage 0 in force since step 5 (1 amendment(s))" in seen.stdout
 
 
 def test_amend_refusals_are_one_line(corpus: tuple[Path, Any]) -> None:

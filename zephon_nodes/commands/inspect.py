@@ -23,8 +23,10 @@ from zephon_nodes.state.schema import (
     NUM_LANES_KEY,
     PASS_KEY,
     RECIPE_KEY,
+    STAGE_KEY,
     STEP_KEY,
 )
+from zephon_nodes.state.stage import summarize_changes
 from zephon_nodes.state.validate import validate_state
 
 __all__ = ["CHECKPOINT_HELP", "add_checkpoint_arg", "add_parser", "load_any", "resume_check", "run"]
@@ -86,26 +88,33 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
     # Compiling a recipe needs the engine (and torch); only --recipe does.
     from zephon_nodes.engine.pipeline import Pipeline
     from zephon_nodes.engine.relane import for_state
+    from zephon_nodes.engine.stages import segment_for_state
 
     pipeline = Pipeline(recipe)
     diffs = summary_diff(state.get(RECIPE_KEY), pipeline.summary, hashes=True)
     lanes = state.get(LANES_KEY)
     owned = [int(k) for k in lanes if str(k).isdigit()] if isinstance(lanes, dict) else []
     try:
-        resuming = for_state(pipeline, state)
+        # A checkpoint after a recipe change is held to the stage it is in (its batch size,
+        # its positions counted from the change), as a resume holds it.
+        resuming = for_state(segment_for_state(pipeline, state), state)
+        in_force = resuming.recipe
         positions = validate_state(
             state,
             fingerprint=resuming.fingerprint,
             summary=resuming.summary,
             num_lanes=recipe.num_lanes,
             lanes=owned,
-            samples_per_lane=recipe.samples_per_lane,
+            samples_per_lane=in_force.samples_per_lane,
+            base_step=resuming.base_step,
         )
-        check_lineage(state.get(LINEAGE_KEY), getattr(resuming, "lineage", None))
-        names = [d.name for d in recipe.datasets]
+        if resuming.stage is not None:
+            resuming.stage.require_lanes(owned)
+        check_lineage(state.get(LINEAGE_KEY), resuming.lineage)
+        names = [d.name for d in in_force.datasets]
         log = parse_mixture_state(state.get(MIXTURE_KEY), names, owned, state[STEP_KEY])
         if state.get(LINEAGE_KEY) is None:
-            check_effects(log, positions, state[STEP_KEY], recipe.samples_per_lane)
+            check_effects(log, positions, state[STEP_KEY], in_force.samples_per_lane)
     except CheckpointError as e:
         return False, str(e), diffs
     missing = sorted(set(range(recipe.num_lanes)) - set(owned))
@@ -140,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
         out["mixture_log"] = mixture[LOG_KEY]  # decisions of a dynamic mixture
     if state.get(LINEAGE_KEY) is not None:
         out["lineage"] = state[LINEAGE_KEY]  # a re-laned checkpoint (zephon relane)
+    change = summarize_changes([state.get(STAGE_KEY)])
+    if change is not None:  # the recipe changed mid-run (a stage, zephon amend)
+        out["recipe_change"] = change
     status = 0
     if args.recipe is not None:
         ok, message, diffs = resume_check(state, Recipe.from_toml(args.recipe))
@@ -162,6 +174,13 @@ def run(args: argparse.Namespace) -> int:
     if "lineage" in out:
         for line in describe_lineage(out["lineage"]):
             print(f"lineage:      {line}")
+    if "recipe_change" in out:
+        c = out["recipe_change"]
+        print(
+            f"recipe change: stage {c['stage']} in force since step {c['after_step']}"
+            f" ({c['amendments']} amendment(s)); dropped by the changes: "
+            f"{c['dropped_samples']} samples, {c['dropped_tokens']} tokens"
+        )
     for entry in out.get("mixture_log", []):
         print(f"mixture decision after step {entry.get('step')}: {entry.get('weights')}")
     if "resume" in out:

@@ -192,6 +192,8 @@ def segment_for_state(current: Any, state: Mapping[str, Any] | None) -> Any:
         CheckpointError: If the state's stage section is malformed or does not fit the recipe.
     """
     run = current.run
+    if state is not None and not isinstance(state, Mapping):
+        return current  # not a state at all: the resume's validation says so
     raw = state.get(STAGE_KEY) if state is not None else None
     if raw is None:
         if current.stage is None:
@@ -206,6 +208,8 @@ def segment_for_state(current: Any, state: Mapping[str, Any] | None) -> Any:
                     f"run of this recipe"
                 )
         return run
+    if state is not None and state.get(FINGERPRINT_KEY) != run.fingerprint:
+        return current  # another recipe: the resume refuses it, naming the fields that differ
     stage = StageState.from_state(raw, run.num_lanes)
     step = state.get(STEP_KEY) if state is not None else None
     seg = stage_pipeline(run, stage)

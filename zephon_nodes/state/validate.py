@@ -16,7 +16,7 @@ from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.identity import fingerprint_pair, summary_diff
-from zephon_nodes.state.schema import RankState
+from zephon_nodes.state.schema import FINGERPRINT_KEY, RankState
 
 __all__ = ["check_positions", "check_recipe", "check_replayed", "validate_state"]
 
@@ -40,6 +40,15 @@ def check_recipe(rank: RankState, fingerprint: str, summary: Mapping[str, Any]) 
         )
     else:
         detail = "the checkpoint records no readable recipe summary to compare"
+    stage = rank.stage if isinstance(rank.stage, Mapping) else {}
+    amended = stage.get("amended")
+    if isinstance(amended, list) and any(
+        isinstance(a, Mapping) and a.get(FINGERPRINT_KEY) == fingerprint for a in amended
+    ):
+        detail += (
+            "; the checkpoint was amended from this recipe (zephon amend): resume it with the "
+            "recipe it was amended to"
+        )
     raise CheckpointError(
         f"the checkpoint was written with a different recipe (fingerprint "
         f"{fingerprint_pair(rank.fingerprint, fingerprint)}): {detail}"
