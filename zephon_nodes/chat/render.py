@@ -13,7 +13,7 @@ from zephon_nodes.chat.template import ChatTemplate, TemplateFailure
 from zephon_nodes.core.errors import DataError, RecipeError
 from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.operators.documents import DocBatch, Skipped, add_skipped
-from zephon_nodes.operators.parse import classify_file_error, record_object
+from zephon_nodes.operators.parse import record_object, skip_reason
 from zephon_nodes.operators.tokenize import (
     ByteTokenizer,
     HFTokenizer,
@@ -198,8 +198,8 @@ class RenderChat:
             rows = item.shard.read(item.start, item.stop)
         except DataError as e:
             if not skipping or getattr(e, "refused_under_skip", False):
-                raise DataError(f"dataset {item.dataset_name!r}: {e}") from None
-            reason = classify_file_error(str(e), item.shard.path)
+                raise DataError(f"dataset {item.dataset_name!r}: {e}", kind=e.kind) from None
+            reason: str = skip_reason(e, item.shard.path)
             skipped = add_skipped((), reason, item.stop - item.start)
             return DocBatch(empty, np.zeros(0, np.int64), item.dataset, skipped, np.zeros(0, bool))
         tok = self.tokenizer if self.tokenizer is not None else load_tokenizer(self.tokenizer_spec)

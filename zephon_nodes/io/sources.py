@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_nodes.core.errors import DataError, classify_file_error
+from zephon_nodes.core.errors import EMPTY_FILE, DataError, skip_reason
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.discovery import RecipeDataset, dataset_files
 from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
@@ -99,7 +99,7 @@ def _open_indexed(
         return None
     shards = LazyShards(files, spec.name, spec.text_field, image_column)
     empty = int((shards.records == 0).sum())
-    skipped = {"empty_file": empty} if empty else {}
+    skipped = {EMPTY_FILE: empty} if empty else {}
     return OpenedDataset(Dataset(spec.name, spec.text_field, shards, chunk_size), skipped)
 
 
@@ -143,11 +143,11 @@ def open_dataset(
             # it is reported under "empty_file" with the skipped files, whatever the policy.
             shard = _open_file(spec, str(path), image_column)
             if shard.num_records == 0:
-                skipped["empty_file"] = skipped.get("empty_file", 0) + 1
+                skipped[EMPTY_FILE] = skipped.get(EMPTY_FILE, 0) + 1
         except DataError as e:
             if spec.on_error != "skip":
-                raise DataError(f"dataset {spec.name!r}: {e}") from None
-            reason = classify_file_error(str(e), str(path))
+                raise DataError(f"dataset {spec.name!r}: {e}", kind=e.kind) from None
+            reason = skip_reason(e, str(path))
             skipped[reason] = skipped.get(reason, 0) + 1
             continue
         shards.append(shard)

@@ -12,7 +12,7 @@ from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.io.formats.tar import TarSample
 from zephon_nodes.operators.documents import Skipped, add_skipped
-from zephon_nodes.operators.parse import classify_file_error
+from zephon_nodes.operators.parse import skip_reason
 
 __all__ = ["DEFAULT_IMAGE_FIELD", "MMBatch", "MMRecord", "ParseMultimodal"]
 
@@ -153,8 +153,8 @@ class ParseMultimodal:
             rows = item.shard.read(item.start, item.stop)
         except DataError as e:
             if not skipping or getattr(e, "refused_under_skip", False):
-                raise DataError(f"{prefix}: {e}") from None
-            reason = classify_file_error(str(e), item.shard.path)
+                raise DataError(f"{prefix}: {e}", kind=e.kind) from None
+            reason = skip_reason(e, item.shard.path)
             return MMBatch([], item.dataset, add_skipped((), reason, item.stop - item.start))
         out: list[MMRecord] = []
         skipped: Skipped = ()

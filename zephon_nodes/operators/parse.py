@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.core.errors import DataError, classify_file_error
+from zephon_nodes.core.errors import DataError, classify_file_error, os_error_kind, skip_reason
 from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.operators.documents import Skipped, TextBatch, add_skipped
 
-__all__ = ["ParseJsonl", "classify_file_error", "record_object"]
+__all__ = ["ParseJsonl", "classify_file_error", "record_object", "skip_reason"]
 
 
 def record_object(raw: Any) -> tuple[dict[str, Any] | None, str, str]:
@@ -109,13 +109,13 @@ class ParseJsonl:
             except OSError as e:
                 # A file deleted or made unreadable after it was indexed: the same policy as
                 # one truncated after it was indexed (raise, or skip and count).
-                raise DataError(f"{item.shard.path}: cannot read: {e}") from None
+                raise DataError(
+                    f"{item.shard.path}: cannot read: {e}", kind=os_error_kind(e)
+                ) from None
         except DataError as e:
             if not skipping or getattr(e, "refused_under_skip", False):
-                raise DataError(f"dataset {item.dataset_name!r}: {e}") from None
-            skipped = add_skipped(
-                (), classify_file_error(str(e), item.shard.path), item.stop - item.start
-            )
+                raise DataError(f"dataset {item.dataset_name!r}: {e}", kind=e.kind) from None
+            skipped = add_skipped((), skip_reason(e, item.shard.path), item.stop - item.start)
             return TextBatch([], item.describe(), item.dataset, skipped, item.shard_index)
         texts = []
         records = []

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon_nodes.core.errors import FILE_ERROR_KINDS
 from zephon_nodes.io.nodecache.tokenstore import (
     Entry,
     now_cpu_ns,
@@ -54,19 +55,8 @@ __all__ = [
     "tokenizer_identity",
 ]
 
-# Skip reasons of a whole file (see operators.parse.classify_file_error): not stored.
-FILE_ERRORS = frozenset(
-    {
-        "changed_file",
-        "unreadable_parquet",
-        "missing_file",
-        "truncated_file",
-        "corrupt_zstd",
-        "unreadable_arrow",
-        "empty_file",
-        "unreadable_file",
-    }
-)
+# Skip reasons of a whole file (see core.errors.FileErrorKind): not stored.
+FILE_ERRORS = FILE_ERROR_KINDS
 # Bump when parse or tokenize could give other ids for the same records (old entries are
 # then never hit again).
 CODE_VERSION = 1

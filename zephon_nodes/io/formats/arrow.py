@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.core.errors import DataError, RecipeError
+from zephon_nodes.core.errors import MISSING_FILE, UNREADABLE_ARROW, DataError, RecipeError
 
 __all__ = ["ArrowShard", "expand_dataset_dirs", "open_arrow_shard"]
 
@@ -58,7 +58,7 @@ def _read_table(path: str) -> Any:
             source.seek(0)
             return pa.ipc.open_file(source).read_all()
     except Exception as e:
-        raise DataError(f"{path}: unreadable Arrow file: {e}") from None
+        raise DataError(f"{path}: unreadable Arrow file: {e}", kind=UNREADABLE_ARROW) from None
 
 
 def _table(path: str, checksum: str) -> Any:
@@ -115,7 +115,9 @@ class ArrowShard:
         try:
             rows = table.slice(start, stop - start).select(list(self.columns)).to_pylist()
         except Exception as e:
-            raise DataError(f"{self.path}: unreadable Arrow file: {e}") from None
+            raise DataError(
+                f"{self.path}: unreadable Arrow file: {e}", kind=UNREADABLE_ARROW
+            ) from None
         return [(start + k, row) for k, row in enumerate(rows)]
 
     def where(self, record: int) -> str:
@@ -136,7 +138,7 @@ def open_arrow_shard(path: str | Path, columns: Sequence[str | None]) -> ArrowSh
 
     p = str(path)
     if not Path(p).is_file():
-        raise DataError(f"{p}: data file not found")
+        raise DataError(f"{p}: data file not found", kind=MISSING_FILE)
     checksum = file_checksum(p)  # hashed once per build (the fingerprint hashed it already)
     table = _table(p, checksum)
     names = set(table.schema.names)

@@ -95,7 +95,7 @@ def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
                 try:
                     _decompress_to(src, f, hasher)
                 except DataError as e:
-                    raise DataError(f"{src}: {str(e).partition(': ')[2]}") from None
+                    raise DataError(f"{src}: {str(e).partition(': ')[2]}", kind=e.kind) from None
             if hasher.hexdigest() != checksum:
                 raise DataError(
                     f"{src}: content differs from its checksum {checksum} (got "

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.errors import MISSING_FILE, UNREADABLE_PARQUET, DataError
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
 
@@ -56,7 +56,9 @@ def _parquet_file(path: str, checksum: str = "") -> Any:
             try:
                 f = pq.ParquetFile(path)
             except Exception as e:
-                raise DataError(f"{path}: unreadable Parquet file: {e}") from None
+                raise DataError(
+                    f"{path}: unreadable Parquet file: {e}", kind=UNREADABLE_PARQUET
+                ) from None
         files[key] = f
     return f
 
@@ -134,9 +136,13 @@ class ParquetShard:
         except DataError:
             raise
         except Exception as e:
-            raise DataError(f"{self.path}: unreadable Parquet file: {e}") from None
+            raise DataError(
+                f"{self.path}: unreadable Parquet file: {e}", kind=UNREADABLE_PARQUET
+            ) from None
         if len(values) != stop - start:
-            raise DataError(f"{self.path}: unreadable Parquet file: short read")
+            raise DataError(
+                f"{self.path}: unreadable Parquet file: short read", kind=UNREADABLE_PARQUET
+            )
         if images is not None and self.image_column is not None:
             key = self.image_column
             return [
@@ -190,7 +196,7 @@ def open_parquet_shard(
     else:
         p = storage.local_path(p)
         if not Path(p).is_file():
-            raise DataError(f"{p}: data file not found")
+            raise DataError(f"{p}: data file not found", kind=MISSING_FILE)
         checksum = file_checksum(p)
         size = Path(p).stat().st_size
     f = _parquet_file(p, checksum)
@@ -199,7 +205,7 @@ def open_parquet_shard(
         counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         names = f.schema_arrow.names
     except Exception as e:
-        raise DataError(f"{p}: unreadable Parquet file: {e}") from None
+        raise DataError(f"{p}: unreadable Parquet file: {e}", kind=UNREADABLE_PARQUET) from None
     ends = tuple(int(x) for x in np.cumsum(counts)) if counts else ()
     return ParquetShard(
         path=p,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import zstandard
 
-from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.errors import CORRUPT_ZSTD, DataError, os_error_kind
 from zephon_nodes.io.storage.cache import atomic_write
 
 __all__ = ["recompress_file"]
@@ -43,9 +43,9 @@ def recompress_file(
             else:
                 raw = f.read()
     except zstandard.ZstdError as e:
-        raise DataError(f"{source}: corrupt zstd data: {e}") from None
+        raise DataError(f"{source}: corrupt zstd data: {e}", kind=CORRUPT_ZSTD) from None
     except OSError as e:
-        raise DataError(f"{source}: cannot read: {e}") from None
+        raise DataError(f"{source}: cannot read: {e}", kind=os_error_kind(e)) from None
     cctx = zstandard.ZstdCompressor(level=level)
     frames = []
     start = 0

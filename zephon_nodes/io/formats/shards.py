@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.errors import (
+    CHANGED_FILE,
+    CORRUPT_ZSTD,
+    MISSING_FILE,
+    TRUNCATED_FILE,
+    DataError,
+    os_error_kind,
+)
 from zephon_nodes.io.formats.arrow import ArrowShard
 from zephon_nodes.io.formats.copies import artifacts as _artifacts
 from zephon_nodes.io.formats.copies import build as _build
@@ -92,7 +99,9 @@ class FileShard:
         try:
             st = os.stat(storage.local_path(source))
         except OSError as e:
-            raise DataError(f"{self.path}: cannot read: {e.strerror}") from None
+            raise DataError(
+                f"{self.path}: cannot read: {e.strerror}", kind=os_error_kind(e)
+            ) from None
         if st.st_size != self.size or str(st.st_mtime_ns) != self.version:
             raise ShardChanged(
                 f"{self.path}: the file changed during the run (size {self.size} -> "
@@ -116,9 +125,14 @@ class FileShard:
             try:
                 plain = dctx.decompress(blob[rel : rel + csize], max_output_size=usize)
             except zstandard.ZstdError as e:
-                raise DataError(f"{self.path}: corrupt zstd frame at byte {offset}: {e}") from None
+                raise DataError(
+                    f"{self.path}: corrupt zstd frame at byte {offset}: {e}", kind=CORRUPT_ZSTD
+                ) from None
             if len(plain) != usize:
-                raise DataError(f"{self.path}: file changed since it was indexed (zstd frame)")
+                raise DataError(
+                    f"{self.path}: file changed since it was indexed (zstd frame)",
+                    kind=CHANGED_FILE,
+                )
             parts.append(plain)
         data = b"".join(parts)
         base = int(starts[i])
@@ -149,7 +163,7 @@ class FileShard:
         try:
             blob = self._read_plain(lo, hi)
         except DataError as e:
-            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
+            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}", kind=e.kind) from None
         rows = _split_records(blob)
         base = first * self.every
         # Between two kept offsets lie exactly `every` records, after the last one exactly
@@ -160,7 +174,8 @@ class FileShard:
             raise DataError(
                 f"{self.path}: file changed since it was indexed (records [{start}, {stop}) "
                 f"not where the dataset index says: {len(rows)} records between offsets "
-                f"{lo} and {hi}, the index says {expected}); rebuild it with `zephon index`"
+                f"{lo} and {hi}, the index says {expected}); rebuild it with `zephon index`",
+                kind=CHANGED_FILE,
             )
         return [(start + k, blob[a:b]) for k, (a, b) in enumerate(want)]
 
@@ -220,7 +235,7 @@ class FileShard:
             try:
                 blob = storage.read_range(self.data_path, lo, hi, tag=self.checksum)
             except DataError as e:
-                raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
+                raise DataError(f"{self.path}: {str(e).partition(': ')[2]}", kind=e.kind) from None
         rows = index[start:stop] - lo
         return [(start + k, blob[a:b]) for k, (a, b) in enumerate(rows.tolist())]
 
@@ -299,7 +314,7 @@ def _decompress_to(src: Path, dst: Any, hasher: Any = None) -> None:
                 try:
                     out = obj.decompress(block)
                 except zstandard.ZstdError as e:
-                    raise DataError(f"{src}: corrupt zstd data: {e}") from None
+                    raise DataError(f"{src}: corrupt zstd data: {e}", kind=CORRUPT_ZSTD) from None
                 dst.write(out)
                 frame_done = obj.eof
                 if obj.eof:
@@ -311,7 +326,9 @@ def _decompress_to(src: Path, dst: Any, hasher: Any = None) -> None:
                 else:
                     block = b""
     if not frame_done:
-        raise DataError(f"{src}: truncated zstd stream (the last frame is incomplete)")
+        raise DataError(
+            f"{src}: truncated zstd stream (the last frame is incomplete)", kind=TRUNCATED_FILE
+        )
 
 
 def _check_same(shard: FileShard, checksum: str) -> None:
@@ -409,7 +426,7 @@ def _open_remote(uri: str) -> FileShard:
                 data_path, index_path = _build(tmp, checksum, compressed)
         except DataError as e:
             text = str(e)
-            raise DataError(text.replace(str(cache_dir()), "<cache>")) from None
+            raise DataError(text.replace(str(cache_dir()), "<cache>"), kind=e.kind) from None
     shard = FileShard(
         path=storage.redact(uri),
         data_path=str(data_path) if compressed else uri,
@@ -449,7 +466,7 @@ def open_shard(path: str | os.PathLike[str]) -> FileShard:
         return _open_remote(str(path))
     p = Path(storage.local_path(path))
     if not p.is_file():
-        raise DataError(f"{p}: data file not found")
+        raise DataError(f"{p}: data file not found", kind=MISSING_FILE)
     try:
         compressed = p.name.endswith(".zst")
         st = p.stat()
@@ -466,7 +483,7 @@ def open_shard(path: str | os.PathLike[str]) -> FileShard:
         )
         return dataclasses.replace(shard, num_records=_records(shard))
     except OSError as e:
-        raise DataError(f"{p}: cannot read: {e}") from None
+        raise DataError(f"{p}: cannot read: {e}", kind=os_error_kind(e)) from None
 
 
 def memory_shard(name: str, records: Sequence[Mapping[str, Any]]) -> MemoryShard:

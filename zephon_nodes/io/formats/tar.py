@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.errors import (
+    EMPTY_FILE,
+    MISSING_FILE,
+    TRUNCATED_FILE,
+    UNREADABLE_FILE,
+    DataError,
+    FileErrorKind,
+    os_error_kind,
+)
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 from zephon_nodes.io.storage.checksum import file_checksum
@@ -95,7 +103,7 @@ class TarShard:
         try:
             blob = storage.read_range(self.uri or self.path, lo, hi, tag=self.checksum)
         except DataError as e:
-            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}") from None
+            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}", kind=e.kind) from None
         out = []
         for k, (key, members) in enumerate(entries):
             images: list[tuple[str, bytes]] = []
@@ -139,7 +147,8 @@ def _index_tar(path: Path) -> list[_Entry]:
                 if info.offset_data + info.size > size:
                     raise DataError(
                         f"{path}: truncated tar: member {info.name!r} needs bytes up to "
-                        f"{info.offset_data + info.size}, the file has {size}"
+                        f"{info.offset_data + info.size}, the file has {size}",
+                        kind=TRUNCATED_FILE,
                     )
                 key, ext = _split_name(info.name)
                 if ext not in IMAGE_EXTENSIONS and ext not in TEXT_EXTENSIONS:
@@ -148,15 +157,18 @@ def _index_tar(path: Path) -> list[_Entry]:
                     order.append(key)
                     members[key] = []
                 if ext in TEXT_EXTENSIONS and any(e == ext for e, _, _ in members[key]):
-                    raise DataError(f"{path}: key {key!r}: two {ext!r} members")
+                    raise DataError(
+                        f"{path}: key {key!r}: two {ext!r} members", kind=UNREADABLE_FILE
+                    )
                 members[key].append((ext, info.offset_data, info.size))
     except tarfile.ReadError as e:
         text = str(e)
         if "unexpected end" in text or "truncated" in text:
-            raise DataError(f"{path}: truncated tar: {text}") from None
-        raise DataError(f"{path}: not a readable tar file: {text}") from None
+            raise DataError(f"{path}: truncated tar: {text}", kind=TRUNCATED_FILE) from None
+        kind: FileErrorKind = EMPTY_FILE if text == "empty file" else UNREADABLE_FILE
+        raise DataError(f"{path}: not a readable tar file: {text}", kind=kind) from None
     except (tarfile.TarError, EOFError) as e:
-        raise DataError(f"{path}: truncated tar: {e}") from None
+        raise DataError(f"{path}: truncated tar: {e}", kind=TRUNCATED_FILE) from None
     return [(k, tuple(members[k])) for k in order]
 
 
@@ -214,7 +226,7 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
                     _write_index(tmp, _index_path(checksum))
                 except DataError as e:
                     raise DataError(
-                        f"{storage.redact(text)}: {str(e).partition(': ')[2]}"
+                        f"{storage.redact(text)}: {str(e).partition(': ')[2]}", kind=e.kind
                     ) from None
         index_path = _index_path(checksum)
         n = len(_load(str(index_path)))
@@ -228,7 +240,7 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
         )
     p = Path(storage.local_path(text))
     if not p.is_file():
-        raise DataError(f"{p}: data file not found")
+        raise DataError(f"{p}: data file not found", kind=MISSING_FILE)
     try:
         checksum = file_checksum(p)
         index_path = _index_path(checksum)
@@ -237,7 +249,7 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
         n = len(_load(str(index_path)))
         size = p.stat().st_size
     except OSError as e:
-        raise DataError(f"{p}: cannot read: {e}") from None
+        raise DataError(f"{p}: cannot read: {e}", kind=os_error_kind(e)) from None
     return TarShard(
         path=str(p), index_path=str(index_path), num_records=n, checksum=checksum, size=size
     )

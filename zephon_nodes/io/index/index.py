@@ -390,7 +390,7 @@ def build_entry(uri: str, every: int = EVERY) -> dict[str, Any]:
         try:
             entry = _local_entry(path, kind, every)
         except DataError as e:
-            raise DataError(f"{uri}: {str(e).partition(': ')[2] or e}") from None
+            raise DataError(f"{uri}: {str(e).partition(': ')[2] or e}", kind=e.kind) from None
     return {"bytes": st.size, "version": st.version, "checksum": checksum, **entry}
 
 

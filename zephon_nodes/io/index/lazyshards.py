@@ -105,7 +105,7 @@ class LazyShards(Sequence[Any]):
                 _verify_checksum(uri, entry, table.directory)
             shard = _from_entry(uri, entry, self.text_field, self.image_column)
         except DataError as e:
-            raise DataError(f"dataset {self.name!r}: {e}") from None
+            raise DataError(f"dataset {self.name!r}: {e}", kind=e.kind) from None
         if int(shard.num_records) != int(self.records[k]):
             raise DataError(
                 f"dataset {self.name!r}: {storage.redact(uri)}: {shard.num_records} records, "

@@ -87,7 +87,7 @@ class NodeCachedShard:
                 with open(dest, "wb") as f:
                     _decompress_to(src, f, hasher)
             except DataError as e:
-                raise DataError(f"{s.path}: {str(e).partition(': ')[2]}") from None
+                raise DataError(f"{s.path}: {str(e).partition(': ')[2]}", kind=e.kind) from None
             _check_same(s, hasher.hexdigest())
 
         if storage.is_remote(s.uri):
@@ -297,7 +297,9 @@ def open_whole_shard(uri: str) -> NodeCachedShard:
         try:
             _decompress_to(src, counter)
         except DataError as e:
-            raise DataError(f"{storage.redact(uri)}: {str(e).partition(': ')[2]}") from None
+            raise DataError(
+                f"{storage.redact(uri)}: {str(e).partition(': ')[2]}", kind=e.kind
+            ) from None
         index = counter.index()
         atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
         atomic_write(size_path, lambda f: f.write(str(counter.size).encode()))

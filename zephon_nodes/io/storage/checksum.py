@@ -26,7 +26,7 @@ from typing import Any
 
 import xxhash
 
-from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.errors import DataError, os_error_kind
 from zephon_nodes.core.settings import current
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 
@@ -125,4 +125,4 @@ def file_checksum(path: str | os.PathLike[str], sink: Callable[[bytes], Any] | N
             atomic_write(memo, lambda f: f.write(blob))
         return digest
     except OSError as e:
-        raise DataError(f"{p}: cannot read: {e}") from None
+        raise DataError(f"{p}: cannot read: {e}", kind=os_error_kind(e)) from None

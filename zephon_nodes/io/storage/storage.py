@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.errors import CHANGED_FILE, MISSING_FILE, DataError, os_error_kind
 from zephon_nodes.core.settings import current
 from zephon_nodes.io.storage import retry
 from zephon_nodes.io.storage.checksum import build_memo
@@ -226,7 +226,9 @@ def stat(uri: str | os.PathLike[str]) -> FileStat:
         try:
             st = os.stat(local_path(text))
         except OSError as e:
-            raise DataError(f"{text}: data file not found: {_describe(e)}") from None
+            raise DataError(
+                f"{text}: data file not found: {_describe(e)}", kind=MISSING_FILE
+            ) from None
         return FileStat(st.st_size, str(st.st_mtime_ns))
 
     hf = scheme(text) == "hf"
@@ -373,7 +375,7 @@ def read_range(uri: str, start: int, stop: int, *, cache: bool = True, tag: str 
                 f.seek(start)
                 blob = f.read(stop - start)
         except OSError as e:
-            raise DataError(f"{uri}: cannot read: {_describe(e)}") from None
+            raise DataError(f"{uri}: cannot read: {_describe(e)}", kind=os_error_kind(e)) from None
     else:
         limit = _read_cache_limit() if cache else 0
         if limit >= BLOCK:
@@ -391,7 +393,8 @@ def read_range(uri: str, start: int, stop: int, *, cache: bool = True, tag: str 
     if len(blob) != stop - start:
         raise DataError(
             f"{redact(uri)}: file changed since it was indexed (asked bytes [{start}, {stop}), "
-            f"got {len(blob)})"
+            f"got {len(blob)})",
+            kind=CHANGED_FILE,
         )
     return blob
 
