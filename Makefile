@@ -56,7 +56,7 @@ lint: install-test
 	$(BIN)/lint-imports
 
 test: lint
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest --durations=25
 
 # The second supported Python: a small smoke subset in its own venv (CI runs it after `test`).
 # torch for 3.12 comes from PyPI as a CUDA build of several GB; pip's cache keeps the download.
