@@ -74,3 +74,31 @@ def test_a_stage_changing_seq_len_is_refused(assets: Assets, tmp_path: Path) -> 
         r"num_tokens_per_microbatch_per_dp_rank.*end the job after step 4",
     ):
         build(longer, 1, 0, rows=8)
+
+
+def test_amend_at_load_at_dp_1_and_2(assets: Assets, tmp_path: Path) -> None:
+    """The old recipe's checkpoint (step 3, dp 2) amended at load (dataloader.amend_from)."""
+    old, new = write_amended_pair(tmp_path, assets)
+    first = [build(old, 2, r, rows=2) for r in range(2)]
+    optimizer_steps(first, [iter(x) for x in first], 3, 2)
+    stored = union([x.state_dict() for x in first])
+    _, state = amend_dcp(stored, old, new, world=2, lbs=2)
+    want = reference(new, 4, state)
+    for world, rows in ((1, 8), (2, 4)):
+        loaders = [
+            build(new, world, r, rows=rows, seq=128, amend_from=str(old)) for r in range(world)
+        ]
+        for loader in loaders:
+            dcp_load(loader, stored)
+        iters = [iter(x) for x in loaders]
+        assert optimizer_steps(loaders, iters, 2, 2, spl=4, seq=128) == want[:2]
+    after = union([x.state_dict() for x in loaders])
+    assert int(after["zephon_format"]) == DCP_FORMAT_STAGED
+    with pytest.raises(CheckpointError, match=r"amend_from unset and dataloader\.amended = true"):
+        dcp_load(build(new, 1, 0, rows=16, seq=128, amend_from=str(old), amended=True), after)
+    resumed = build(new, 1, 0, rows=16, seq=128, amended=True)
+    dcp_load(resumed, after)
+    assert optimizer_steps([resumed], [iter(resumed)], 2, 1, spl=4, seq=128) == want[2:]
+    alone = build(new, 1, 0, rows=16, seq=128, amend_from=str(old))
+    with pytest.raises(CheckpointError, match=r"amend_from=.* no checkpoint was loaded"):
+        next(iter(alone))

@@ -241,6 +241,10 @@ class ZephonDataLoader(LaneLoader, BaseDataLoader):
         max_stage_datasets: int = 32
         """Room per lane for the datasets a changing recipe has read (8 bytes each)."""
 
+        amend_from: str = ""
+        """Recipe TOML the checkpoint to load was written with, to amend it at load to this
+        job's recipe, as ``zephon amend`` does (empty: never; docs/changing-recipes.md)."""
+
         def __post_init__(self) -> None:
             check_config(self)
 

@@ -140,6 +140,12 @@ def check_config(config: Any) -> None:
             f"dataloader.relane_from={config.relane_from} and dataloader."
             f"max_lineage_bytes={config.max_lineage_bytes} must be >= 0"
         )
+    if config.amend_from and config.relane_from:
+        raise RecipeError(
+            f"dataloader.amend_from={config.amend_from!r} and dataloader.relane_from="
+            f"{config.relane_from} are both set: a run's recipe does not change across a "
+            f"re-lane yet; amend or re-lane, not both"
+        )
     if config.max_stage_bytes < 1 or config.max_stage_datasets < 1:
         raise RecipeError(
             f"dataloader.max_stage_bytes={config.max_stage_bytes} and dataloader."

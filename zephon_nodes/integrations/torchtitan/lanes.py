@@ -1,4 +1,4 @@
-"""The lanes behind both TorchTitan adapters: pool, rank node, state, mixture, re-lane, stages.
+"""The lanes behind both TorchTitan adapters: pool, rank node, state, mixture, re-lane, amend.
 
 :class:`LaneLoader` is everything a ``ZephonDataLoader`` does that does not depend on
 TorchTitan's API: it owns this rank's lanes (a contiguous block of ``num_lanes /
@@ -107,6 +107,12 @@ class LaneLoader:
             settings = settings.replace(token_cache_limit=config.token_cache_limit)
         with using(settings):
             self.pipeline = Pipeline(recipe, settings=settings)
+            # The recipe the checkpoint to amend at load was written with (amend_from).
+            self._amend_old: Pipeline | None = (
+                Pipeline(Recipe.from_toml(config.amend_from), settings=settings)
+                if config.amend_from
+                else None
+            )
         self.lanes = lanes_for_rank(recipe.num_lanes, dp_world_size, dp_rank)
         self.pool = WorkerPool(
             config.num_workers, config.runner, config.worker_timeout_s, settings=settings
@@ -193,6 +199,45 @@ class LaneLoader:
             "lanes": {str(i): [0, 0] for i in range(old.num_lanes)},
         }
 
+    def _amend_layout(self) -> dict[str, Any]:
+        """How the checkpoint ``dataloader.amend_from`` names is encoded (the old recipe's)."""
+        old = self._amend_old
+        assert old is not None
+        config = self.config
+        staged = bool(old.recipe.stages) or config.amended
+        return {
+            "max_decisions": resolve_max_decisions(config.max_decisions, old.recipe),
+            "lineage_bytes": config.max_lineage_bytes if config.relaned else 0,
+            "stage_room": (
+                (config.max_stage_bytes, config.max_stage_datasets) if staged else (0, 0)
+            ),
+        }
+
+    def _amend_keys(self) -> dict[str, Any]:
+        """The keys of the checkpoint ``dataloader.amend_from`` names: all its old lanes.
+
+        They are the old recipe's keys (its datasets, decision room and stage room); DCP
+        fills them before :meth:`_amend` reads them.
+        """
+        old = self._amend_old
+        assert old is not None
+        state = {
+            "format": FORMAT,
+            "fingerprint": old.fingerprint,
+            "recipe": dict(old.summary),
+            "num_lanes": old.num_lanes,
+            "step": 0,
+            "micro": 0,
+            "lanes": {str(i): [0, 0] for i in range(old.num_lanes)},
+        }
+        return to_dcp_state(
+            state,
+            dp_world_size=self.dp_world_size,
+            local_batch_size=self.local_batch_size,
+            dataset_names=[d.name for d in old.recipe.datasets],
+            **self._amend_layout(),
+        )
+
     def cache_stats(self) -> dict[str, int] | None:
         """Return the node cache's counters in this process, or None without a cache limit.
 
@@ -218,6 +263,11 @@ class LaneLoader:
             raise CheckpointError(
                 f"dataloader.relane_from={self.config.relane_from} but no checkpoint was "
                 f"loaded: there is nothing to re-lane (unset it to start afresh)"
+            )
+        if self.config.amend_from and not self._loaded:
+            raise CheckpointError(
+                f"dataloader.amend_from={self.config.amend_from} but no checkpoint was "
+                f"loaded: there is nothing to amend (unset it to start afresh)"
             )
         state = self._restore
         if isinstance(self._node, Prefetcher):
@@ -361,6 +411,8 @@ class LaneLoader:
         another dp size.
         """
         state = self._restore if self._restore is not None else self._state
+        if self.config.amend_from and not self._started and self._restore is None:
+            return self._amend_keys()  # what DCP reads: the old recipe's checkpoint keys
         if self.config.relane_from and not self._started and self._restore is None:
             state = self._relane_template()  # what DCP reads: the old checkpoint's keys
         if state["micro"]:
@@ -397,6 +449,8 @@ class LaneLoader:
         room = self.config.max_lineage_bytes if self.config.relaned else 0
         if self.config.relane_from:
             state = self._relane(state_dict, room)
+        elif self.config.amend_from:
+            state = self._amend(state_dict)
         else:
             state = from_dcp_state(
                 state_dict,
@@ -461,6 +515,60 @@ class LaneLoader:
         )
         self._read_relaned(new)
         new["lanes"] = {str(i): new["lanes"][str(i)] for i in self.lanes}
+        return new
+
+    def _amend(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Amend the loaded checkpoint of ``dataloader.amend_from`` to this job's recipe.
+
+        Every rank computes the same state (each lane's cut window is replayed, a pure
+        function of the checkpoint) and keeps its own lanes.
+        """
+        from zephon_nodes.engine.stages import amend_state
+
+        old = self._amend_old
+        assert old is not None
+        where = f"dataloader.amend_from={self.config.amend_from}"
+        fp = state_dict.get("fingerprint")
+        written = (
+            bytes(fp.tolist()).hex()
+            if isinstance(fp, torch.Tensor) and fp.dtype == torch.uint8 and fp.numel() == 32
+            else None
+        )
+        if written == self.pipeline.fingerprint != old.fingerprint:
+            raise CheckpointError(
+                f"{where} but the checkpoint was written with this job's recipe "
+                f"{self.config.recipe} (after the amendment): resume it with "
+                f"dataloader.amend_from unset and dataloader.amended = true"
+            )
+        saved = from_dcp_state(
+            state_dict,
+            old,
+            list(range(old.num_lanes)),
+            dp_world_size=self.dp_world_size,
+            local_batch_size=self.local_batch_size,
+            **self._amend_layout(),
+        )
+        if saved["micro"]:
+            raise CheckpointError(
+                f"{where}: the checkpoint was taken after micro-batch {saved['micro']} of step "
+                f"{saved['step'] + 1}; a recipe changes only after a whole step (resume it "
+                f"with the old recipe to the next step boundary and amend a checkpoint there)"
+            )
+        new = amend_state(old, saved, self.pipeline)
+        logger.warning(
+            "%s: amended the checkpoint of step %d from recipe %s to %s (each lane's current "
+            "flush window is cut: its samples not yet handed out are dropped and counted; "
+            "kept datasets continue where each lane left them, added ones start at their "
+            "beginning). Checkpoints from now on carry the stage section: resume them with "
+            "dataloader.amend_from unset and dataloader.amended = true",
+            where,
+            new["step"],
+            self.config.amend_from,
+            self.config.recipe,
+        )
+        new["lanes"] = {str(i): new["lanes"][str(i)] for i in self.lanes}
+        section = new[STAGE_KEY]
+        section["lanes"] = {str(i): section["lanes"][str(i)] for i in self.lanes}
         return new
 
     def close(self) -> None:
