@@ -170,7 +170,7 @@ def test_a_stage_changing_seq_len_is_refused_at_construction(assets: Assets, roo
     with pytest.raises(
         RecipeError,
         match=r"stages\[0\] \(start_step=4\) changes seq_len from 64 to 128.*"
-        r"training\.seq_len.*end the job after step 4.*zephon amend",
+        r"training\.seq_len.*end the job after step 4.*dataloader\.amend_from",
     ):
         build(longer, 1, 0, lbs=8)
     bigger = write_staged(root / "bigger.toml", assets, "start_step = 2\nglobal_batch_size = 16\n")

@@ -179,8 +179,8 @@ def check_stages(recipe: Recipe, job: str) -> None:
                     f"stages[{i}] (start_step={stage.start_step}) changes {field} from "
                     f"{before} to {after}, which a TorchTitan job keeps for its whole run "
                     f"({job}): end the job after step {stage.start_step} and resume its "
-                    f"checkpoint, amended with `zephon amend` to the stage's recipe, in a job "
-                    f"with the new training config (dataloader.amended = true)"
+                    f"checkpoint in a job with the new training config and the stage's recipe, "
+                    f"with dataloader.amend_from = this recipe (the loader amends it at load)"
                 )
 
 
