@@ -188,16 +188,7 @@ class LaneLoader:
         """The keys of the checkpoint ``dataloader.relane_from`` names: all its old lanes."""
         from zephon_nodes.engine.relane import pipeline_at
 
-        old = pipeline_at(self.pipeline, self.config.relane_from)
-        return {
-            "format": FORMAT,
-            "fingerprint": old.fingerprint,
-            "recipe": dict(old.summary),
-            "num_lanes": old.num_lanes,
-            "step": 0,
-            "micro": 0,
-            "lanes": {str(i): [0, 0] for i in range(old.num_lanes)},
-        }
+        return _every_lane_at_start(pipeline_at(self.pipeline, self.config.relane_from))
 
     def _amend_layout(self) -> dict[str, Any]:
         """How the checkpoint ``dataloader.amend_from`` names is encoded (the old recipe's)."""
@@ -221,17 +212,8 @@ class LaneLoader:
         """
         old = self._amend_old
         assert old is not None
-        state = {
-            "format": FORMAT,
-            "fingerprint": old.fingerprint,
-            "recipe": dict(old.summary),
-            "num_lanes": old.num_lanes,
-            "step": 0,
-            "micro": 0,
-            "lanes": {str(i): [0, 0] for i in range(old.num_lanes)},
-        }
         return to_dcp_state(
-            state,
+            _every_lane_at_start(old),
             dp_world_size=self.dp_world_size,
             local_batch_size=self.local_batch_size,
             dataset_names=[d.name for d in old.recipe.datasets],
@@ -575,3 +557,16 @@ class LaneLoader:
         """Stop the worker pools."""
         self.multiplexer.close()
         self.pool.close()
+
+
+def _every_lane_at_start(pipeline: Any) -> dict[str, Any]:
+    """A state of ``pipeline``'s recipe holding every lane (the keys of an old checkpoint)."""
+    return {
+        "format": FORMAT,
+        "fingerprint": pipeline.fingerprint,
+        "recipe": dict(pipeline.summary),
+        "num_lanes": pipeline.num_lanes,
+        "step": 0,
+        "micro": 0,
+        "lanes": {str(i): [0, 0] for i in range(pipeline.num_lanes)},
+    }
