@@ -348,6 +348,9 @@ class Pipeline:
                     f"lanes={lanes!r} must be distinct integers in [0, {L}) (num_lanes={L}); "
                     f"a repeated lane would yield its samples twice"
                 )
+        from zephon_nodes.engine.stages import check_stage_batches
+
+        check_stage_batches(self.run.recipe, len(lanes), local_batch_size)  # before any pool
         owned: list[WorkerPool] = []
         if pool is None:
             pool = WorkerPool(2, "thread", settings=self.settings)
@@ -356,9 +359,6 @@ class Pipeline:
         if operator_pools:
             chain_stages, created = self.operator_stages(operator_pools, pool)
             owned.extend(created)
-        from zephon_nodes.engine.stages import check_stage_batches
-
-        check_stage_batches(self.run.recipe, len(lanes), local_batch_size)
 
         def lane_builder(segment: Pipeline, lane: int) -> Lane:
             # A stage's lanes run its own chain on the rank's pool (one fused chain).
