@@ -225,7 +225,7 @@ def test_amend_refusals(corpus: tuple[Path, Any], staged: Pipeline) -> None:
         bad = Pipeline(recipe(root, seq_len=64, datasets=renamed))
         list(batches(bad, 1, resume=amend_state(old, saved[0], bad)))
     with pytest.raises(RecipeError, match="not supported"):
-        relane_state(old, state, 2)
+        relane_state(Pipeline(recipe(root, stages=STAGES)), saved[0], 2)
     with pytest.raises(RecipeError, match="in the past"):
         amend_state(old, saved[0], Pipeline(recipe(root, stages=[{"start_step": 1}])))
 
@@ -336,3 +336,31 @@ def test_a_second_pass_over_a_staged_recipe_is_refused(staged: Pipeline) -> None
         next(node)
         with pytest.raises(RecipeError, match="second pass"):
             node.reset(None)
+
+
+def test_an_amended_run_re_laned(corpus: tuple[Path, Any]) -> None:
+    """Amended after step 3, run to 6, re-laned 4 -> 2: elastic, nothing delivered twice."""
+    root, lengths = corpus
+    old = Pipeline(recipe(root))
+    saved: list[dict[str, Any]] = []
+    before = [b for _, _, b in batches(old, 3, 2, save_at=3, saved=saved)]
+    new = Pipeline(recipe(root, **_stage1()))
+    amended = amend_state(old, saved[0], new)
+    at6: list[dict[str, Any]] = []
+    middle = [b for _, _, b in batches(new, 3, 4, resume=amended, save_at=6, saved=at6)]
+    relaned = relane_state(new, at6[0], 2)
+    assert relaned["lineage"]["stage"]["amended"][0]["step"] == 3
+    two = Pipeline(recipe(root, **_stage1(), num_lanes=2))
+    after = [b for _, _, b in batches(two, 5, 1, resume=relaned)]
+    assert digests(two, 5, 2, resume=relaned) == digests(two, 5, 1, resume=relaned)
+    got = delivered([*before, *middle, *after])
+    assert all(n <= lengths[doc] for doc, n in got.items())  # nothing delivered twice
+    names = Counter(doc[0] for b in after for _, doc, _ in fragments(b) if doc)
+    assert names["b"] == 0 and names["a"] > 0 and names["c"] > 0
+    # A change after the re-lane is refused in one line (the re-laned lanes have no
+    # per-dataset streams to continue).
+    at8: list[dict[str, Any]] = []
+    list(batches(two, 2, 1, resume=relaned, save_at=8, saved=at8))
+    with pytest.raises(RecipeError, match="re-laned"):
+        longer = {**_stage1(), "num_lanes": 2, "seq_len": 48}
+        amend_state(two, at8[0], Pipeline(recipe(root, **longer)))

@@ -417,6 +417,9 @@ def amend_state(old: Pipeline, state: Mapping[str, Any], new: Pipeline) -> dict[
             'the new recipe must deal its work items round-robin (work.deal = "round_robin") '
             "to continue the run's streams"
         )
+    from zephon_nodes.engine.relane import for_state
+
+    old = for_state(old, state)  # a re-laned checkpoint's streams
     with WorkerPool(1, "thread") as pool:
         node = old.rank_node(1, 0, pool=pool)
         try:

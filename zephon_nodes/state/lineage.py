@@ -6,6 +6,7 @@ Stored under ``"lineage"`` in the state of a re-laned stream (plain JSON)::
      "lanes": [[w_0, c_0], [w_1, c_1], ...],
      "pass": p,           # only when the old lanes were past the first pass
      "mixture": {...},    # only when the old checkpoint had dynamic-mixture decisions
+     "stage": {...},      # only when the old checkpoint's recipe had changed (state.stage)
      "parent": {...}}     # only when the old checkpoint was itself re-laned
 
 A second re-lane nests the first lineage under ``parent``. What the re-laned streams are is
@@ -38,8 +39,9 @@ LANES = "lanes"
 PASS = "pass"
 MIXTURE = "mixture"
 PARENT = "parent"
+STAGE = "stage"
 _REQUIRED = (FINGERPRINT, NUM_LANES, STEP, LANES)
-_ALLOWED = frozenset((*_REQUIRED, PASS, MIXTURE, PARENT))
+_ALLOWED = frozenset((*_REQUIRED, PASS, MIXTURE, PARENT, STAGE))
 _MAX = 2**62
 _MAX_DEPTH = 64
 
@@ -60,6 +62,7 @@ class Lineage:
         pass_index: The pass the old lanes were reading.
         mixture: The old checkpoint's dynamic-mixture section, or None.
         parent: The old checkpoint's own lineage (it was re-laned too), or None.
+        stage: The old checkpoint's stage section (its recipe had changed), or None.
     """
 
     fingerprint: str
@@ -69,6 +72,7 @@ class Lineage:
     pass_index: int = 0
     mixture: dict[str, Any] | None = None
     parent: Lineage | None = None
+    stage: dict[str, Any] | None = None
 
     @property
     def depth(self) -> int:
@@ -89,6 +93,8 @@ class Lineage:
             out[MIXTURE] = copy.deepcopy(self.mixture)
         if self.parent is not None:
             out[PARENT] = self.parent.to_state()
+        if self.stage is not None:
+            out[STAGE] = copy.deepcopy(self.stage)
         return out
 
     @classmethod
@@ -137,6 +143,9 @@ class Lineage:
         if mixture is not None and not isinstance(mixture, Mapping):
             raise CheckpointError(f"{where}: 'mixture' must be a dict")
         parent = raw.get(PARENT)
+        stage = raw.get(STAGE)
+        if stage is not None and not isinstance(stage, Mapping):
+            raise CheckpointError(f"{where}: 'stage' must be a dict")
         return cls(
             fingerprint=fp,
             num_lanes=int(raw[NUM_LANES]),
@@ -145,6 +154,7 @@ class Lineage:
             pass_index=int(raw.get(PASS, 0)),
             mixture=copy.deepcopy(dict(mixture)) if mixture is not None else None,
             parent=cls._parse(parent, where + " parent", depth + 1) if parent is not None else None,
+            stage=copy.deepcopy(dict(stage)) if stage is not None else None,
         )
 
 

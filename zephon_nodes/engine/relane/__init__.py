@@ -52,6 +52,7 @@ from zephon_nodes.engine.relane.sources import RelanedWorkSource
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.state.lineage import LINEAGE_KEY, Lineage, describe_lineage
 from zephon_nodes.state.lineage import check_lineage as _check_lineage
+from zephon_nodes.state.schema import FINGERPRINT_KEY, STAGE_KEY, STEP_KEY
 
 __all__ = [
     "LINEAGE_KEY",
@@ -134,6 +135,8 @@ def pipeline_at(pipeline: Any, num_lanes: int) -> Any:
     out.lineage = None
     out.work_source = _base_source(pipeline, num_lanes)
     out._cache_feed = None
+    # The copy is a run of its own (a recipe change of it is rebuilt from it, at its lanes).
+    out.run, out.segments, out.stage, out.base_step = out, {}, None, 0
     return out
 
 
@@ -171,7 +174,10 @@ def _source_for(pipeline: Any, lineage: Lineage | None, num_lanes: int) -> WorkS
             f"{fingerprint_pair(lineage.fingerprint, got)} (with num_lanes="
             f"{lineage.num_lanes}); only num_lanes may differ across a re-lane"
         )
-    old_full = _source_for(pipeline, lineage.parent, lineage.num_lanes)
+    if lineage.stage is not None:  # the old checkpoint's recipe had changed (engine/stages.py)
+        old_full = _stage_source(pipeline, lineage)
+    else:
+        old_full = _source_for(pipeline, lineage.parent, lineage.num_lanes)
     if lineage.mixture is not None:
         old_full = old_full.fork()
         _install_mixture(old_full, lineage, pipeline)
@@ -190,6 +196,15 @@ def _source_for(pipeline: Any, lineage: Lineage | None, num_lanes: int) -> WorkS
         base_pass,
         sample_tokens=int(pipeline.recipe.seq_len or 0),
     )
+
+
+def _stage_source(pipeline: Any, lineage: Lineage) -> WorkSource:
+    """The work source of the stage the old checkpoint was in, at its lanes (all of them)."""
+    from zephon_nodes.engine.stages import segment_for_state
+
+    old = pipeline_at(pipeline, lineage.num_lanes)
+    state = {FINGERPRINT_KEY: lineage.fingerprint, STAGE_KEY: lineage.stage, STEP_KEY: lineage.step}
+    return segment_for_state(old, state).work_source
 
 
 def for_state(pipeline: Any, state: Mapping[str, Any] | None) -> Any:
@@ -247,11 +262,11 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
     from zephon_nodes.engine.checkpoint import validate_state
 
     recipe = pipeline.recipe
-    if recipe.stages or state.get("stage") is not None:
+    if recipe.stages:
         raise RecipeError(
-            "re-laning a run whose recipe changes (stages or an amendment) is not supported "
-            "yet: re-lane before the first change, or amend with the new lane count's recipe "
-            "after re-laning"
+            "re-laning a run whose recipe has [[stages]] is not supported yet: re-lane before "
+            "the run, or write the stages still ahead as amendments (zephon amend) after "
+            "re-laning"
         )
     if not is_int(num_lanes) or num_lanes < 1:
         raise RecipeError(f"--num-lanes={num_lanes!r} must be an integer >= 1")
@@ -272,7 +287,10 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
             "cannot re-lane a state taken in the middle of a step (micro="
             f"{state.get('micro')!r}); re-lane a step-boundary checkpoint"
         )
-    old_pipeline = for_state(pipeline_at(pipeline, old_lanes), state)
+    from zephon_nodes.engine.stages import segment_for_state
+
+    # An amended checkpoint (a "stage" section) is read through the stage it is in.
+    old_pipeline = for_state(segment_for_state(pipeline_at(pipeline, old_lanes), state), state)
     positions = validate_state(
         state,
         fingerprint=old_pipeline.fingerprint,
@@ -302,6 +320,7 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         pass_index=p,
         mixture=copy.deepcopy(dict(mixture)) if mixture is not None else None,
         parent=Lineage.from_state(parent) if parent is not None else None,
+        stage=copy.deepcopy(dict(state[STAGE_KEY])) if state.get(STAGE_KEY) is not None else None,
     )
     relaned = _source_for(pipeline_at(pipeline, num_lanes), lineage, num_lanes)  # checks all
     assert isinstance(relaned, RelanedWorkSource)
