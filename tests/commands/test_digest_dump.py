@@ -29,7 +29,8 @@ def test_dump_of_digest_gives_the_same_digests(tmp_path: Path, capsys) -> None:
     printed = lines(capsys.readouterr().out)
     assert [d["step"] for d in printed] == list(range(1, STEPS + 1))
     assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == [
-        f"step-{t:08d}.npz" for t in range(1, STEPS + 1)
+        "sources.json",  # the shards the per-token source fields index
+        *[f"step-{t:08d}.npz" for t in range(1, STEPS + 1)],
     ]
     with np.load(tmp_path / "dump" / "step-00000001.npz") as data:
         assert {"input", "labels", "positions", "lane"} <= set(data.files)
