@@ -78,3 +78,42 @@ def test_a_command_with_tensors_still_runs(tmp_path: Path) -> None:
     code, out, imported = _run("digest", "--help", cwd=tmp_path)
     assert code == 0 and "--dp-world-size" in out
     assert "torch" in imported
+
+
+@pytest.mark.parametrize("command", ["relane", "amend", "explain"])
+def test_help_of_commands_that_run_the_engine_does_not_import_torch(
+    tmp_path: Path, command: str
+) -> None:
+    """Their parsers need no engine: only running them imports it (and with it torch)."""
+    code, out, imported = _run(command, "--help", cwd=tmp_path)
+    assert code == 0, out
+    assert "usage: " in out and command in out
+    assert imported == []
+
+
+def test_relane_refuses_a_missing_checkpoint_before_importing_torch(tmp_path: Path) -> None:
+    (tmp_path / "r.toml").write_text("")
+    missing = str(tmp_path / "no-such-checkpoint")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PROBE,
+            "relane",
+            "r.toml",
+            missing,
+            "--num-lanes",
+            "4",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert "no-such-checkpoint" in lines[0] and "Traceback" not in done.stderr
+    assert eval(lines[-1]) == []

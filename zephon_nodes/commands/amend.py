@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_nodes.commands.inspect import add_checkpoint_arg, load_any
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.engine.stages import amend_state
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.state.files import check_writable, save_state
 from zephon_nodes.state.identity import summary_diff
 from zephon_nodes.state.schema import STAGE_KEY, STEP_KEY, RankState
+
+if TYPE_CHECKING:
+    from zephon_nodes.engine.pipeline import Pipeline
 
 __all__ = ["add_parser", "run"]
 
@@ -48,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``zephon amend``."""
     check_writable(args.output)
     state = load_any(args.checkpoint)
+    from zephon_nodes.engine.pipeline import Pipeline  # the engine imports torch: not for --help
+    from zephon_nodes.engine.stages import amend_state
+
     step = RankState.from_dict(state).step
     old = Pipeline(Recipe.from_toml(args.old_recipe))
     new = Pipeline(Recipe.from_toml(args.new_recipe))

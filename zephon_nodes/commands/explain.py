@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.operator import operator_name
-from zephon_nodes.engine.accumulate import AccumulatorNode
-from zephon_nodes.engine.lane import chain_nodes
-from zephon_nodes.engine.parallel_map import OrderedParallelMap
-from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import RUNNERS, WorkerPool
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.schema import RankState
+
+if TYPE_CHECKING:  # the engine's nodes import torch: not for --help
+    from zephon_nodes.engine.pipeline import Pipeline
 
 __all__ = ["add_parser", "explain", "run"]
 
@@ -51,6 +50,10 @@ def add_parser(sub: Any) -> None:
 
 def _chain(pipeline: Pipeline) -> list[dict[str, str]]:
     """The nodes of lane 0 from source to output (every lane has the same chain)."""
+    from zephon_nodes.engine.accumulate import AccumulatorNode
+    from zephon_nodes.engine.lane import chain_nodes
+    from zephon_nodes.engine.parallel_map import OrderedParallelMap
+
     pool = WorkerPool(0, "thread")
     try:
         out = []
@@ -97,6 +100,8 @@ def explain(
     Raises:
         RecipeError: If the lanes cannot be shared among ``dp_world_size`` ranks.
     """
+    from zephon_nodes.engine.pipeline import lanes_for_rank
+
     r = pipeline.recipe
     if dp_world_size < 1 or r.num_lanes % dp_world_size:
         raise RecipeError(
@@ -173,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         raise RecipeError(f"--num-workers={args.num_workers} must be >= 0")
     if args.lookahead < 1:
         raise RecipeError(f"--lookahead={args.lookahead} must be >= 1")
+    from zephon_nodes.engine.pipeline import Pipeline
+
     info = explain(
         Pipeline(Recipe.from_toml(args.recipe)),
         args.dp_world_size,

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_nodes.commands.inspect import add_checkpoint_arg, load_any
-from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.engine.relane import RelanedWorkSource, for_state, pipeline_at, relane_state
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.files import check_writable, save_state
+
+if TYPE_CHECKING:
+    from zephon_nodes.engine.pipeline import Pipeline
 
 __all__ = ["add_parser", "run"]
 
@@ -41,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``zephon relane``."""
     check_writable(args.output)
     state = load_any(args.checkpoint)
+    from zephon_nodes.engine.pipeline import Pipeline  # the engine imports torch: not for --help
+    from zephon_nodes.engine.relane import relane_state
+
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
     new = relane_state(pipeline, state, args.num_lanes)
     path = save_state(args.output, new)
@@ -79,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
 def starved_lanes(pipeline: Pipeline, state: dict[str, Any]) -> list[int]:
     """New lanes of a re-laned finite stream that get no untouched work item (sorted)."""
+    from zephon_nodes.engine.relane import RelanedWorkSource, for_state, pipeline_at
+
     source = for_state(pipeline_at(pipeline, int(state["num_lanes"])), state).work_source
     if not isinstance(source, RelanedWorkSource) or source.untouched.total is None:
         return []
