@@ -2,9 +2,10 @@
 
     python -m benchmarks.cli_startup [--runs 5]
 
-Commands that need no tensors (``--help``, ``lanes``, ``inspect``, ``index --help``) should
-not import torch; ``digest --help`` does, and is the peer measured beside them. Prints a
-Markdown table and the load average it ran under.
+Commands that need no tensors (``--help``, ``lanes``, ``inspect``, ``index --help``, and the
+``--help`` of ``relane``, ``amend`` and ``explain``) should not import torch; ``digest --help``
+does, and is the peer measured beside them. Prints a Markdown table and the load average it
+ran under.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def main() -> int:
             ],
             "zephon inspect CKPT": ["inspect", ckpt],
             "zephon index --help": ["index", "--help"],
+            "zephon relane --help": ["relane", "--help"],
+            "zephon amend --help": ["amend", "--help"],
+            "zephon explain --help": ["explain", "--help"],
             "zephon digest --help (imports torch)": ["digest", "--help"],
         }
         load = os.getloadavg()[0]
