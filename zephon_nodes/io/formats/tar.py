@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from zephon_nodes.core.errors import (
     EMPTY_FILE,
     MISSING_FILE,
@@ -24,6 +26,7 @@ from zephon_nodes.core.errors import (
     FileErrorKind,
     os_error_kind,
 )
+from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, drop
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 from zephon_nodes.io.storage.checksum import file_checksum
@@ -32,7 +35,7 @@ __all__ = ["IMAGE_EXTENSIONS", "TEXT_EXTENSIONS", "TarSample", "TarShard", "open
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 TEXT_EXTENSIONS = ("txt", "json")
-_INDEX_FORMAT = 1
+_INDEX_FORMAT = 2  # 2: the samples' checksum is written with them
 
 # One indexed sample: key, then (extension, offset, size) of each member in archive order.
 _Entry = tuple[str, tuple[tuple[str, int, int], ...]]
@@ -58,15 +61,38 @@ class TarSample:
 _INDEXES: dict[str, list[_Entry]] = {}
 
 
+def _samples_sum(samples: Any) -> str:
+    """The xxh3-128 of a member index's samples, as its JSON is written."""
+    return xxhash.xxh3_128_hexdigest(json.dumps(samples, separators=(",", ":")).encode("utf-8"))
+
+
+def _index_blob(samples: Any) -> bytes:
+    body = {"format": _INDEX_FORMAT, "samples": samples, "sum": _samples_sum(samples)}
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
 def _load(index_path: str) -> list[_Entry]:
+    """A cached member index, checked against the checksum written with it.
+
+    Raises:
+        BadEntry: It is unreadable or not what was written (the caller makes it again).
+    """
     entries = _INDEXES.get(index_path)
     if entries is None:
-        with open(index_path, encoding="utf-8") as f:
-            data = json.load(f)
-        entries = [
-            (key, tuple((str(e), int(o), int(s)) for e, o, s in members))
-            for key, members in data["samples"]
-        ]
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                data = json.load(f)
+            samples = data["samples"]
+            if data.get("format") != _INDEX_FORMAT or data.get("sum") != _samples_sum(samples):
+                raise ValueError("its checksum does not match")
+            entries = [
+                (str(key), tuple((str(e), int(o), int(s)) for e, o, s in members))
+                for key, members in samples
+            ]
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise BadEntry(f"{index_path}: bad cached tar member index ({e})") from None
         _INDEXES[index_path] = entries
     return entries
 
@@ -95,7 +121,7 @@ class TarShard:
         """Return samples ``[start, stop)`` as ``(sample number, TarSample)`` pairs."""
         if not 0 <= start <= stop <= self.num_records:
             raise DataError(f"{self.path}: samples [{start}, {stop}) out of range")
-        entries = _load(self.index_path)[start:stop]
+        entries = self._entries()[start:stop]
         if not entries:
             return []
         lo = min(o for _, members in entries for _, o, _ in members)
@@ -121,7 +147,23 @@ class TarShard:
 
     def key(self, record: int) -> str:
         """Return the key of sample ``record``."""
-        return _load(self.index_path)[record][0]
+        return self._entries()[record][0]
+
+    def _entries(self) -> list[_Entry]:
+        """The member index; a bad cached one is dropped, made again and counted."""
+        try:
+            return _load(self.index_path)
+        except (BadEntry, FileNotFoundError):
+            pass
+        drop(self.index_path)
+        count_bad()
+        _remake(self)
+        entries = _load(self.index_path)
+        if len(entries) != self.num_records:
+            raise DataError(
+                f"{self.path}: {len(entries)} samples now, {self.num_records} when opened"
+            )
+        return entries
 
     def where(self, record: int) -> str:
         """Describe a sample's place for error messages: ``path key 'KEY'``."""
@@ -173,20 +215,46 @@ def _index_tar(path: Path) -> list[_Entry]:
 
 
 def _index_path(checksum: str) -> Path:
-    return cache_dir() / f"{checksum.partition(':')[2][:32]}.tar-index.json"
+    key = checksum.partition(":")[2][:32]
+    return cache_dir() / f"{key}.tar-index-v{_INDEX_FORMAT}.json"
 
 
 def _write_index(src: Path, index_path: Path) -> None:
     entries = _index_tar(src)
-    blob = json.dumps(
-        {"format": _INDEX_FORMAT, "samples": [[k, list(m)] for k, m in entries]},
-        separators=(",", ":"),
-    ).encode("utf-8")
+    blob = _index_blob([[k, [list(x) for x in m]] for k, m in entries])
+    atomic_write(index_path, lambda f: f.write(blob))
 
-    def write(f: Any) -> None:
-        f.write(blob)
 
-    atomic_write(index_path, write)
+def _count(shard: TarShard) -> int:
+    """Samples in ``shard``'s member index; a bad cached one is dropped, remade and counted."""
+    try:
+        return len(_load(shard.index_path))
+    except BadEntry:
+        drop(shard.index_path)
+        count_bad()
+        _remake(shard)
+        return len(_load(shard.index_path))
+
+
+def _remake(shard: TarShard) -> None:
+    """Index ``shard`` again from its bytes (its cached member index was bad).
+
+    Raises:
+        DataError: If the shard's content is no longer the one it was opened with.
+    """
+    text = shard.uri or shard.path
+    if storage.is_remote(text):
+        from zephon_nodes.io.storage.remote import fetched
+
+        with fetched(text, storage.stat(text)) as (tmp, checksum):
+            if checksum != shard.checksum:
+                raise DataError(f"{shard.path}: content changed during the run")
+            _write_index(tmp, Path(shard.index_path))
+        return
+    src = Path(storage.local_path(text))
+    if file_checksum(src) != shard.checksum:
+        raise DataError(f"{shard.path}: content changed during the run")
+    _write_index(src, Path(shard.index_path))
 
 
 def indexed_tar_shard(uri: str, entry: dict[str, Any]) -> TarShard:
@@ -194,9 +262,7 @@ def indexed_tar_shard(uri: str, entry: dict[str, Any]) -> TarShard:
     checksum = str(entry["checksum"])
     index_path = _index_path(checksum)
     if not index_path.exists():
-        blob = json.dumps(
-            {"format": _INDEX_FORMAT, "samples": entry["samples"]}, separators=(",", ":")
-        ).encode("utf-8")
+        blob = _index_blob(entry["samples"])
         atomic_write(index_path, lambda f: f.write(blob))
     return TarShard(
         path=storage.redact(uri),
@@ -229,7 +295,7 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
                         f"{storage.redact(text)}: {str(e).partition(': ')[2]}", kind=e.kind
                     ) from None
         index_path = _index_path(checksum)
-        n = len(_load(str(index_path)))
+        n = _count(TarShard(storage.redact(text), str(index_path), 0, checksum, st.size, text))
         return TarShard(
             path=storage.redact(text),
             index_path=str(index_path),
@@ -246,8 +312,8 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
         index_path = _index_path(checksum)
         if not index_path.exists():
             _write_index(p, index_path)
-        n = len(_load(str(index_path)))
         size = p.stat().st_size
+        n = _count(TarShard(str(p), str(index_path), 0, checksum, size))
     except OSError as e:
         raise DataError(f"{p}: cannot read: {e}", kind=os_error_kind(e)) from None
     return TarShard(

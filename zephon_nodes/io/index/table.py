@@ -39,6 +39,14 @@ import numpy as np
 
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import current
+from zephon_nodes.io.formats.entrysums import count_bad
+from zephon_nodes.io.index.tablesums import (
+    drop_table,
+    sums_hold,
+    tag_rows,
+    untag_rows,
+    write_table_sums,
+)
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import cache_dir
 
@@ -47,7 +55,7 @@ __all__ = ["IndexedFiles", "ShardTable", "load_table", "resolve_indexed", "verif
 # Kind codes of the ``kinds`` column.
 KINDS = ("jsonl", "jsonl.zst", "parquet", "tar")
 # Bump when the table's on-disk layout changes (old tables are then rebuilt).
-LAYOUT = 2  # 2: the manifest's seal and values are checked when converted
+LAYOUT = 3  # 2: the manifest's seal and values are checked when converted; 3: sums.json
 _COLUMNS = (
     "records",
     "sizes",
@@ -170,16 +178,19 @@ class ShardTable:
         key = hashlib.sha256(pattern.encode("utf-8")).hexdigest()[:24]
         path = Path(self.folder) / f"match-{key}.npy"
         try:
-            rows: np.ndarray = np.load(path, allow_pickle=False)
-            return rows
-        except (OSError, ValueError):
+            rows = untag_rows(np.load(path, allow_pickle=False))
+            if rows is not None:
+                return rows  # else not what was written: made again (counted)
+        except FileNotFoundError:
             pass
+        except (OSError, ValueError):
+            count_bad()  # unreadable: made again
         rx = re.compile(_glob_regex(pattern).encode("utf-8"), re.M)
         text = bytes(self.names)
         hits = np.fromiter((m.start() for m in rx.finditer(text) if m.end() > m.start()), np.int64)
         rows = np.searchsorted(self.name_starts, hits).astype(np.int64)
         with contextlib.suppress(OSError):  # a read-only cache only costs the match next time
-            _save(path, rows)
+            _save(path, tag_rows(rows))
         return rows
 
 
@@ -306,6 +317,7 @@ def _build(location: str, folder: Path) -> None:
         for key, array in columns.items():
             np.save(tmp / f"{key}.npy", array, allow_pickle=False)
         (tmp / "directory.txt").write_text(directory, encoding="utf-8")
+        write_table_sums(tmp, _files())
         try:
             os.rename(tmp, folder)
         except OSError:
@@ -320,6 +332,10 @@ def _hint(location: str) -> str:
 
     directory = posixpath.dirname(location) if storage.is_remote(location) else None
     return rebuild_hint(directory or os.path.dirname(storage.local_path(location)))
+
+
+def _files() -> list[str]:
+    return [f"{c}.npy" for c in _COLUMNS] + ["directory.txt"]
 
 
 def load_table(location: str) -> ShardTable | None:
@@ -337,12 +353,20 @@ def load_table(location: str) -> ShardTable | None:
     if table is not None:
         return table
     folder = cache_dir() / f"index-{key}"
-    if not (folder / "directory.txt").exists():
+    if not (folder / "directory.txt").exists() or not sums_hold(folder, _files()):
         # One process of the node converts the index; the node's other ranks wait for it.
         with open(folder.with_suffix(".lock"), "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if (folder / "directory.txt").exists() and not sums_hold(folder, _files()):
+                drop_table(folder)  # not what was written: made again from the index, counted
             if not (folder / "directory.txt").exists():
                 _build(location, folder)
+                if not sums_hold(folder, _files()):
+                    raise DataError(
+                        f"cache directory {cache_dir()}: the columns of the dataset index "
+                        f"{storage.redact(location)} do not read back as written (a failing "
+                        f"disk?); set ZEPHON_CACHE_DIR to another disk"
+                    )
     arrays = {c: np.load(folder / f"{c}.npy", mmap_mode="r", allow_pickle=False) for c in _COLUMNS}
     directory = (folder / "directory.txt").read_text(encoding="utf-8")
     table = ShardTable(
