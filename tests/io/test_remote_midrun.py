@@ -1,0 +1,328 @@
+"""A remote object overwritten with the same size during a run (issue 27.2, remote half).
+
+Every range read of a remote shard is conditional on the version tag seen when the shard
+was opened (S3 ``IfMatch``, Azure ``If-Match``, HTTP ``If-Match``, GCS generation checked).
+Against the real servers (moto, Azurite, gcp-storage-emulator, nginx), the object is
+replaced between two batches by one of the same size, and the run either stops with the
+"object changed during the run" error, or (every block it still needs cached at the
+pinned version, or the shard read whole at open) gives exactly the unchanged run's
+batches. In both cases every batch delivered equals the baseline computed from the
+original local files: never a batch of new bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+from tests.commands.run import zephon
+from tests.io.conftest import STORES, Store, use_store
+from tests.io.test_hf_versions import hub, upload  # noqa: F401 (hub: a fixture)
+from tests.io.test_remote_digests import recipe as _recipe
+from zephon_nodes import DatasetSpec, Pipeline, Recipe, WorkSpec, simulate
+from zephon_nodes.core.errors import DataError
+from zephon_nodes.io.index import index
+from zephon_nodes.io.storage import storage
+
+STEPS = 200  # more than three passes over the small corpus: the run ends with the data
+CHANGED = r"the object changed during the run: it was version '[^']+' when its shard"
+
+
+def recipe(paths: list[str], **kw: Any) -> Recipe:
+    """The byte-tokenizer recipe of the remote suite, three passes over the data: reads go
+    on long after the overwrite, whatever is read ahead."""
+    return _recipe(paths, work=WorkSpec(chunk_size=4, epochs=3), **kw)
+
+
+def _corpus(root: Path, docs: int = 200) -> Path:
+    """One jsonl shard of ``docs`` records (about 10 kB: one 1 MiB block)."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"text": f"doc {i} " + "word " * (i % 9 + 1)}) for i in range(docs)]
+    path = root / "a.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _same_size_edit(blob: bytes) -> bytes:
+    """Every record changed, not one byte more or less."""
+    out = blob.replace(b"word", b"WORD")
+    assert out != blob and len(out) == len(blob)
+    return out
+
+
+def _digests(r: Recipe, steps: int = STEPS) -> list[str]:
+    return [x.digest for x, _ in simulate(Pipeline(r), 1, steps, num_workers=1)]
+
+
+def _run_with_overwrite(
+    r: Recipe, overwrite: Any, steps: int = STEPS
+) -> tuple[list[str], DataError | None]:
+    """Digests until the run ends or stops; ``overwrite()`` runs after the first batch."""
+    got: list[str] = []
+    it = simulate(Pipeline(r), 1, steps, num_workers=1)
+    try:
+        for batch, _ in it:
+            got.append(batch.digest)
+            if len(got) == 1:
+                overwrite()
+    except DataError as e:
+        return got, e
+    return got, None
+
+
+@pytest.fixture(params=[*STORES, "http"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """(put, overwrite) for one backend: ``put(root, where) -> uri of a.jsonl`` and
+    ``overwrite(local file, where)`` replacing the object with the file's bytes."""
+    if request.param == "http":
+        server = request.getfixturevalue("http_server")
+
+        def put_http(root: Path, where: str) -> str:
+            shutil.copytree(root, server.root / where)
+            return str(server.url(f"{where}/a.jsonl"))
+
+        def over_http(path: Path, where: str) -> None:
+            dest = server.root / where / path.name
+            old = dest.stat().st_mtime
+            dest.write_bytes(path.read_bytes())
+            # nginx's ETag is mtime (seconds) and size: a rewrite within the same second
+            # would keep it, so the new version is dated visibly later.
+            os.utime(dest, (old + 10, old + 10))
+
+        yield request.param, put_http, over_http
+    else:
+        store: Store = request.getfixturevalue(f"{request.param}_server")
+        use_store(store, monkeypatch)
+
+        def put_store(root: Path, where: str) -> str:
+            return store.put_tree(where, root) + "/a.jsonl"
+
+        def over_store(path: Path, where: str) -> None:
+            store.put_tree(where, path.parent)
+
+        yield request.param, put_store, over_store
+    storage._forget_filesystems()
+
+
+def _bucket(tmp_path: Path) -> str:
+    return "midrun-" + tmp_path.name.lower().replace("_", "-")[-30:].strip("-")
+
+
+def test_overwrite_without_read_cache_stops_with_the_error(backend, tmp_path, monkeypatch):
+    """``ZEPHON_READ_CACHE_MB=0``: every read is a request; the first after the overwrite
+    gets 412 (or the version check fails) and the run stops naming the object, the pinned
+    version and what to do; every batch before it is the unchanged run's."""
+    source, put, overwrite = backend
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")
+    local = _corpus(tmp_path / "data")
+    baseline = _digests(recipe([str(local)]))
+    where = _bucket(tmp_path)
+    uri = put(local.parent, where)
+    r = recipe([uri])
+    edited = tmp_path / "edited" / "a.jsonl"
+    edited.parent.mkdir()
+    edited.write_bytes(_same_size_edit(local.read_bytes()))
+    got, error = _run_with_overwrite(r, lambda: overwrite(edited, where))
+    assert error is not None, f"{source}: {len(got)} batches, no error after the overwrite"
+    text = str(error)
+    assert storage.redact(uri) in text and "a.jsonl" in text
+    assert re.search(CHANGED, text), text
+    assert "restore that version" in text and "new name" in text
+    assert 1 <= len(got) < len(baseline)
+    assert got == baseline[: len(got)]
+
+
+def test_overwrite_with_the_block_cached_serves_the_pinned_bytes(backend, tmp_path, monkeypatch):
+    """Default block cache (128 MB): the whole 10 kB object is one block, cached at the
+    pinned version by the first batch; after the overwrite every read is served from it,
+    so the run gives exactly the unchanged run's batches."""
+    _, put, overwrite = backend
+    monkeypatch.delenv("ZEPHON_READ_CACHE_MB", raising=False)
+    local = _corpus(tmp_path / "data")
+    baseline = _digests(recipe([str(local)]))
+    where = _bucket(tmp_path)
+    uri = put(local.parent, where)
+    edited = tmp_path / "edited" / "a.jsonl"
+    edited.parent.mkdir()
+    edited.write_bytes(_same_size_edit(local.read_bytes()))
+    got, error = _run_with_overwrite(recipe([uri]), lambda: overwrite(edited, where))
+    assert error is None, str(error)
+    assert got == baseline and len(baseline) > 100  # three passes of 36 batches
+
+
+def _big_corpus(root: Path) -> Path:
+    """One jsonl shard of about 2.6 MB: three 1 MiB blocks."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"text": f"doc {i} " + "word " * 200}) for i in range(2500)]
+    path = root / "a.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert path.stat().st_size > 2 * storage.BLOCK
+    return path
+
+
+def test_s3_tiny_block_cache_refetches_and_stops(s3_env, tmp_path, monkeypatch):
+    """``ZEPHON_READ_CACHE_MB=1``: one cached block of a three-block object. A pass over
+    the shard needs all three, so a block is fetched after the overwrite: 412, the run
+    stops; every batch before is the unchanged run's."""
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "1")
+    local = _big_corpus(tmp_path / "data")
+    big = recipe([str(local)], seq_len=2048, global_batch_size=32)
+    steps = 4 * (local.stat().st_size // (2048 * 32) + 1)  # more than three passes
+    baseline = _digests(big, steps)
+    uri = s3_env.put_tree("midrun-tiny", local.parent) + "/a.jsonl"
+    edited = tmp_path / "edited" / "a.jsonl"
+    edited.parent.mkdir()
+    edited.write_bytes(_same_size_edit(local.read_bytes()))
+    r = big.replace(datasets=(DatasetSpec("web", paths=(uri,)),))
+    got, error = _run_with_overwrite(
+        r, lambda: s3_env.put_tree("midrun-tiny", edited.parent), steps
+    )
+    assert error is not None and "412 Precondition Failed to If-Match" in str(error)
+    assert got == baseline[: len(got)] and len(got) < len(baseline)
+
+
+def _frames_zst(root: Path) -> Path:
+    """A multi-frame .jsonl.zst (read in frame ranges with a dataset index)."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"text": f"zst {i} " + "word " * (i % 7 + 1)}) for i in range(240)]
+    cctx = zstandard.ZstdCompressor()
+    blob = b"".join(
+        cctx.compress(("\n".join(lines[k : k + 20]) + "\n").encode()) for k in range(0, 240, 20)
+    )
+    path = root / "c.jsonl.zst"
+    path.write_bytes(blob)
+    return path
+
+
+def _flip_last_frame(blob: bytes) -> bytes:
+    """The same size, one byte of the last frame changed."""
+    out = bytearray(blob)
+    out[-10] ^= 0x01
+    return bytes(out)
+
+
+def test_s3_indexed_zst_frames_stop_with_the_error(s3_env, tmp_path, monkeypatch):
+    """A multi-frame .zst under a dataset index is read in frame ranges from S3: with
+    ``ZEPHON_READ_CACHE_MB=0`` an overwrite stops the run with the error (not a corrupt
+    zstd frame), every batch before it the unchanged run's."""
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")
+    local = _frames_zst(tmp_path / "data")
+    baseline = _digests(recipe([str(local)]))
+    base = s3_env.put_tree("midrun-zst", local.parent)
+    assert zephon("index", base + "/*.jsonl.zst", "--quiet") == 0
+    index.forget()
+    edited = tmp_path / "edited" / local.name
+    edited.parent.mkdir()
+    edited.write_bytes(_flip_last_frame(local.read_bytes()))
+    try:
+        got, error = _run_with_overwrite(
+            recipe([base + "/*.jsonl.zst"]), lambda: s3_env.put_tree("midrun-zst", edited.parent)
+        )
+    finally:
+        index.forget()
+    assert error is not None and "412 Precondition Failed to If-Match" in str(error), error
+    assert "c.jsonl.zst" in str(error) and "corrupt" not in str(error)
+    assert got == baseline[: len(got)] and len(got) < len(baseline)
+
+
+def test_s3_unindexed_zst_is_read_whole_at_open(s3_env, tmp_path, monkeypatch):
+    """Without an index a .zst is fetched whole (conditionally) and decompressed when it is
+    opened: an overwrite later reaches no read, and the run gives the unchanged batches."""
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache"))
+    local = _frames_zst(tmp_path / "data")
+    baseline = _digests(recipe([str(local)]))
+    base = s3_env.put_tree("midrun-zst-whole", local.parent)
+    edited = tmp_path / "edited" / local.name
+    edited.parent.mkdir()
+    edited.write_bytes(_flip_last_frame(local.read_bytes()))
+    got, error = _run_with_overwrite(
+        recipe([base + "/*.jsonl.zst"]),
+        lambda: s3_env.put_tree("midrun-zst-whole", edited.parent),
+    )
+    assert error is None, str(error)
+    assert got == baseline
+
+
+def test_s3_change_is_refused_under_skip(s3_env, tmp_path, monkeypatch):
+    """Under ``on_error = "skip"`` the change still stops the run: what a skip would leave
+    out would depend on when the object was replaced."""
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")
+    local = _corpus(tmp_path / "data")
+    skipping = DatasetSpec("web", paths=(str(local),), on_error="skip")
+    baseline = _digests(recipe([str(local)]).replace(datasets=(skipping,)))
+    uri = s3_env.put_tree("midrun-skip", local.parent) + "/a.jsonl"
+    edited = tmp_path / "edited" / "a.jsonl"
+    edited.parent.mkdir()
+    edited.write_bytes(_same_size_edit(local.read_bytes()))
+    r = recipe([uri]).replace(datasets=(DatasetSpec("web", paths=(uri,), on_error="skip"),))
+    got, error = _run_with_overwrite(r, lambda: s3_env.put_tree("midrun-skip", edited.parent))
+    assert error is not None and "the object changed during the run" in str(error)
+    assert got == baseline[: len(got)] and len(got) < len(baseline)
+
+
+@pytest.mark.parametrize("source", ["s3", "azure"])
+def test_a_failed_condition_is_not_transient(source, request, tmp_path, monkeypatch):
+    """The backend's own 412 (botocore's ``PreconditionFailed``, azure-core's
+    ``ResourceModifiedError``) is never retried, and a pinned read raises the error at once."""
+    server: Store = request.getfixturevalue(f"{source}_server")
+    use_store(server, monkeypatch)
+    local = _corpus(tmp_path / "data")
+    uri = server.put_tree("midrun-412", local.parent) + "/a.jsonl"
+    old = storage.stat(uri)
+    edited = tmp_path / "edited" / "a.jsonl"
+    edited.parent.mkdir()
+    edited.write_bytes(_same_size_edit(local.read_bytes()))
+    server.put_tree("midrun-412", edited.parent)
+    fs = storage.filesystem(uri)
+    with pytest.raises(Exception) as raw:
+        if source == "s3":
+            bucket, key, _ = fs.split_path(uri)
+            fs.call_s3("get_object", Bucket=bucket, Key=key, IfMatch=f'"{old.version}"')
+        else:
+            from azure.core import MatchConditions
+            from azure.storage.blob import BlobServiceClient
+
+            client = BlobServiceClient.from_connection_string(server.connection_string())
+            blob = client.get_blob_client("midrun-412", "a.jsonl")
+            blob.download_blob(
+                etag=f'"{old.version}"', match_condition=MatchConditions.IfNotModified
+            ).readall()
+    assert not storage.is_transient(raw.value), repr(raw.value)
+    with pytest.raises(storage.ObjectChanged, match=CHANGED):
+        storage.read_range(uri, 0, 10, cache=False, version=old.version)
+    new, size = storage.stat(uri).version, len(edited.read_bytes())
+    assert new != old.version  # the edited bytes, read pinned to their own version
+    assert storage.read_range(uri, 0, size, cache=False, version=new) == edited.read_bytes()
+
+
+@pytest.mark.parametrize("cache_mb", ["0", "128"])
+def test_hf_stub_checks_the_version_after_each_fetch(hub, tmp_path, monkeypatch, cache_mb):  # noqa: F811
+    """hf:// (the fsspec-level Hub stub of test_hf_versions: no condition can be sent) is
+    asked for the object's version tag after each fetch: without a read cache the run
+    stops with the error; with the block cached it gives the unchanged batches."""
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", cache_mb)
+    local = _corpus(tmp_path / "data")
+    baseline = _digests(recipe([str(local)]))
+    uri = upload(hub, local.parent) + "/a.jsonl"
+    key = "datasets/org/corpus/data/a.jsonl"
+
+    def overwrite() -> None:
+        hub.files[key] = _same_size_edit(hub.files[key])
+
+    got, error = _run_with_overwrite(recipe([uri]), overwrite)
+    if cache_mb == "0":
+        assert error is not None and re.search(CHANGED, str(error)), error
+        assert "to a metadata request after the read" in str(error)
+        assert got == baseline[: len(got)] and len(got) < len(baseline)
+    else:
+        assert error is None, str(error)
+        assert got == baseline
