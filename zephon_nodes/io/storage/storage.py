@@ -13,6 +13,10 @@ refused, timeouts, HTTP 5xx, 429 and S3 throttling) are retried with exponential
 full jitter until the :class:`RetryPolicy` budget is spent, then a :class:`DataError` names
 the URI and the last error. Permanent errors (403, 404, a missing bucket) fail at once.
 Where bytes come from never changes a byte of output: retries only cost time.
+
+A remote shard's reads are pinned to the version tag seen when it was opened
+(:mod:`~zephon_nodes.io.storage.pinned`): an object replaced during a run stops it with
+:class:`ObjectChanged`, whatever the read cache holds; it never serves new bytes.
 """
 
 from __future__ import annotations
