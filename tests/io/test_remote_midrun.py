@@ -326,3 +326,85 @@ def test_hf_stub_checks_the_version_after_each_fetch(hub, tmp_path, monkeypatch,
     else:
         assert error is None, str(error)
         assert got == baseline
+
+
+def test_s3_worker_processes_read_the_version_pinned_at_open(s3_env, tmp_path, monkeypatch):
+    """Spawned worker processes get the shard (and its pinned version) by pickle, not by
+    opening it again: an overwrite after the first batch stops the run there too."""
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")
+    local = _corpus(tmp_path / "data")
+    baseline = _digests(recipe([str(local)]))
+    uri = s3_env.put_tree("midrun-procs", local.parent) + "/a.jsonl"
+    edited = tmp_path / "edited" / "a.jsonl"
+    edited.parent.mkdir()
+    edited.write_bytes(_same_size_edit(local.read_bytes()))
+    got: list[str] = []
+    it = simulate(Pipeline(recipe([uri])), 1, STEPS, num_workers=1, runner="process")
+    with pytest.raises(DataError, match=CHANGED):
+        for batch, _ in it:
+            got.append(batch.digest)
+            if len(got) == 1:
+                s3_env.put_tree("midrun-procs", edited.parent)
+    assert got == baseline[: len(got)] and len(got) < len(baseline)
+
+
+def test_gcs_requests_carry_the_pinned_generation(gcs_server, tmp_path, monkeypatch):
+    """What a pinned read sends to GCS: ``ifGenerationMatch`` with the generation the
+    object had when it was opened (the emulator ignores it; real GCS answers 412)."""
+    use_store(gcs_server, monkeypatch)
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")
+    local = _corpus(tmp_path / "data")
+    uri = gcs_server.put_tree("midrun-gen", local.parent) + "/a.jsonl"
+    fs = storage.filesystem(uri)
+    generation = fs.info(uri)["generation"]
+    sent: list[str] = []
+    real = type(fs).call
+
+    def call(self: Any, method: str, path: str, *args: Any, **kw: Any) -> Any:
+        sent.append(f"{method} {path}")
+        return real(self, method, path, *args, **kw)
+
+    monkeypatch.setattr(type(fs), "call", call)
+    version = storage.stat(uri).version
+    assert storage.read_range(uri, 5, 40, version=version) == local.read_bytes()[5:40]
+    gets = [s for s in sent if s.startswith("GET ") and "alt=media" in s]
+    assert gets and all(f"ifGenerationMatch={generation}" in s for s in gets), sent
+
+
+def _tar(path: Path, caption: str) -> None:
+    import io
+    import tarfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as t:
+        for i in range(6):
+            for ext, blob in (("txt", f"{caption} {i}".encode()), ("png", bytes([i]) * 33)):
+                info = tarfile.TarInfo(f"k{i}.{ext}")
+                info.size = len(blob)
+                info.mtime = 0
+                t.addfile(info, io.BytesIO(blob))
+
+
+@pytest.mark.parametrize("cache_mb", ["0", "128"])
+def test_s3_tar_members_are_pinned_too(s3_env, tmp_path, monkeypatch, cache_mb):
+    """A tar shard's member ranges: after a same-size overwrite, the next read stops with
+    the error without a read cache, and gives the original members with the whole small
+    tar cached by the first read."""
+    from zephon_nodes.io.formats.tar import open_tar_shard
+
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", cache_mb)
+    _tar(tmp_path / "old" / "s.tar", "caption")
+    _tar(tmp_path / "new" / "s.tar", "CAPTION")
+    old, new = (tmp_path / d / "s.tar" for d in ("old", "new"))
+    assert old.stat().st_size == new.stat().st_size and old.read_bytes() != new.read_bytes()
+    local = open_tar_shard(old)
+    uri = s3_env.put_tree(f"midrun-tar-{cache_mb}", old.parent) + "/s.tar"
+    remote = open_tar_shard(uri)
+    assert remote.read(0, 2) == local.read(0, 2)
+    s3_env.put_tree(f"midrun-tar-{cache_mb}", new.parent)
+    if cache_mb == "0":
+        with pytest.raises(DataError, match=CHANGED) as e:
+            remote.read(2, 6)
+        assert e.value.refused_under_skip and "s.tar" in str(e.value)
+    else:
+        assert remote.read(2, 6) == local.read(2, 6)
