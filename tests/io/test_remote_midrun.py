@@ -299,6 +299,8 @@ def test_a_failed_condition_is_not_transient(source, request, tmp_path, monkeypa
     assert not storage.is_transient(raw.value), repr(raw.value)
     with pytest.raises(storage.ObjectChanged, match=CHANGED):
         storage.read_range(uri, 0, 10, cache=False, version=old.version)
+    with pytest.raises(storage.ObjectChanged, match=CHANGED):  # a whole-file fetch too
+        storage.fetch(uri, lambda _: None, st=old)
     new, size = storage.stat(uri).version, len(edited.read_bytes())
     assert new != old.version  # the edited bytes, read pinned to their own version
     assert storage.read_range(uri, 0, size, cache=False, version=new) == edited.read_bytes()
@@ -408,3 +410,26 @@ def test_s3_tar_members_are_pinned_too(s3_env, tmp_path, monkeypatch, cache_mb):
         assert e.value.refused_under_skip and "s.tar" in str(e.value)
     else:
         assert remote.read(2, 6) == local.read(2, 6)
+
+
+def test_http_without_etag_pins_last_modified(http_server, tmp_path, monkeypatch):
+    """nginx with ``etag off``: the version tag is ``Last-Modified``, sent back as
+    ``If-Unmodified-Since``; an overwrite dated later stops the run with the error."""
+    monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")
+    local = _corpus(tmp_path / "data")
+    baseline = _digests(recipe([str(local)]))
+    where = "noetag/" + _bucket(tmp_path)
+    shutil.copytree(local.parent, http_server.root / where)
+    uri = http_server.url(f"{where}/a.jsonl")
+    version = storage.stat(uri).version
+    assert version.endswith(" GMT"), version  # Last-Modified, no ETag
+    dest = http_server.root / where / "a.jsonl"
+
+    def overwrite() -> None:
+        old = dest.stat().st_mtime
+        dest.write_bytes(_same_size_edit(local.read_bytes()))
+        os.utime(dest, (old + 10, old + 10))
+
+    got, error = _run_with_overwrite(recipe([uri]), overwrite)
+    assert error is not None and "412 Precondition Failed to If-Unmodified-Since" in str(error)
+    assert got == baseline[: len(got)] and len(got) < len(baseline)
