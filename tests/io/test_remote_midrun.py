@@ -25,6 +25,7 @@ import zstandard
 
 from tests.commands.run import zephon
 from tests.io.conftest import STORES, Store, use_store
+from tests.io.servers import IgnoringIfMatchServer
 from tests.io.test_hf_versions import hub, upload  # noqa: F401 (hub: a fixture)
 from tests.io.test_remote_digests import recipe as _recipe
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, WorkSpec, simulate
@@ -435,71 +436,13 @@ def test_http_without_etag_pins_last_modified(http_server, tmp_path, monkeypatch
     assert got == baseline[: len(got)] and len(got) < len(baseline)
 
 
-class _IgnoringServer:
-    """An HTTP server on 127.0.0.1 that honours ``Range`` and sends a strong ``ETag`` (the
-    content's MD5) but ignores ``If-Match``, as some servers and proxies do."""
-
-    def __init__(self, blob: bytes) -> None:
-        import hashlib
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.blob = blob
-        self.conditions: list[str] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _head(self) -> tuple[int, bytes]:
-                if self.path != "/a.jsonl":  # e.g. a dataset index looked for beside it
-                    self.send_response(404)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return 404, b""
-                data = outer.blob
-                tag = hashlib.md5(data).hexdigest()
-                rng = self.headers.get("Range")
-                if self.headers.get("If-Match"):
-                    outer.conditions.append(self.headers["If-Match"])
-                body, status = data, 200
-                if rng:
-                    lo, _, hi = rng.removeprefix("bytes=").partition("-")
-                    body = data[int(lo) : int(hi) + 1 if hi else len(data)]
-                    status = 206
-                self.send_response(status)
-                self.send_header("ETag", f'"{tag}"')
-                self.send_header("Accept-Ranges", "bytes")
-                self.send_header("Content-Length", str(len(body) if rng else len(data)))
-                if rng:
-                    self.send_header("Content-Range", f"bytes {lo}-{hi}/{len(data)}")
-                self.end_headers()
-                return status, body
-
-            def do_HEAD(self) -> None:
-                self._head()
-
-            def do_GET(self) -> None:
-                _, body = self._head()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/a.jsonl"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_http_server_ignoring_if_match_is_caught_by_the_response_etag(tmp_path, monkeypatch):
     """A server that ignores ``If-Match`` answers 206 with the new bytes: their ``ETag`` is
     not the pinned one, so the run stops with the error all the same."""
     monkeypatch.setenv("ZEPHON_READ_CACHE_MB", "0")
     local = _corpus(tmp_path / "data")
     baseline = _digests(recipe([str(local)]))
-    server = _IgnoringServer(local.read_bytes())
+    server = IgnoringIfMatchServer(local.read_bytes())
     try:
         storage._forget_filesystems()
 
