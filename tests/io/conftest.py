@@ -192,6 +192,7 @@ http {{
         listen 127.0.0.1:{port};
         root {root};
         location /forbidden/ {{ return 403; }}
+        location /noetag/ {{ etag off; }}
     }}
 }}
 """
@@ -199,7 +200,8 @@ http {{
 
 @dataclass
 class HttpServer:
-    """An nginx serving ``root`` on 127.0.0.1 (honours ``Range``)."""
+    """An nginx serving ``root`` on 127.0.0.1 (honours ``Range``; no ``ETag`` under
+    ``/noetag/``, only ``Last-Modified``)."""
 
     root: Path
     port: int

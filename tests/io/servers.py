@@ -1,4 +1,5 @@
-"""Storage servers for tests on 127.0.0.1: GCS (gcp-storage-emulator), Azure Blob (Azurite).
+"""Storage servers for tests on 127.0.0.1: GCS (gcp-storage-emulator), Azure Blob (Azurite),
+and an HTTP server that ignores ``If-Match``.
 
 Each object store is reached the way a user reaches the real one: through the backend's
 standard environment variables (``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING``,
@@ -18,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where `make install-test` puts Azurite (npm ci --prefix .ci/node).
@@ -297,3 +299,61 @@ def _close(*socks: socket.socket) -> None:
             s.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             s.close()
+
+
+class IgnoringIfMatchServer:
+    """An HTTP server on 127.0.0.1 serving ``blob`` as ``/a.jsonl``: it honours ``Range`` and
+    sends a strong ``ETag`` (the content's MD5) but ignores ``If-Match``, as some servers and
+    proxies do. ``conditions`` lists the ``If-Match`` values received."""
+
+    def __init__(self, blob: bytes) -> None:
+        import hashlib
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.blob = blob
+        self.conditions: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _head(self) -> tuple[int, bytes]:
+                if self.path != "/a.jsonl":  # e.g. a dataset index looked for beside it
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return 404, b""
+                data = outer.blob
+                tag = hashlib.md5(data).hexdigest()
+                rng = self.headers.get("Range")
+                if self.headers.get("If-Match"):
+                    outer.conditions.append(self.headers["If-Match"])
+                body, status = data, 200
+                if rng:
+                    lo, _, hi = rng.removeprefix("bytes=").partition("-")
+                    body = data[int(lo) : int(hi) + 1 if hi else len(data)]
+                    status = 206
+                self.send_response(status)
+                self.send_header("ETag", f'"{tag}"')
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("Content-Length", str(len(body) if rng else len(data)))
+                if rng:
+                    self.send_header("Content-Range", f"bytes {lo}-{hi}/{len(data)}")
+                self.end_headers()
+                return status, body
+
+            def do_HEAD(self) -> None:
+                self._head()
+
+            def do_GET(self) -> None:
+                _, body = self._head()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/a.jsonl"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

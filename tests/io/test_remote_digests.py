@@ -251,13 +251,13 @@ def test_outage_of_10_s_costs_time_not_bytes(source, local, request, monkeypatch
         proxy.start()
         proxy.restarts += 1
 
-    def cat(uri: str, start: int, stop: int) -> bytes:
+    def cat(uri: str, start: int, stop: int, *pinned: str) -> bytes:
         reads[0] += 1
         if reads[0] == 3:
             proxy.stop()
             timers.append(threading.Timer(10.0, come_back))
             timers[0].start()
-        return real(uri, start, stop)
+        return real(uri, start, stop, *pinned)
 
     try:
         use_store(server, monkeypatch, proxy.port)

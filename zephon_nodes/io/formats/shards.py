@@ -87,6 +87,17 @@ class FileShard:
     frames: tuple[tuple[int, int, int], ...] = field(default=(), repr=False)
     version: str = ""
 
+    @property
+    def _pin(self) -> str:
+        """The version tag reads of a remote shard are conditional on (``""``: local)."""
+        return self.version if storage.is_remote(self.uri or self.path) else ""
+
+    def _opened_stat(self) -> storage.FileStat:
+        """The remote shard's size and version as opened (a new stat without a version)."""
+        if self.version:
+            return storage.FileStat(self.size, self.version)
+        return storage.stat(self.uri)
+
     def _check_unchanged(self) -> None:
         """Refuse a local shard whose size or modification time changed since it was opened.
 
@@ -112,12 +123,14 @@ class FileShard:
     def _read_plain(self, lo: int, hi: int) -> bytes:
         """Uncompressed bytes ``[lo, hi)``: a range read, or the zstd frames covering it."""
         if not self.frames:
-            return storage.read_range(self.data_path, lo, hi, tag=self.checksum)
+            return storage.read_range(self.data_path, lo, hi, tag=self.checksum, version=self._pin)
         starts = np.cumsum([0] + [f[2] for f in self.frames])
         i = int(np.searchsorted(starts, lo, side="right")) - 1
         j = int(np.searchsorted(starts, hi, side="left")) - 1
         first, last = self.frames[i], self.frames[j]
-        blob = storage.read_range(self.data_path, first[0], last[0] + last[1], tag=self.checksum)
+        blob = storage.read_range(
+            self.data_path, first[0], last[0] + last[1], tag=self.checksum, version=self._pin
+        )
         dctx = zstandard.ZstdDecompressor()
         parts = []
         for offset, csize, usize in self.frames[i : j + 1]:
@@ -146,7 +159,7 @@ class FileShard:
         if storage.is_remote(self.uri):
             from zephon_nodes.io.storage.remote import fetched
 
-            with fetched(self.uri, storage.stat(self.uri)) as (tmp, checksum):
+            with fetched(self.uri, self._opened_stat()) as (tmp, checksum):
                 _check_same(self, checksum)
                 _build(tmp, checksum, compressed=True)
         else:
@@ -163,7 +176,7 @@ class FileShard:
         try:
             blob = self._read_plain(lo, hi)
         except DataError as e:
-            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}", kind=e.kind) from None
+            raise _rewrap(self.path, e) from None
         rows = _split_records(blob)
         base = first * self.every
         # Between two kept offsets lie exactly `every` records, after the last one exactly
@@ -212,7 +225,7 @@ class FileShard:
         if storage.is_remote(source):
             from zephon_nodes.io.storage.remote import fetched
 
-            with fetched(source, storage.stat(source)) as (tmp, checksum):
+            with fetched(source, self._opened_stat()) as (tmp, checksum):
                 _check_same(self, checksum)
                 remake(tmp, checksum, self._compressed())
         else:
@@ -233,9 +246,11 @@ class FileShard:
             blob = read_checked(self.data_path, self.index_path, lo, hi)
         else:
             try:
-                blob = storage.read_range(self.data_path, lo, hi, tag=self.checksum)
+                blob = storage.read_range(
+                    self.data_path, lo, hi, tag=self.checksum, version=self._pin
+                )
             except DataError as e:
-                raise DataError(f"{self.path}: {str(e).partition(': ')[2]}", kind=e.kind) from None
+                raise _rewrap(self.path, e) from None
         rows = index[start:stop] - lo
         return [(start + k, blob[a:b]) for k, (a, b) in enumerate(rows.tolist())]
 
@@ -329,6 +344,13 @@ def _decompress_to(src: Path, dst: Any, hasher: Any = None) -> None:
         raise DataError(
             f"{src}: truncated zstd stream (the last frame is incomplete)", kind=TRUNCATED_FILE
         )
+
+
+def _rewrap(path: str, e: DataError) -> DataError:
+    """``e`` naming ``path`` instead of the file it names (same kind and skip rule)."""
+    return DataError(
+        f"{path}: {str(e).partition(': ')[2]}", kind=e.kind, refused_under_skip=e.refused_under_skip
+    )
 
 
 def _check_same(shard: FileShard, checksum: str) -> None:
@@ -435,6 +457,7 @@ def _open_remote(uri: str) -> FileShard:
         checksum=checksum,
         size=st.size,
         uri=uri,
+        version=st.version,  # every later range read is conditional on it
     )
     return dataclasses.replace(shard, num_records=_records(shard))
 

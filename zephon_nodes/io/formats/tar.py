@@ -108,6 +108,8 @@ class TarShard:
         checksum: Content checksum of the shard file (``xxh3_128:...``).
         size: Bytes of the shard file.
         uri: Where the bytes are read from (``path`` unless the shard is remote).
+        version: A remote shard's version tag when it was opened: every range read is
+            conditional on it.
     """
 
     path: str
@@ -116,6 +118,7 @@ class TarShard:
     checksum: str = ""
     size: int = 0
     uri: str = ""
+    version: str = ""
 
     def read(self, start: int, stop: int) -> list[tuple[int, TarSample]]:
         """Return samples ``[start, stop)`` as ``(sample number, TarSample)`` pairs."""
@@ -127,9 +130,15 @@ class TarShard:
         lo = min(o for _, members in entries for _, o, _ in members)
         hi = max(o + n for _, members in entries for _, o, n in members)
         try:
-            blob = storage.read_range(self.uri or self.path, lo, hi, tag=self.checksum)
+            source = self.uri or self.path
+            pin = self.version if storage.is_remote(source) else ""
+            blob = storage.read_range(source, lo, hi, tag=self.checksum, version=pin)
         except DataError as e:
-            raise DataError(f"{self.path}: {str(e).partition(': ')[2]}", kind=e.kind) from None
+            raise DataError(
+                f"{self.path}: {str(e).partition(': ')[2]}",
+                kind=e.kind,
+                refused_under_skip=e.refused_under_skip,
+            ) from None
         out = []
         for k, (key, members) in enumerate(entries):
             images: list[tuple[str, bytes]] = []
@@ -271,6 +280,7 @@ def indexed_tar_shard(uri: str, entry: dict[str, Any]) -> TarShard:
         checksum=checksum,
         size=int(entry["bytes"]),
         uri=uri,
+        version=str(entry.get("version", "")),
     )
 
 
@@ -303,6 +313,7 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
             checksum=checksum,
             size=st.size,
             uri=text,
+            version=st.version,
         )
     p = Path(storage.local_path(text))
     if not p.is_file():

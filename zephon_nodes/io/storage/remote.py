@@ -91,7 +91,7 @@ def content_checksum(uri: str, st: storage.FileStat) -> str:
     if known is not None:
         return known
     h = Hasher()
-    if storage.fetch(uri, h.update) != st.size:
+    if storage.fetch(uri, h.update, st=st) != st.size:
         raise DataError(f"{storage.redact(uri)}: size changed while fetching")
     checksum = h.hexdigest()
     remember(uri, st, checksum)
@@ -105,8 +105,10 @@ def fetched(
     """Fetch ``uri`` whole into a temporary cache file; yield ``(path, checksum)``.
 
     The checksum is remembered for :func:`known_checksum`. The file is deleted afterwards.
+    Every request is conditional on ``st.version``: the bytes hashed are that version's.
 
     Raises:
+        ObjectChanged: The object is no longer ``st.version``.
         DataError: If the fetch fails (after retries) or the file changes meanwhile.
     """
     _announce(uri, st)
@@ -121,7 +123,7 @@ def fetched(
                 if sink is not None:
                     sink(block)
 
-            n = storage.fetch(uri, write)
+            n = storage.fetch(uri, write, st=st)
         if n != st.size:
             raise DataError(f"{storage.redact(uri)}: size changed while fetching")
         checksum = h.hexdigest()

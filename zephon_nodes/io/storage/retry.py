@@ -8,7 +8,9 @@ classes of botocore, aiohttp, http.client, urllib3, requests and azure-core, mat
 module and name so none of them need be installed), then by an HTTP status carried on the
 exception (``status``, ``code``, ``status_code`` or botocore's response metadata), and only
 then by its text. Permanent errors (403, 404, a missing bucket, a certificate error, a bug)
-fail at once. Retries cost time, never a byte: the caller re-issues the same read.
+fail at once, and so does a failed condition (HTTP 412: the object is no longer the
+version a read was pinned to). Retries cost time, never a byte: the caller re-issues the
+same read.
 """
 
 from __future__ import annotations
@@ -89,9 +91,17 @@ _TRANSIENT_TYPES: dict[str, frozenset[str]] = {
     ),
     "fsspec.exceptions": frozenset({"FSTimeoutError"}),
 }
-# Subclasses of the above that no retry can fix (a certificate or TLS setup problem).
+# Subclasses of the above that no retry can fix (a certificate or TLS setup problem), and
+# a failed condition (the object is no longer the version a read was pinned to: HTTP 412).
 _PERMANENT_NAMES = frozenset(
-    {"SSLError", "ClientSSLError", "ClientConnectorCertificateError", "ClientConnectorSSLError"}
+    {
+        "SSLError",
+        "ClientSSLError",
+        "ClientConnectorCertificateError",
+        "ClientConnectorSSLError",
+        "ResourceModifiedError",  # azure-core: 412 ConditionNotMet
+        "FileExpired",  # s3fs/fsspec: the ETag a file was opened with no longer holds
+    }
 )
 # A response cut inside its headers reaches some clients as a missing header (aiobotocore:
 # ``KeyError: 'ContentLength'``).
@@ -127,7 +137,8 @@ _CONNECTION_ERRNOS = (
     errno.ENETUNREACH,
 )
 _PERMANENT_TEXT = re.compile(
-    r"(\b(403|404)\b|access ?denied|forbidden|no ?such ?(bucket|key)|not ?found)",
+    r"(\b(403|404|412)\b|access ?denied|forbidden|no ?such ?(bucket|key)|not ?found|"
+    r"pre-?conditions?\b|ConditionNotMet)",
     re.IGNORECASE,
 )
 

@@ -13,6 +13,10 @@ refused, timeouts, HTTP 5xx, 429 and S3 throttling) are retried with exponential
 full jitter until the :class:`RetryPolicy` budget is spent, then a :class:`DataError` names
 the URI and the last error. Permanent errors (403, 404, a missing bucket) fail at once.
 Where bytes come from never changes a byte of output: retries only cost time.
+
+A remote shard's reads are pinned to the version tag seen when it was opened
+(:mod:`~zephon_nodes.io.storage.pinned`): an object replaced during a run stops it with
+:class:`ObjectChanged`, whatever the read cache holds; it never serves new bytes.
 """
 
 from __future__ import annotations
@@ -29,14 +33,17 @@ from typing import Any, TypeVar
 
 from zephon_nodes.core.errors import CHANGED_FILE, MISSING_FILE, DataError, os_error_kind
 from zephon_nodes.core.settings import current
-from zephon_nodes.io.storage import retry
+from zephon_nodes.io.storage import pinned, retry
 from zephon_nodes.io.storage.checksum import build_memo
+from zephon_nodes.io.storage.pinned import ObjectChanged
+from zephon_nodes.io.storage.pinned import version_of as _version
 from zephon_nodes.io.storage.retry import RetryPolicy, is_transient, redact
 
 _describe = retry.describe
 
 __all__ = [
     "FileStat",
+    "ObjectChanged",
     "RetryPolicy",
     "expand",
     "fetch",
@@ -190,27 +197,6 @@ class FileStat:
     version: str
 
 
-def _version(info: dict[str, Any]) -> str:
-    """The version tag in a backend's ``info`` (``""`` when it reports none)."""
-    lfs = info.get("lfs")
-    if isinstance(lfs, dict) and lfs.get("sha256"):
-        return f"sha256:{lfs['sha256']}"  # hf://: the LFS object's content hash
-    for key in ("xet_hash", "blob_id"):  # hf://: the Xet or git object id of the content
-        if info.get(key):
-            return f"{key}:{info[key]}"
-    for key in ("ETag", "etag", "generation", "VersionId", "version_id", "last_modified"):
-        value = info.get(key)
-        if value:
-            return str(value).strip('"')
-    mtime = (
-        info.get("LastModified")
-        or info.get("Last-Modified")
-        or info.get("mtime")
-        or info.get("updated")
-    )
-    return str(mtime) if mtime else ""
-
-
 def stat(uri: str | os.PathLike[str]) -> FileStat:
     """Return the size and version tag of a file.
 
@@ -300,7 +286,7 @@ def expand(pattern: str, base_dir: str | os.PathLike[str] | None = None) -> list
 
 
 BLOCK = 1 << 20
-_BLOCKS: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
+_BLOCKS: OrderedDict[tuple[str, str, str, int], bytes] = OrderedDict()
 _BLOCKS_LOCK = threading.Lock()
 _BLOCKS_BYTES = [0]
 
@@ -310,17 +296,35 @@ def _read_cache_limit() -> int:
     return int(current().read_cache_mb * (1 << 20))
 
 
-def _cat_range(uri: str, start: int, stop: int) -> bytes:
+def _fresh_info(uri: str) -> dict[str, Any]:
+    """The backend's metadata of ``uri`` from a new request (no build listing, retried)."""
+
+    def info() -> dict[str, Any]:
+        extra = {"expand_info": True} if scheme(uri) == "hf" else {}
+        result: dict[str, Any] = filesystem(uri).info(uri, **extra)
+        return result
+
+    return with_retries(info, uri, what="stat")
+
+
+def _cat_range(uri: str, start: int, stop: int, version: str = "") -> bytes:
     """Bytes ``[start, stop)`` of a remote file in one request (retried).
 
+    With ``version`` (the tag pinned when the shard was opened) the request is conditional
+    on it (see :mod:`~zephon_nodes.io.storage.pinned`).
+
     Raises:
+        ObjectChanged: The object is no longer ``version`` (never retried).
         DataError: If the server answers with more bytes than asked: it ignored the
             ``Range`` header (an HTTP 200 with the whole file instead of a 206), which
             ``python -m http.server`` does.
     """
 
     def cat() -> bytes:
-        data: bytes = filesystem(uri).cat_file(uri, start=start, end=stop)
+        fs = filesystem(uri)
+        if version:
+            return pinned.read(fs, scheme(uri), uri, start, stop, version, lambda: _fresh_info(uri))
+        data: bytes = fs.cat_file(uri, start=start, end=stop)
         return data
 
     blob = with_retries(cat, uri)
@@ -335,16 +339,19 @@ def _cat_range(uri: str, start: int, stop: int) -> bytes:
     return blob
 
 
-def _block(uri: str, tag: str, k: int, limit: int) -> bytes:
-    """Block ``k`` (``BLOCK`` bytes, shorter at the end of the file) of a remote file."""
-    key = (uri, tag, k)
+def _block(uri: str, tag: str, version: str, k: int, limit: int) -> bytes:
+    """Block ``k`` (``BLOCK`` bytes, shorter at the end of the file) of a remote file.
+
+    Keyed by the pinned ``version`` too: a block is only ever bytes of that version.
+    """
+    key = (uri, tag, version, k)
     with _BLOCKS_LOCK:
         hit = _BLOCKS.get(key)
         if hit is not None:
             _BLOCKS.move_to_end(key)
             return hit
 
-    blob = _cat_range(uri, k * BLOCK, (k + 1) * BLOCK)
+    blob = _cat_range(uri, k * BLOCK, (k + 1) * BLOCK, version)
     with _BLOCKS_LOCK:
         if key not in _BLOCKS:
             _BLOCKS[key] = blob
@@ -355,16 +362,21 @@ def _block(uri: str, tag: str, k: int, limit: int) -> bytes:
     return blob
 
 
-def read_range(uri: str, start: int, stop: int, *, cache: bool = True, tag: str = "") -> bytes:
+def read_range(
+    uri: str, start: int, stop: int, *, cache: bool = True, tag: str = "", version: str = ""
+) -> bytes:
     """Return bytes ``[start, stop)`` of a file (range requests for remote files).
 
     Remote reads go through a small per-process cache of 1 MiB blocks
     (``ZEPHON_READ_CACHE_MB``, default 128; 0: one request per read), so neighbouring work
     items of a shard cost one request. It changes how many requests are made, never a byte.
     ``tag`` (the shard's content checksum) keys the blocks, so new content is never served
-    from blocks of the old.
+    from blocks of the old. ``version`` (a remote object's version tag, pinned when its
+    shard was opened) makes every request conditional on it and keys the blocks too: the
+    bytes returned are that version's, or :class:`ObjectChanged` is raised.
 
     Raises:
+        ObjectChanged: The remote object is no longer ``version``.
         DataError: If the read fails (after retries) or returns fewer bytes than asked.
     """
     if stop <= start:
@@ -382,14 +394,14 @@ def read_range(uri: str, start: int, stop: int, *, cache: bool = True, tag: str 
             first, last = start // BLOCK, (stop - 1) // BLOCK
             parts = []
             for k in range(first, last + 1):
-                part = _block(uri, tag, k, limit)
+                part = _block(uri, tag, version, k, limit)
                 parts.append(part)
                 if len(part) < BLOCK:
                     break
             joined = b"".join(parts)
             blob = joined[start - first * BLOCK : stop - first * BLOCK]
         else:
-            blob = _cat_range(uri, start, stop)
+            blob = _cat_range(uri, start, stop, version)
     if len(blob) != stop - start:
         raise DataError(
             f"{redact(uri)}: file changed since it was indexed (asked bytes [{start}, {stop}), "
@@ -399,19 +411,31 @@ def read_range(uri: str, start: int, stop: int, *, cache: bool = True, tag: str 
     return blob
 
 
-def fetch(uri: str, write: Callable[[bytes], Any], block: int = 8 << 20) -> int:
+def fetch(
+    uri: str, write: Callable[[bytes], Any], block: int = 8 << 20, st: FileStat | None = None
+) -> int:
     """Stream a whole file into ``write(chunk)``; a transient error resumes at its offset.
+
+    Args:
+        uri: The file.
+        write: Called with each chunk in order.
+        block: Bytes a request.
+        st: The file's size and version tag as seen by the caller (default: a new
+            :func:`stat`); every request is conditional on that version.
 
     Returns:
         The number of bytes fetched.
 
     Raises:
+        ObjectChanged: A remote object is no longer that version.
         DataError: If the file cannot be read (after retries) or its size changes meanwhile.
     """
-    size = stat(uri).size
+    st = st or stat(uri)
+    size = st.size
+    version = st.version if is_remote(uri) else ""
     offset = 0
     while offset < size:
-        chunk = read_range(uri, offset, min(size, offset + block), cache=False)
+        chunk = read_range(uri, offset, min(size, offset + block), cache=False, version=version)
         write(chunk)
         offset += len(chunk)
     return offset
