@@ -36,6 +36,7 @@ from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.flush import is_flush
 from zephon_nodes.core.seeding import derive_seed
 from zephon_nodes.engine.stage_source import StageWorkSource, added_stream_key, dataset_counts
+from zephon_nodes.engine.unread import previous_stage
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.canonical import canonical_sha256
 from zephon_nodes.recipe.stages import fixed_differences
@@ -143,11 +144,18 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
         lane: [stage.offsets(lane).get(d.name, 0) for d in recipe.datasets] for lane in stage.lanes
     }
     names = [d.name for d in recipe.datasets]
+    retired = sorted(set(names) & set(stage.retired))
+    if retired:
+        raise CheckpointError(
+            f"checkpoint 'stage': the recipe reads {retired}, retired at a change after a "
+            f"re-lane (their streams cannot be continued)"
+        )
     heads = {}
     for lane in stage.lanes:
         head = stage.head(lane)
         if head is not None and head[0] in names:
-            heads[lane] = (names.index(head[0]), head[1], head[2])
+            heads[lane] = (names.index(head[0]), head[1], head[2], head[3])
+    unread = {d: stage.unread[n] for d, n in enumerate(names) if n in stage.unread}
     plan = seg.work_source
     tokens = [float(c) for c in _planned_tokens(plan, len(recipe.datasets))]
     epochs = [None if d.on_exhausted == "repeat" else recipe.work.epochs for d in recipe.datasets]
@@ -163,6 +171,7 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
         recipe.num_lanes,
         recipe.mixture.block,
         heads,
+        unread,
     )
     out = copy.copy(seg)
     out.work_source = source
@@ -313,6 +322,8 @@ def enter_stage(
     Raises:
         RecipeError: If the change is not one a run can make (fixed fields, streams).
     """
+    from zephon_nodes.engine.relane.sources import RelanedWorkSource
+
     p: Any = node.pipeline
     old = p.recipe
     differs = fixed_differences(old, recipe)
@@ -323,23 +334,46 @@ def enter_stage(
             f"a recipe change needs a step boundary; the node is after micro-batch "
             f"{node.micro} of step {node.step + 1}"
         )
-    prev = p.stage
+    source = node.work_source
+    relaned = isinstance(source, RelanedWorkSource)
+    prev, lane_of = previous_stage(p) if relaned else (p.stage, None)
     if prev is not None:
         names, streams = list(prev.names), list(prev.streams)
     else:
         names, streams = base_streams(p)
+    retired = prev.retired if prev is not None else ()
+    known = len(names)
     for name, content in _recipe_streams(recipe):
+        if name in retired:
+            raise RecipeError(
+                f"dataset {name!r} was removed before a re-lane and is not read since: its "
+                f"stream cannot be continued without repeating documents; give it a new name "
+                f"to read it again from its beginning"
+            )
         if name not in names:
             names.append(name)
             streams.append((added_stream_key(name), content))
+    cuts: dict[int, _Cut] = {}
+    for lane, (w, c) in node.positions.items():
+        if c:
+            cuts[lane] = _cut(node, lane, w, c)
+        else:
+            cuts[lane] = _Cut(source.window_start(lane, w, old.flush_every), None, 0, 0)
+    if relaned:
+        from zephon_nodes.engine.unread import enter_after_relane
+
+        out = enter_after_relane(node, cuts, index, amended, (names, streams, known), prev, lane_of)
+        gone = sorted({d.name for d in recipe.datasets} & set(out.retired))
+        if gone:
+            raise RecipeError(
+                f"dataset(s) {gone} were not read by the re-laned lanes and their streams "
+                f"before the re-lane are not known: give them new names to read them again "
+                f"from their beginning"
+            )
+        return out
     own = [d.name for d in old.datasets]
     rows: dict[int, tuple[int, ...]] = {}
-    for lane, (w, c) in node.positions.items():
-        source = node.work_source
-        if c:
-            cut = _cut(node, lane, w, c)
-        else:
-            cut = _Cut(source.window_start(lane, w, old.flush_every), None, 0, 0)
+    for lane, cut in cuts.items():
         counts = dict(zip(own, dataset_counts(source, lane, cut.resume, own), strict=True))
         before = prev.offsets(lane) if prev is not None else {}
         head = (0, 0, 0)
@@ -360,6 +394,9 @@ def enter_stage(
         streams=tuple(streams),
         lanes=rows,
         amended=amended,
+        unread=dict(prev.unread) if prev is not None else {},
+        retired=retired,
+        num_lanes=p.num_lanes,
     )
 
 
@@ -424,7 +461,7 @@ def amend_state(old: Pipeline, state: Mapping[str, Any], new: Pipeline) -> dict[
         node = old.rank_node(1, 0, pool=pool)
         try:
             node.reset(dict(state))
-            prev = node.pipeline.stage
+            prev, _ = previous_stage(node.pipeline)
             amended = (*(prev.amended if prev is not None else ()),)
             amended += ({"fingerprint": old.fingerprint, "step": step},)
             stage = enter_stage(node, new.recipe.base, 0, amended)

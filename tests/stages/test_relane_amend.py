@@ -1,0 +1,275 @@
+"""Amendments chained with re-lanes (issue 24): amended twice, re-laned, amended again, ...
+
+A change after a re-lane continues each dataset from the set of its work items no lane has
+read (``zephon_nodes/engine/unread.py``). Checked from the tokens (``provenance.py``), not
+from the engine's bookkeeping: no document delivered twice over the whole chain, a removed
+dataset absent after its removal, and at each change after a re-lane the set the new stage
+reads from is exactly the set of work items none of whose documents was delivered yet (so
+nothing is skipped: every item outside it was delivered, at least in part).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.stages.conftest import batches, digests, recipe
+from tests.stages.provenance import delivered, fragments
+from zephon_nodes.core.errors import CheckpointError, RecipeError
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.relane import relane_state
+from zephon_nodes.engine.stages import amend_state
+from zephon_nodes.engine.work import DatasetWorkSource
+from zephon_nodes.state.files import save_state
+from zephon_nodes.state.stage import StageState
+
+A = {"name": "a", "paths": ["a/*.jsonl"], "weight": 1.0}
+B = {"name": "b", "paths": ["b/*.jsonl"], "weight": 1.0}
+C = {"name": "c", "paths": ["c/*.jsonl"], "weight": 1.0}
+ITEMS_PER_EPOCH = 150  # 2 shards x 300 records, 4 records per work item
+
+
+def _docs(batch_list: list[dict[str, np.ndarray]]) -> set[str]:
+    return {doc[0] for b in batch_list for _, doc, _ in fragments(b) if doc}
+
+
+def _check_unread_is_undelivered(
+    root: Path, section: Mapping[str, Any], lanes: int, got: Counter[Any]
+) -> int:
+    """Each dataset's unread set (from the new stage section) against the corpus.
+
+    A work item (global index ``g`` of the dataset's stream, read here through a one-lane
+    stream of the same key) is in the set exactly when none of its documents was delivered.
+    Returns the number of items checked.
+    """
+    stage = StageState.from_state(section, lanes)
+    checked = 0
+    for name, unread in stage.unread.items():
+        key = dict(zip(stage.names, stage.streams, strict=True))[name][0]
+        one = Pipeline(recipe(root, datasets=[{"name": name, "paths": [f"{name}/*.jsonl"]}]))
+        stream = DatasetWorkSource(one.datasets[0], 7, 1, None, dataset_index=key)
+        for g in range(min(unread.start + 8, ITEMS_PER_EPOCH)):
+            item = stream.work(0, g)
+            assert item is not None
+            seen = sum(1 for r in range(item.start, item.stop) if got[(name, item.shard_index, r)])
+            assert (g in unread) == (seen == 0), (name, g, seen, unread)
+            checked += 1
+    return checked
+
+
+@pytest.fixture(scope="module")
+def chain(corpus: tuple[Path, Any]) -> dict[str, Any]:
+    """Amended at 3 and 6, re-laned 4 -> 8 at 8, amended at 11, re-laned 8 -> 4 at 14,
+    amended at 26; the batches of each leg and the states in between."""
+    root, _ = corpus
+    legs: list[list[dict[str, np.ndarray]]] = []
+    states: dict[str, Any] = {}
+
+    def leg(p: Pipeline, steps: int, dp: int, resume: Any, at: int) -> dict[str, Any]:
+        saved: list[dict[str, Any]] = []
+        legs.append(
+            [b for _, _, b in batches(p, steps, dp, resume=resume, save_at=at, saved=saved)]
+        )
+        return saved[0]
+
+    base = Pipeline(recipe(root))
+    s = leg(base, 3, 2, None, 3)
+    one = Pipeline(recipe(root, seq_len=64, datasets=[A, C]))  # remove b, add c, longer
+    s = leg(one, 3, 4, amend_state(base, s, one), 6)
+    two = Pipeline(recipe(root, seq_len=64, datasets=[A, {**C, "weight": 2.0}]))
+    s = leg(two, 2, 2, amend_state(one, s, two), 8)
+    two8 = Pipeline(recipe(root, seq_len=64, datasets=[A, {**C, "weight": 2.0}], num_lanes=8))
+    s = leg(two8, 3, 4, relane_state(two, s, 8), 11)
+    states["before_third"] = s
+    states["delivered_third"] = delivered(b for x in legs for b in x)
+    # b was removed at step 3, before the re-lane, and comes back; c's weight goes back.
+    three = Pipeline(recipe(root, seq_len=48, datasets=[A, B, C], num_lanes=8))
+    third = amend_state(two8, s, three)
+    states["third"] = third
+    s = leg(three, 3, 2, third, 14)
+    three4 = Pipeline(recipe(root, seq_len=48, datasets=[A, B, C], num_lanes=4))
+    s = leg(three4, 12, 2, relane_state(three, s, 4), 26)
+    states["delivered_fourth"] = delivered(b for x in legs for b in x)
+    four = Pipeline(recipe(root, seq_len=32, datasets=[{**A, "weight": 3.0}, B], num_lanes=4))
+    fourth = amend_state(three4, s, four)
+    states["fourth"] = fourth
+    legs.append([b for _, _, b in batches(four, 8, 1, resume=fourth)])
+    return {
+        "legs": legs,
+        "states": states,
+        "pipelines": {"three": three, "three4": three4, "four": four, "two8": two8},
+    }
+
+
+def test_the_chain_delivers_no_document_twice(
+    chain: dict[str, Any], corpus: tuple[Path, Any]
+) -> None:
+    _, lengths = corpus
+    legs = chain["legs"]
+    got = delivered(b for leg in legs for b in leg)
+    assert got and all(n <= lengths[doc] for doc, n in got.items())
+    # Removed datasets are absent after their removal, added ones present.
+    assert "b" not in _docs([b for leg in legs[1:4] for b in leg])
+    assert _docs(legs[1]) == {"a", "c"}
+    assert _docs(legs[4]) == {"a", "b", "c"}  # b read again after the re-lane
+    assert _docs(legs[6]) == {"a", "b"}  # c removed by the last change
+
+
+@pytest.mark.parametrize("which", ["third", "fourth"])
+def test_the_unread_sets_are_what_was_not_delivered(
+    chain: dict[str, Any], corpus: tuple[Path, Any], which: str
+) -> None:
+    root, _ = corpus
+    state = chain["states"][which]
+    got = chain["states"]["delivered_" + which]
+    lanes = 8 if which == "third" else 4
+    section = state["stage"]
+    assert set(StageState.from_state(section, lanes).unread) == {"a", "b", "c"}
+    assert _check_unread_is_undelivered(root, section, lanes, got) > 60
+
+
+def test_elastic_after_each_change_that_followed_a_re_lane(chain: dict[str, Any]) -> None:
+    p = chain["pipelines"]
+    third = chain["states"]["third"]
+    ref = digests(p["three"], 4, 1, resume=third)
+    assert digests(p["three"], 4, 2, resume=third) == ref
+    assert digests(p["three"], 4, 8, resume=third) == ref
+    fourth = chain["states"]["fourth"]
+    ref = digests(p["four"], 5, 1, resume=fourth)
+    assert digests(p["four"], 5, 2, resume=fourth) == ref
+    assert digests(p["four"], 5, 4, resume=fourth) == ref
+    # Across a restart in the new stage, at another dp size.
+    saved: list[dict[str, Any]] = []
+    list(batches(p["four"], 2, 4, resume=fourth, save_at=28, saved=saved))
+    assert digests(p["four"], 3, 2, resume=saved[0]) == ref[2:]
+
+
+def test_drops_are_carried_and_counted(chain: dict[str, Any]) -> None:
+    third = chain["states"]["third"]["stage"]
+    old = chain["states"]["before_third"]["lineage"]["stage"]
+    before = sum(row[-1] for row in old["lanes"].values())
+    after = sum(row[-1] for row in third["lanes"].values())
+    assert len(third["lanes"]) == 8 and before > 0 and after >= before
+    assert [a["step"] for a in chain["states"]["fourth"]["stage"]["amended"]] == [3, 6, 11, 26]
+
+
+def test_a_later_change_without_a_re_lane_continues_the_dealt_streams(
+    chain: dict[str, Any], corpus: tuple[Path, Any]
+) -> None:
+    root, lengths = corpus
+    p = chain["pipelines"]
+    third = chain["states"]["third"]
+    saved: list[dict[str, Any]] = []
+    run = [b for _, _, b in batches(p["three"], 2, 2, resume=third, save_at=13, saved=saved)]
+    only_a = Pipeline(recipe(root, seq_len=64, datasets=[A], num_lanes=8))
+    again = amend_state(p["three"], saved[0], only_a)
+    assert again["stage"]["unread"] == third["stage"]["unread"]
+    after = [b for _, _, b in batches(only_a, 4, 2, resume=again)]
+    assert digests(only_a, 4, 4, resume=again) == digests(only_a, 4, 1, resume=again)
+    got = delivered([*(b for leg in chain["legs"][:4] for b in leg), *run, *after])
+    assert all(n <= lengths[doc] for doc, n in got.items())
+    assert _docs(after) == {"a"}
+
+
+def test_a_pending_cut_item_is_refused(corpus: tuple[Path, Any]) -> None:
+    """Re-laned right after a change, a lane has not yet read the rest of the cut item."""
+    root, _ = corpus
+    base = Pipeline(recipe(root))
+    saved: list[dict[str, Any]] = []
+    list(batches(base, 4, 2, save_at=4, saved=saved))
+    one = Pipeline(recipe(root, seq_len=64, datasets=[A, C]))
+    amended = amend_state(base, saved[0], one)
+    assert amended["stage"]["lanes"]["0"][3] == 1  # lane 0 cut a work item of a in two
+    relaned = relane_state(one, amended, 2)
+    one2 = Pipeline(recipe(root, seq_len=64, datasets=[A, C], num_lanes=2))
+    with pytest.raises(RecipeError, match="amend at a later step"):
+        amend_state(one2, relaned, Pipeline(recipe(root, datasets=[A], num_lanes=2)))
+
+
+def test_the_unread_section_is_checked(chain: dict[str, Any]) -> None:
+    good = chain["states"]["third"]["stage"]
+    StageState.from_state(good, 8)
+    cases = {
+        "version": lambda u: u.update(version=2),
+        "num_lanes": lambda u: u.update(num_lanes=4),
+        "increasing": lambda u: u["datasets"]["a"].update(items=[5, 3]),
+        "below": lambda u: u["datasets"]["a"].update(items=[u["datasets"]["a"]["from"]]),
+        "not one of the names": lambda u: u["datasets"].update(z={"from": 0, "items": []}),
+    }
+    for match, spoil in cases.items():
+        bad = copy.deepcopy(good)
+        spoil(bad["unread"])
+        with pytest.raises(CheckpointError, match=match):
+            StageState.from_state(bad, 8)
+    bad = copy.deepcopy(good)
+    del bad["unread"]["datasets"]["a"]
+    bad["lanes"]["0"][3:6] = [4, 0, 0]  # a head of a by global index: a has no set now
+    with pytest.raises(CheckpointError, match="global index"):
+        StageState.from_state(bad, 8)
+
+
+_TOML = """
+seed = 7
+num_lanes = {lanes}
+global_batch_size = 8
+seq_len = {seq_len}
+flush_every = 2
+[tokenizer]
+kind = "bytes"
+{datasets}
+[work]
+chunk_size = 4
+epochs = "inf"
+"""
+
+
+def _toml(root: Path, name: str, lanes: int, seq_len: int, names: str) -> Path:
+    datasets = "".join(f'[[datasets]]\nname = "{n}"\npaths = ["{n}/*.jsonl"]\n' for n in names)
+    path = root / name
+    path.write_text(_TOML.format(lanes=lanes, seq_len=seq_len, datasets=datasets))
+    return path
+
+
+def _zephon(*args: Any, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zephon_nodes.cli", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_zephon_amend_on_a_re_laned_checkpoint(
+    chain: dict[str, Any], corpus: tuple[Path, Any], tmp_path: Path
+) -> None:
+    root, _ = corpus
+    old = _toml(root, "relaned8.toml", 8, 64, "ac")
+    # The fixture's recipe gives c weight 2.0: write the checkpoint of a recipe like it.
+    text = old.read_text().replace('name = "c"\n', 'name = "c"\nweight = 2.0\n')
+    old.write_text(text)
+    new = _toml(root, "after8.toml", 8, 48, "abc")
+    ckpt = tmp_path / "ckpt"
+    save_state(ckpt, chain["states"]["before_third"])
+    out = tmp_path / "out"
+    done = _zephon("amend", old, ckpt, new, "--output", out, "--json", cwd=root)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["amendments"] == 3 and summary["datasets"] == ["a", "b", "c"]
+    written = json.loads((out / "zephon_state.json").read_text())
+    assert written["stage"] == chain["states"]["third"]["stage"]
+    # A recipe with a fixed field changed: one line, exit 2.
+    bad = _toml(root, "bad8.toml", 8, 48, "abc")
+    bad.write_text(bad.read_text().replace("seed = 7", "seed = 8"))
+    refused = _zephon("amend", old, ckpt, bad, "--output", tmp_path / "no", cwd=root)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
