@@ -217,6 +217,54 @@ def test_the_unread_section_is_checked(chain: dict[str, Any]) -> None:
         StageState.from_state(bad, 8)
 
 
+PLANNED: list[dict[str, Any]] = [
+    {"start_step": 3, "seq_len": 64, "remove_datasets": ["b"], "datasets": [C]},
+    {"start_step": 6, "global_batch_size": 16, "weights": {"a": 3.0}},
+]
+
+
+def test_re_laning_a_recipe_with_stages_once_all_started(corpus: tuple[Path, Any]) -> None:
+    """Every stage started: the re-laned run continues the last one (its batch, its seq_len)."""
+    root, lengths = corpus
+    staged = Pipeline(recipe(root, stages=PLANNED))
+    saved: list[dict[str, Any]] = []
+    before = [b for _, _, b in batches(staged, 8, 2, save_at=8, saved=saved)]
+    assert saved[0]["stage"]["index"] == 2
+    eight = Pipeline(recipe(root, stages=PLANNED, num_lanes=8))
+    relaned = relane_state(staged, saved[0], 8)
+    after = [b for _, _, b in batches(eight, 4, 1, resume=relaned)]
+    assert all(b["input"].shape == (16, 64) for b in after)  # the last stage's batch
+    ref = digests(eight, 4, 1, resume=relaned)
+    assert digests(eight, 4, 2, resume=relaned) == ref == digests(eight, 4, 8, resume=relaned)
+    got = delivered([*before, *after])
+    assert all(n <= lengths[doc] for doc, n in got.items())
+    assert _docs(after) == {"a", "c"}
+    # ... and a change after it: b (removed by the first stage) is read again, continued.
+    at: list[dict[str, Any]] = []
+    list(batches(eight, 4, 2, resume=relaned, save_at=12, saved=at))
+    new = Pipeline(recipe(root, seq_len=48, datasets=[A, B], num_lanes=8))
+    amended = amend_state(eight, at[0], new)
+    assert [a["step"] for a in amended["stage"]["amended"]] == [12]
+    last = [b for _, _, b in batches(new, 4, 1, resume=amended)]
+    assert digests(new, 4, 4, resume=amended) == digests(new, 4, 1, resume=amended)
+    got = delivered([*before, *after, *last])
+    assert all(n <= lengths[doc] for doc, n in got.items())
+    assert _docs(last) == {"a", "b"}
+    seen = delivered([*before, *after, *(b for _, _, b in batches(eight, 4, 2, resume=relaned))])
+    assert _check_unread_is_undelivered(root, amended["stage"], 8, seen) > 20
+
+
+@pytest.mark.parametrize("step", [5, 6])
+def test_re_laning_before_a_stage_started_is_refused(corpus: tuple[Path, Any], step: int) -> None:
+    """A stage still ahead (after step 6, entered when step 7 is built) refuses the re-lane."""
+    root, _ = corpus
+    staged = Pipeline(recipe(root, stages=PLANNED))
+    saved: list[dict[str, Any]] = []
+    list(batches(staged, step, 2, save_at=step, saved=saved))
+    with pytest.raises(RecipeError, match=r"stages\[1\] \(start_step=6\) is still ahead"):
+        relane_state(staged, saved[0], 8)
+
+
 _TOML = """
 seed = 7
 num_lanes = {lanes}

@@ -45,6 +45,7 @@ from zephon_nodes.state.schema import (
     FORMAT,
     FORMAT_KEY,
     LANES_KEY,
+    LINEAGE_KEY,
     MICRO_KEY,
     NUM_LANES_KEY,
     RECIPE_KEY,
@@ -97,8 +98,6 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
     Raises:
         CheckpointError: If the stage does not exist or its datasets differ from the run's.
     """
-    from zephon_nodes.engine.pipeline import Pipeline
-
     stages = run.recipe.stages
     if stage.index > len(stages):
         raise CheckpointError(
@@ -112,20 +111,7 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
         )
     if not stage.index and not stage.amended:
         raise CheckpointError("checkpoint 'stage': stage 0 of a recipe that was never amended")
-    key = stage.index
-    seg = run.segments.get(key)
-    if seg is None:
-        if key == 0:
-            seg = run
-        else:
-            seg = Pipeline(
-                run.recipe.stage_recipe(key),
-                provenance=run.provenance,
-                stages=run.stages,
-                settings=run.settings,
-                trace=run.trace,
-            )
-        run.segments[key] = seg
+    seg = stage_segment(run, stage.index)
     recipe = seg.recipe
     keys: list[int] = []
     for d, canon in zip(recipe.datasets, seg.canonical["datasets"], strict=True):
@@ -182,6 +168,26 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
     return out
 
 
+def stage_segment(run: Pipeline, key: int) -> Pipeline:
+    """The pipeline of stage ``key``'s own recipe (its datasets opened once per run; cached)."""
+    from zephon_nodes.engine.pipeline import Pipeline
+
+    seg = run.segments.get(key)
+    if seg is None:
+        if key == 0:
+            seg = run
+        else:
+            seg = Pipeline(
+                run.recipe.stage_recipe(key),
+                provenance=run.provenance,
+                stages=run.stages,
+                settings=run.settings,
+                trace=run.trace,
+            )
+        run.segments[key] = seg
+    return seg
+
+
 def _planned_tokens(plan: Any, count: int) -> list[float]:
     """Tokens per work item of each dataset, as the recipe's own mixture planned them."""
     from zephon_nodes.engine.mixing import MixingWorkSource
@@ -207,7 +213,7 @@ def segment_for_state(current: Any, state: Mapping[str, Any] | None) -> Any:
     if raw is None:
         if current.stage is None:
             run = current
-        if state is not None and run.recipe.stages:
+        if state is not None and run.recipe.stages and state.get(LINEAGE_KEY) is None:
             step = state.get(STEP_KEY)
             first = run.recipe.stages[0].start_step
             if isinstance(step, int) and step > first:
