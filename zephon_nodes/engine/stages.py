@@ -21,6 +21,12 @@ amend`` makes the same move on a saved state with another recipe (:func:`amend_s
 amendment after step ``S`` gives the batches of the same change written as a stage starting
 at ``S``. Each lane's move uses only that lane's position, so every rank moves its own lanes
 and the batches after the change are the same at every dp size.
+
+Changes chain with re-lanes (:mod:`zephon_nodes.engine.relane`): a re-lane keeps the stage
+section of the checkpoint it re-laned, and a change after a re-lane, which needs every lane
+at once (``zephon amend``), continues each dataset from the set of its work items no lane has
+read yet, dealt anew to the lanes (:mod:`zephon_nodes.engine.unread`); a later change or
+re-lane continues those streams like any other.
 """
 
 from __future__ import annotations

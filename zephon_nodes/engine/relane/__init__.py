@@ -36,6 +36,13 @@ The new checkpoint keeps two integers per lane and records a *lineage* (plain JS
 A second re-lane nests the first lineage under ``parent``. Positions of a re-laned lane count
 the dropped samples of a leftover window as consumed (so ``[w, c]`` keeps its meaning: replay
 window ``w`` and drop ``c``). Mixture decisions (``set_mixture``) are refused after a re-lane.
+
+Re-lanes and recipe changes chain (:mod:`zephon_nodes.engine.stages`): a checkpoint of a
+changed recipe keeps its stage section in the lineage (``stage``), and its old streams are
+rebuilt through it; a recipe with ``[[stages]]`` is re-laned only once every stage has started
+(the re-laned run continues the stage in force: :func:`for_state`); a change after a re-lane
+(``zephon amend``) continues each dataset from the set of its work items no lane has read
+(:mod:`zephon_nodes.engine.unread`).
 """
 
 from __future__ import annotations
