@@ -29,6 +29,7 @@ from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.relane import relane_state
 from zephon_nodes.engine.stages import amend_state
 from zephon_nodes.engine.work import DatasetWorkSource
+from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.files import save_state
 from zephon_nodes.state.stage import StageState
 
@@ -321,3 +322,38 @@ def test_zephon_amend_on_a_re_laned_checkpoint(
     refused = _zephon("amend", old, ckpt, bad, "--output", tmp_path / "no", cwd=root)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+def test_the_new_refusals_from_the_command_line(corpus: tuple[Path, Any], tmp_path: Path) -> None:
+    """``zephon relane`` with a stage ahead, ``zephon amend`` with a cut item pending: exit 2."""
+    root, _ = corpus
+    staged = _toml(root, "staged4.toml", 4, 32, "ab")
+    staged.write_text(
+        staged.read_text()
+        + '[[stages]]\nstart_step = 3\nseq_len = 64\nremove_datasets = ["b"]\n'
+        + '[[stages.datasets]]\nname = "c"\npaths = ["c/*.jsonl"]\n'
+        + "[[stages]]\nstart_step = 6\nglobal_batch_size = 16\n"
+    )
+    p = Pipeline(Recipe.from_toml(staged))
+    saved: list[dict[str, Any]] = []
+    list(batches(p, 5, 2, save_at=5, saved=saved))
+    save_state(tmp_path / "at5", saved[0])
+    got = _zephon(
+        "relane", staged, tmp_path / "at5", "--num-lanes", 8, "--output", tmp_path / "x", cwd=root
+    )
+    assert got.returncode == 2 and "Traceback" not in got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1
+    assert "stages[1] (start_step=6) is still ahead" in got.stderr
+    # Re-laned right after a change, then amended at once: a cut item is still pending.
+    base = _toml(root, "base4.toml", 4, 32, "ab")
+    one = _toml(root, "one4.toml", 4, 64, "ac")
+    one2 = _toml(root, "one2.toml", 2, 64, "ac")
+    only_a = _toml(root, "only_a2.toml", 2, 64, "a")
+    old = Pipeline(Recipe.from_toml(base))
+    saved = []
+    list(batches(old, 4, 2, save_at=4, saved=saved))
+    amended = amend_state(old, saved[0], Pipeline(Recipe.from_toml(one)))
+    save_state(tmp_path / "relaned", relane_state(Pipeline(Recipe.from_toml(one)), amended, 2))
+    got = _zephon("amend", one2, tmp_path / "relaned", only_a, "--output", tmp_path / "y", cwd=root)
+    assert got.returncode == 2 and "Traceback" not in got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1 and "amend at a later step" in got.stderr

@@ -392,7 +392,7 @@ def _refuse_stages_ahead(recipe: Any, state: Any) -> None:
         raise RecipeError(
             f"cannot re-lane this checkpoint: stages[{k}] (start_step={stage.start_step}) is "
             f"still ahead of it (a stage cuts each rank's own lanes, and a re-laned lane reads "
-            f"other lanes' work); re-lane a checkpoint taken after step {last.start_step + 1} "
-            f"or later (every stage started), or write the stages still ahead as amendments "
+            f"other lanes' work); re-lane a checkpoint of step {last.start_step + 1} or "
+            f"later (every stage started), or write the stages still ahead as amendments "
             f"(zephon amend) after re-laning"
         )
