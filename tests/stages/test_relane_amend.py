@@ -181,6 +181,35 @@ def test_a_later_change_without_a_re_lane_continues_the_dealt_streams(
     assert _docs(after) == {"a"}
 
 
+def test_two_re_lanes_then_a_change(corpus: tuple[Path, Any]) -> None:
+    """Re-laned 4 -> 8 -> 2, then amended: the unread sets are traced through both re-lanes."""
+    root, lengths = corpus
+    legs: list[dict[str, np.ndarray]] = []
+
+    def leg(p: Pipeline, steps: int, dp: int, resume: Any, at: int) -> dict[str, Any]:
+        saved: list[dict[str, Any]] = []
+        legs.extend(b for _, _, b in batches(p, steps, dp, resume=resume, save_at=at, saved=saved))
+        return saved[0]
+
+    base = Pipeline(recipe(root))
+    s = leg(base, 3, 2, None, 3)
+    one = Pipeline(recipe(root, seq_len=64, datasets=[A, C]))
+    s = leg(one, 5, 2, amend_state(base, s, one), 8)
+    one8 = Pipeline(recipe(root, seq_len=64, datasets=[A, C], num_lanes=8))
+    s = leg(one8, 6, 2, relane_state(one, s, 8), 14)
+    one2 = Pipeline(recipe(root, seq_len=64, datasets=[A, C], num_lanes=2))
+    s = leg(one2, 10, 1, relane_state(one8, s, 2), 24)
+    assert "parent" in s["lineage"]
+    new = Pipeline(recipe(root, seq_len=48, datasets=[A, B], num_lanes=2))
+    amended = amend_state(one2, s, new)
+    assert _check_unread_is_undelivered(root, amended["stage"], 2, delivered(legs)) > 60
+    after = [b for _, _, b in batches(new, 6, 1, resume=amended)]
+    assert digests(new, 6, 2, resume=amended) == digests(new, 6, 1, resume=amended)
+    got = delivered([*legs, *after])
+    assert all(n <= lengths[doc] for doc, n in got.items())
+    assert _docs(after) == {"a", "b"}
+
+
 def test_a_pending_cut_item_is_refused(corpus: tuple[Path, Any]) -> None:
     """Re-laned right after a change, a lane has not yet read the rest of the cut item."""
     root, _ = corpus

@@ -52,7 +52,7 @@ def dataset_counts(source: WorkSource, lane: int, n: int, names: Sequence[str]) 
 
     Raises:
         RecipeError: If the source's lanes are not made of per-dataset streams (a stream
-            dealt by size, wrapped or re-laned).
+            dealt by size or wrapped; a re-laned one is continued by engine/unread.py).
     """
     if isinstance(source, StageWorkSource):
         return source.counts(lane, n)
@@ -62,8 +62,8 @@ def dataset_counts(source: WorkSource, lane: int, n: int, names: Sequence[str]) 
         return [n]
     raise RecipeError(
         f"a recipe change needs lanes that read each dataset's own stream (dealt round-robin); "
-        f"this run's streams are {type(source).__name__} (dealt by size, wrapped at the end "
-        f"of data or re-laned), which a change cannot continue"
+        f"this run's streams are {type(source).__name__} (dealt by size or wrapped at the "
+        f"end of data), which a change cannot continue"
     )
 
 
