@@ -148,6 +148,7 @@ def test_elastic_after_each_change_that_followed_a_re_lane(chain: dict[str, Any]
     ref = digests(p["four"], 5, 1, resume=fourth)
     assert digests(p["four"], 5, 2, resume=fourth) == ref
     assert digests(p["four"], 5, 4, resume=fourth) == ref
+    assert digests(p["four"], 5, 2, resume=fourth, workers=2, runner="process") == ref
     # Across a restart in the new stage, at another dp size.
     saved: list[dict[str, Any]] = []
     list(batches(p["four"], 2, 4, resume=fourth, save_at=28, saved=saved))
