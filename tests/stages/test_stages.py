@@ -224,7 +224,7 @@ def test_amend_refusals(corpus: tuple[Path, Any], staged: Pipeline) -> None:
     with pytest.raises(CheckpointError, match="'a' is not the data the run read"):
         bad = Pipeline(recipe(root, seq_len=64, datasets=renamed))
         list(batches(bad, 1, resume=amend_state(old, saved[0], bad)))
-    with pytest.raises(RecipeError, match="not supported"):
+    with pytest.raises(RecipeError, match=r"stages\[0\] \(start_step=4\) is still ahead"):
         relane_state(Pipeline(recipe(root, stages=STAGES)), saved[0], 2)
     with pytest.raises(RecipeError, match="in the past"):
         amend_state(old, saved[0], Pipeline(recipe(root, stages=[{"start_step": 1}])))
@@ -357,10 +357,3 @@ def test_an_amended_run_re_laned(corpus: tuple[Path, Any]) -> None:
     assert all(n <= lengths[doc] for doc, n in got.items())  # nothing delivered twice
     names = Counter(doc[0] for b in after for _, doc, _ in fragments(b) if doc)
     assert names["b"] == 0 and names["a"] > 0 and names["c"] > 0
-    # A change after the re-lane is refused in one line (the re-laned lanes have no
-    # per-dataset streams to continue).
-    at8: list[dict[str, Any]] = []
-    list(batches(two, 2, 1, resume=relaned, save_at=8, saved=at8))
-    with pytest.raises(RecipeError, match="re-laned"):
-        longer = {**_stage1(), "num_lanes": 2, "seq_len": 48}
-        amend_state(two, at8[0], Pipeline(recipe(root, **longer)))

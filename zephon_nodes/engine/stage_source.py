@@ -25,6 +25,14 @@ from collections.abc import Mapping, Sequence
 
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.mixing import MixingWorkSource
+from zephon_nodes.engine.unread import (
+    Unread,
+    UnreadState,
+    UnreadStream,
+    item_at,
+    lane_suffixes,
+    stream_global,
+)
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.recipe.schedule import WeightSchedule
@@ -44,7 +52,7 @@ def dataset_counts(source: WorkSource, lane: int, n: int, names: Sequence[str]) 
 
     Raises:
         RecipeError: If the source's lanes are not made of per-dataset streams (a stream
-            dealt by size, wrapped or re-laned).
+            dealt by size or wrapped; a re-laned one is continued by engine/unread.py).
     """
     if isinstance(source, StageWorkSource):
         return source.counts(lane, n)
@@ -54,8 +62,8 @@ def dataset_counts(source: WorkSource, lane: int, n: int, names: Sequence[str]) 
         return [n]
     raise RecipeError(
         f"a recipe change needs lanes that read each dataset's own stream (dealt round-robin); "
-        f"this run's streams are {type(source).__name__} (dealt by size, wrapped at the end "
-        f"of data or re-laned), which a change cannot continue"
+        f"this run's streams are {type(source).__name__} (dealt by size or wrapped at the "
+        f"end of data), which a change cannot continue"
     )
 
 
@@ -63,7 +71,7 @@ def dataset_counts(source: WorkSource, lane: int, n: int, names: Sequence[str]) 
 class _Stream:
     """One dataset of the stage: its stream, and per lane the items read before the stage."""
 
-    source: DatasetWorkSource
+    source: DatasetWorkSource | UnreadStream
     offsets: Mapping[int, int]
     weight: float
 
@@ -78,11 +86,15 @@ class StageWorkSource(WorkSource):
         weights: Per dataset, its token share.
         tokens_per_item: Per dataset, estimated tokens per work item (for the plan).
         offsets: Per lane, per dataset, work items read before the stage.
-        heads: Per lane with a head: ``(dataset, count, first record)`` of the cut item.
+        heads: Per lane with a head: ``(dataset, count, first record, global)`` of the cut
+            item (``global``: ``count`` is the item's global index in the dataset's stream,
+            a change after a re-lane cut it).
         seed: The recipe's seed (every dataset's permutations).
         salt: The stage's seed of its mixing plan's block shuffles and of its shuffle buffers.
         num_lanes: Lanes ``L``.
         block: Work items per plan block (the recipe's ``mixture.block``).
+        unread: Per dataset (index) whose stream is its unread items after a re-lane, the
+            set (:mod:`zephon_nodes.engine.unread`); the offsets count into that stream.
     """
 
     def __init__(
@@ -97,20 +109,22 @@ class StageWorkSource(WorkSource):
         salt: int,
         num_lanes: int,
         block: int,
-        heads: Mapping[int, tuple[int, int, int]] | None = None,
+        heads: Mapping[int, tuple[int, int, int, bool]] | None = None,
+        unread: Mapping[int, Unread] | None = None,
     ) -> None:
         super().__init__(num_lanes)
         self.datasets = list(datasets)
+        self.keys = [int(k) for k in keys]
         self.salt = salt
         self.heads = dict(heads or {})
-        self.streams = [
-            _Stream(
-                DatasetWorkSource(ds, seed, num_lanes, ep, dataset_index=key),
-                {lane: int(row[d]) for lane, row in offsets.items()},
-                float(w),
+        unread = dict(unread or {})
+        self.streams = []
+        for d, (ds, key, ep, w) in enumerate(zip(datasets, keys, epochs, weights, strict=True)):
+            own = DatasetWorkSource(ds, seed, num_lanes, ep, dataset_index=key)
+            stream = own if d not in unread else UnreadStream(own, unread[d], num_lanes)
+            self.streams.append(
+                _Stream(stream, {lane: int(row[d]) for lane, row in offsets.items()}, float(w))
             )
-            for d, (ds, key, ep, w) in enumerate(zip(datasets, keys, epochs, weights, strict=True))
-        ]
         self.plan: MixingWorkSource | None = None
         if len(self.datasets) > 1:
             total = float(sum(weights))
@@ -206,16 +220,50 @@ class StageWorkSource(WorkSource):
             return None
         head = self.heads.get(lane)
         if head is not None and i == 0:
-            d, t, record = head
-            item = self.streams[d].source.work(lane, t)
+            d, t, record, whole = head
+            stream = self.streams[d].source
+            if whole:
+                base = stream.base if isinstance(stream, UnreadStream) else stream
+                item = item_at(base, t)
+            else:
+                item = stream.work(lane, t)
             if item is None or not item.start <= record < item.stop:
                 raise RecipeError(
                     f"lane {lane}: the work item cut by the recipe change (item {t} of dataset "
                     f"{self.datasets[d].name!r}, from record {record}) does not exist"
                 )
-            return dataclasses.replace(item, dataset=d, position=0, start=record)
+            return dataclasses.replace(item, dataset=d, lane=lane, position=0, start=record)
         d, t = self.locate(lane, i - self._head(lane))
         item = self.streams[d].source.work(lane, self._offset(d, lane) + t)
         if item is None:
             return None
         return dataclasses.replace(item, dataset=d, position=i)
+
+    # -- where items are in their datasets' streams (a change after a re-lane) -----------------
+
+    def global_index(self, lane: int, i: int) -> tuple[int, int]:
+        """``(stream key, global item)`` of item ``i`` of ``lane``."""
+        head = self.heads.get(lane)
+        if head is not None and i == 0:
+            d, t, _, whole = head
+            return self.keys[d], t if whole else stream_global(self.streams[d].source, lane, t)
+        d, t = self.locate(lane, i - self._head(lane))
+        stream = self.streams[d].source
+        return self.keys[d], stream_global(stream, lane, self._offset(d, lane) + t)
+
+    def unread(self, resume: Mapping[int, int]) -> UnreadState:
+        """Per stream key, the items not read with each lane ``l`` at position ``resume[l]``.
+
+        A lane still at position 0 has not read its head: the head is *pending*.
+        """
+        per_lane = {lane: self.counts(lane, n) for lane, n in resume.items()}
+        pending = {
+            self.global_index(lane, 0) for lane, n in resume.items() if n == 0 and self._head(lane)
+        }
+        sets: dict[int, Unread] = {}
+        for d, stream in enumerate(self.streams):
+            got = lane_suffixes({lane: c[d] for lane, c in per_lane.items()}, self.num_lanes)
+            if isinstance(stream.source, UnreadStream):
+                got = got.mapped(stream.source.unread)
+            sets[self.keys[d]] = got
+        return UnreadState(sets, pending)

@@ -21,6 +21,12 @@ amend`` makes the same move on a saved state with another recipe (:func:`amend_s
 amendment after step ``S`` gives the batches of the same change written as a stage starting
 at ``S``. Each lane's move uses only that lane's position, so every rank moves its own lanes
 and the batches after the change are the same at every dp size.
+
+Changes chain with re-lanes (:mod:`zephon_nodes.engine.relane`): a re-lane keeps the stage
+section of the checkpoint it re-laned, and a change after a re-lane, which needs every lane
+at once (``zephon amend``), continues each dataset from the set of its work items no lane has
+read yet, dealt anew to the lanes (:mod:`zephon_nodes.engine.unread`); a later change or
+re-lane continues those streams like any other.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.flush import is_flush
 from zephon_nodes.core.seeding import derive_seed
 from zephon_nodes.engine.stage_source import StageWorkSource, added_stream_key, dataset_counts
+from zephon_nodes.engine.unread import previous_stage
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.canonical import canonical_sha256
 from zephon_nodes.recipe.stages import fixed_differences
@@ -44,6 +51,7 @@ from zephon_nodes.state.schema import (
     FORMAT,
     FORMAT_KEY,
     LANES_KEY,
+    LINEAGE_KEY,
     MICRO_KEY,
     NUM_LANES_KEY,
     RECIPE_KEY,
@@ -96,8 +104,6 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
     Raises:
         CheckpointError: If the stage does not exist or its datasets differ from the run's.
     """
-    from zephon_nodes.engine.pipeline import Pipeline
-
     stages = run.recipe.stages
     if stage.index > len(stages):
         raise CheckpointError(
@@ -111,20 +117,7 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
         )
     if not stage.index and not stage.amended:
         raise CheckpointError("checkpoint 'stage': stage 0 of a recipe that was never amended")
-    key = stage.index
-    seg = run.segments.get(key)
-    if seg is None:
-        if key == 0:
-            seg = run
-        else:
-            seg = Pipeline(
-                run.recipe.stage_recipe(key),
-                provenance=run.provenance,
-                stages=run.stages,
-                settings=run.settings,
-                trace=run.trace,
-            )
-        run.segments[key] = seg
+    seg = stage_segment(run, stage.index)
     recipe = seg.recipe
     keys: list[int] = []
     for d, canon in zip(recipe.datasets, seg.canonical["datasets"], strict=True):
@@ -143,11 +136,18 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
         lane: [stage.offsets(lane).get(d.name, 0) for d in recipe.datasets] for lane in stage.lanes
     }
     names = [d.name for d in recipe.datasets]
+    retired = sorted(set(names) & set(stage.retired))
+    if retired:
+        raise CheckpointError(
+            f"checkpoint 'stage': the recipe reads {retired}, retired at a change after a "
+            f"re-lane (their streams cannot be continued)"
+        )
     heads = {}
     for lane in stage.lanes:
         head = stage.head(lane)
         if head is not None and head[0] in names:
-            heads[lane] = (names.index(head[0]), head[1], head[2])
+            heads[lane] = (names.index(head[0]), head[1], head[2], head[3])
+    unread = {d: stage.unread[n] for d, n in enumerate(names) if n in stage.unread}
     plan = seg.work_source
     tokens = [float(c) for c in _planned_tokens(plan, len(recipe.datasets))]
     epochs = [None if d.on_exhausted == "repeat" else recipe.work.epochs for d in recipe.datasets]
@@ -163,6 +163,7 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
         recipe.num_lanes,
         recipe.mixture.block,
         heads,
+        unread,
     )
     out = copy.copy(seg)
     out.work_source = source
@@ -171,6 +172,26 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
     out.next_change = stages[stage.index].start_step if stage.index < len(stages) else None
     out._cache_feed = None
     return out
+
+
+def stage_segment(run: Pipeline, key: int) -> Pipeline:
+    """The pipeline of stage ``key``'s own recipe (its datasets opened once per run; cached)."""
+    from zephon_nodes.engine.pipeline import Pipeline
+
+    seg = run.segments.get(key)
+    if seg is None:
+        if key == 0:
+            seg = run
+        else:
+            seg = Pipeline(
+                run.recipe.stage_recipe(key),
+                provenance=run.provenance,
+                stages=run.stages,
+                settings=run.settings,
+                trace=run.trace,
+            )
+        run.segments[key] = seg
+    return seg
 
 
 def _planned_tokens(plan: Any, count: int) -> list[float]:
@@ -198,7 +219,7 @@ def segment_for_state(current: Any, state: Mapping[str, Any] | None) -> Any:
     if raw is None:
         if current.stage is None:
             run = current
-        if state is not None and run.recipe.stages:
+        if state is not None and run.recipe.stages and state.get(LINEAGE_KEY) is None:
             step = state.get(STEP_KEY)
             first = run.recipe.stages[0].start_step
             if isinstance(step, int) and step > first:
@@ -313,6 +334,8 @@ def enter_stage(
     Raises:
         RecipeError: If the change is not one a run can make (fixed fields, streams).
     """
+    from zephon_nodes.engine.relane.sources import RelanedWorkSource
+
     p: Any = node.pipeline
     old = p.recipe
     differs = fixed_differences(old, recipe)
@@ -323,23 +346,46 @@ def enter_stage(
             f"a recipe change needs a step boundary; the node is after micro-batch "
             f"{node.micro} of step {node.step + 1}"
         )
-    prev = p.stage
+    source = node.work_source
+    relaned = isinstance(source, RelanedWorkSource)
+    prev, lane_of = previous_stage(p) if relaned else (p.stage, None)
     if prev is not None:
         names, streams = list(prev.names), list(prev.streams)
     else:
         names, streams = base_streams(p)
+    retired = prev.retired if prev is not None else ()
+    known = len(names)
     for name, content in _recipe_streams(recipe):
+        if name in retired:
+            raise RecipeError(
+                f"dataset {name!r} was removed before a re-lane and is not read since: its "
+                f"stream cannot be continued without repeating documents; give it a new name "
+                f"to read it again from its beginning"
+            )
         if name not in names:
             names.append(name)
             streams.append((added_stream_key(name), content))
+    cuts: dict[int, _Cut] = {}
+    for lane, (w, c) in node.positions.items():
+        if c:
+            cuts[lane] = _cut(node, lane, w, c)
+        else:
+            cuts[lane] = _Cut(source.window_start(lane, w, old.flush_every), None, 0, 0)
+    if relaned:
+        from zephon_nodes.engine.unread import enter_after_relane
+
+        out = enter_after_relane(node, cuts, index, amended, (names, streams, known), prev, lane_of)
+        gone = sorted({d.name for d in recipe.datasets} & set(out.retired))
+        if gone:
+            raise RecipeError(
+                f"dataset(s) {gone} were not read by the re-laned lanes and their streams "
+                f"before the re-lane are not known: give them new names to read them again "
+                f"from their beginning"
+            )
+        return out
     own = [d.name for d in old.datasets]
     rows: dict[int, tuple[int, ...]] = {}
-    for lane, (w, c) in node.positions.items():
-        source = node.work_source
-        if c:
-            cut = _cut(node, lane, w, c)
-        else:
-            cut = _Cut(source.window_start(lane, w, old.flush_every), None, 0, 0)
+    for lane, cut in cuts.items():
         counts = dict(zip(own, dataset_counts(source, lane, cut.resume, own), strict=True))
         before = prev.offsets(lane) if prev is not None else {}
         head = (0, 0, 0)
@@ -360,6 +406,9 @@ def enter_stage(
         streams=tuple(streams),
         lanes=rows,
         amended=amended,
+        unread=dict(prev.unread) if prev is not None else {},
+        retired=retired,
+        num_lanes=p.num_lanes,
     )
 
 
@@ -424,7 +473,7 @@ def amend_state(old: Pipeline, state: Mapping[str, Any], new: Pipeline) -> dict[
         node = old.rank_node(1, 0, pool=pool)
         try:
             node.reset(dict(state))
-            prev = node.pipeline.stage
+            prev, _ = previous_stage(node.pipeline)
             amended = (*(prev.amended if prev is not None else ()),)
             amended += ({"fingerprint": old.fingerprint, "step": step},)
             stage = enter_stage(node, new.recipe.base, 0, amended)

@@ -9,7 +9,10 @@ such a run carries (plain JSON, under ``"stage"``)::
      "names": ["web", ...],   # every dataset the run has read, in order of first use
      "streams": [[key, "<content>"], ...],   # per name: its stream's seed key, its content
      "lanes": {"0": [t_0, t_1, ..., head, head_t, head_r, samples, tokens], ...},
-     "amended": [{"fingerprint": "<old recipe>", "step": S}, ...]}   # only when amended
+     "amended": [{"fingerprint": "<old recipe>", "step": S}, ...],   # only when amended
+     "unread": {"version": 1, "num_lanes": L,          # only after a change that followed
+                "datasets": {"web": {"from": K, "items": [g, ...]}, ...}},   # a re-lane
+     "retired": ["old", ...]}  # names a change after a re-lane could not continue (refused)
 
 Per lane: how many work items of each named dataset the lane had read before the stage
 (``t``; the stage continues there); the *head*, a work item the change cut, whose records
@@ -18,24 +21,93 @@ none; ``head_t``: the item's count in that dataset's lane stream); then the samp
 tokens the changes so far dropped in that lane. Lanes merge across ranks like positions; the
 rest is the same on every rank. Every lane's positions in ``"lanes"`` of the state count from
 the stage's start.
+
+After a change that followed a re-lane (:mod:`zephon_nodes.engine.unread`), a dataset listed
+under ``"unread"`` is read from the set of its global items that were not read by then (every
+``g >= from`` and the sorted ``items``, each below ``from``: at most
+:data:`MAX_UNREAD_ITEMS` of them), dealt anew to the ``num_lanes``
+lanes (lane ``l`` reads the set's ``l``-th, ``(l + L)``-th, ... items); its counts ``t`` count
+into that stream. A head whose dataset field is ``n + 1 + index`` (``n``: the number of names)
+instead of ``1 + index`` names the cut item by its global index ``head_t`` in the dataset's
+stream (a change after a re-lane cut it). ``"retired"`` names datasets the run read before a
+re-lane but not after it: their streams cannot be continued, so a recipe reading one again is
+refused.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 
-__all__ = ["StageState", "merge_stage_sections", "summarize_changes"]
+__all__ = ["MAX_UNREAD_ITEMS", "StageState", "Unread", "merge_stage_sections", "summarize_changes"]
 
 _KEYS = ("index", "step", "names", "streams", "lanes")
-_ALLOWED = frozenset((*_KEYS, "amended"))
+_ALLOWED = frozenset((*_KEYS, "amended", "unread", "retired"))
+_UNREAD_VERSION = 1
 _MAX = 2**62
 _MAX_NAMES = 4096
 _MAX_AMENDED = 256
+
+
+#: The most explicit items one dataset's unread set may hold in a checkpoint (ints of JSON).
+MAX_UNREAD_ITEMS = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Unread:
+    """A set of global items: ``items`` (sorted, each below ``start``) and every ``g >= start``.
+
+    A finite stream's set ends at the stream's total (applied by the reader, not stored).
+    """
+
+    start: int
+    items: tuple[int, ...] = ()
+
+    def nth(self, j: int) -> int:
+        """The ``j``-th item of the set in increasing order."""
+        n = len(self.items)
+        return self.items[j] if j < n else self.start + (j - n)
+
+    def count(self, total: int | None) -> int | None:
+        """Items of the set below ``total`` (None: endless)."""
+        if total is None:
+            return None
+        return bisect.bisect_left(self.items, total) + max(0, total - self.start)
+
+    def __contains__(self, g: object) -> bool:
+        if not isinstance(g, int):
+            return False
+        if g >= self.start:
+            return True
+        k = bisect.bisect_left(self.items, g)
+        return k < len(self.items) and self.items[k] == g
+
+    def without(self, removed: Iterable[int]) -> Unread:
+        """This set less ``removed`` (the tail moves up past the largest removed item)."""
+        gone = set(removed)
+        if not gone:
+            return self
+        top = max(self.start, max(gone) + 1)
+        kept = [g for g in self.items if g not in gone]
+        kept += [g for g in range(self.start, top) if g not in gone]
+        return Unread(top, tuple(kept))
+
+    def mapped(self, outer: Unread) -> Unread:
+        """This set of indices ``j`` into ``outer`` (its ``j``-th items), as a set of items."""
+        n = len(outer.items)
+        items = [outer.nth(j) for j in self.items]
+        if self.start < n:
+            items += list(outer.items[self.start :])
+            start = outer.start
+        else:
+            start = outer.start + (self.start - n)
+        return Unread(start, tuple(items))
 
 
 def _is_int(x: Any) -> bool:
@@ -60,6 +132,8 @@ class StageState:
             (``1 + name index`` or 0, its item's count, its first record), then the samples
             and tokens dropped by the changes so far.
         amended: Unplanned changes, oldest first: ``{"fingerprint", "step"}`` each.
+        unread: Per dataset name read from its unread items after a re-lane, the set.
+        retired: Datasets read before a re-lane that a later change could not continue.
     """
 
     index: int
@@ -68,19 +142,26 @@ class StageState:
     streams: tuple[tuple[int, str], ...]
     lanes: Mapping[int, tuple[int, ...]]
     amended: tuple[Mapping[str, Any], ...] = ()
+    unread: Mapping[str, Unread] = dataclasses.field(default_factory=dict)
+    retired: tuple[str, ...] = ()
+    num_lanes: int = 0
 
     def offsets(self, lane: int) -> dict[str, int]:
         """Work items of each dataset lane ``lane`` read before the stage."""
         row = self.lanes[lane]
         return dict(zip(self.names, row[: len(self.names)], strict=True))
 
-    def head(self, lane: int) -> tuple[str, int, int] | None:
-        """``(dataset, count, first record)`` of the cut work item lane ``lane`` reads first."""
+    def head(self, lane: int) -> tuple[str, int, int, bool] | None:
+        """``(dataset, count, first record, global)`` of the cut item lane ``lane`` reads first.
+
+        ``global``: ``count`` is the item's global index in the dataset's stream.
+        """
         row = self.lanes[lane]
         n = len(self.names)
         if not row[n]:
             return None
-        return self.names[row[n] - 1], row[n + 1], row[n + 2]
+        whole = row[n] > n
+        return self.names[row[n] - 1 - (n if whole else 0)], row[n + 1], row[n + 2], whole
 
     def dropped(self, lane: int) -> tuple[int, int]:
         """Samples and tokens the changes so far dropped in lane ``lane``."""
@@ -103,6 +184,17 @@ class StageState:
         }
         if self.amended:
             out["amended"] = [dict(a) for a in self.amended]
+        if self.unread:
+            out["unread"] = {
+                "version": _UNREAD_VERSION,
+                "num_lanes": self.num_lanes,
+                "datasets": {
+                    name: {"from": u.start, "items": list(u.items)}
+                    for name, u in self.unread.items()
+                },
+            }
+        if self.retired:
+            out["retired"] = list(self.retired)
         return out
 
     @classmethod
@@ -155,7 +247,7 @@ class StageState:
                 not isinstance(row, list)
                 or len(row) != width
                 or not all(map(_count, row))
-                or row[len(names)] > len(names)
+                or row[len(names)] > 2 * len(names)
             ):
                 raise CheckpointError(
                     f"{where}: lane {lane} must hold {width} integers >= 0 (one per dataset "
@@ -178,6 +270,17 @@ class StageState:
                     f"{where}: amended[{i}] must be {{'fingerprint': 64 hex digits, 'step': "
                     f"an integer}}, got {a!r:.120}"
                 )
+        unread = _parse_unread(raw.get("unread"), names, num_lanes, where)
+        for lane, row in parsed.items():
+            h = row[len(names)]
+            if h > len(names) and names[h - 1 - len(names)] not in unread:
+                raise CheckpointError(
+                    f"{where}: lane {lane}'s head names dataset "
+                    f"{names[h - 1 - len(names)]!r} by global index, but it has no 'unread' entry"
+                )
+        retired = raw.get("retired", [])
+        if not isinstance(retired, list) or not all(r in names for r in retired):
+            raise CheckpointError(f"{where}: 'retired' must be a list of the section's names")
         return cls(
             index=int(raw["index"]),
             step=int(raw["step"]),
@@ -185,6 +288,9 @@ class StageState:
             streams=tuple(parsed_streams),
             lanes=dict(sorted(parsed.items())),
             amended=tuple(copy.deepcopy(dict(a)) for a in amended),
+            unread=unread,
+            retired=tuple(retired),
+            num_lanes=num_lanes,
         )
 
     def require_lanes(self, lanes: Iterable[int]) -> None:
@@ -196,6 +302,54 @@ class StageState:
         absent = sorted(set(lanes) - set(self.lanes))
         if absent:
             raise CheckpointError(f"checkpoint 'stage' has no row for lane(s) {absent}")
+
+
+def _parse_unread(raw: Any, names: list[str], num_lanes: int, where: str) -> dict[str, Unread]:
+    """Check an untrusted ``"unread"`` entry (see the module docstring).
+
+    Raises:
+        CheckpointError: Naming the field that is wrong.
+    """
+    if raw is None:
+        return {}
+    where = f"{where} 'unread'"
+    if not isinstance(raw, Mapping) or set(raw) != {"version", "num_lanes", "datasets"}:
+        raise CheckpointError(f"{where} must be {{'version', 'num_lanes', 'datasets'}}")
+    if raw["version"] != _UNREAD_VERSION:
+        raise CheckpointError(
+            f"{where}: version {raw['version']!r} is not {_UNREAD_VERSION} (written by another "
+            f"zephon-nodes?)"
+        )
+    if raw["num_lanes"] != num_lanes:
+        raise CheckpointError(
+            f"{where}: its items are dealt to num_lanes={raw['num_lanes']!r}, the checkpoint "
+            f"has {num_lanes}"
+        )
+    datasets = raw["datasets"]
+    if not isinstance(datasets, Mapping):
+        raise CheckpointError(f"{where}: 'datasets' must be a dict")
+    out: dict[str, Unread] = {}
+    for name, entry in datasets.items():
+        if name not in names:
+            raise CheckpointError(f"{where}: dataset {name!r} is not one of the names")
+        if not isinstance(entry, Mapping) or set(entry) != {"from", "items"}:
+            raise CheckpointError(f"{where}: dataset {name!r} must be {{'from', 'items'}}")
+        start, items = entry["from"], entry["items"]
+        if not _count(start):
+            raise CheckpointError(f"{where}: {name!r} 'from'={start!r} must be an integer >= 0")
+        if not isinstance(items, list) or len(items) > MAX_UNREAD_ITEMS:
+            raise CheckpointError(
+                f"{where}: {name!r} 'items' must be a list of at most {MAX_UNREAD_ITEMS}"
+            )
+        if not all(_count(g) for g in items) or any(
+            a >= b for a, b in itertools.pairwise([*items, start])
+        ):
+            raise CheckpointError(
+                f"{where}: {name!r} 'items' must be increasing integers >= 0, each below "
+                f"'from'={start}"
+            )
+        out[name] = Unread(int(start), tuple(int(g) for g in items))
+    return out
 
 
 def merge_stage_sections(sections: list[Any]) -> dict[str, Any] | None:

@@ -36,6 +36,13 @@ The new checkpoint keeps two integers per lane and records a *lineage* (plain JS
 A second re-lane nests the first lineage under ``parent``. Positions of a re-laned lane count
 the dropped samples of a leftover window as consumed (so ``[w, c]`` keeps its meaning: replay
 window ``w`` and drop ``c``). Mixture decisions (``set_mixture``) are refused after a re-lane.
+
+Re-lanes and recipe changes chain (:mod:`zephon_nodes.engine.stages`): a checkpoint of a
+changed recipe keeps its stage section in the lineage (``stage``), and its old streams are
+rebuilt through it; a recipe with ``[[stages]]`` is re-laned only once every stage has started
+(the re-laned run continues the stage in force: :func:`for_state`); a change after a re-lane
+(``zephon amend``) continues each dataset from the set of its work items no lane has read
+(:mod:`zephon_nodes.engine.unread`).
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ __all__ = [
 def _canonical_at(pipeline: Any, num_lanes: int) -> dict[str, Any]:
     canonical = copy.deepcopy(pipeline.canonical)
     canonical["num_lanes"] = num_lanes
+    for stage in canonical.get("stages", ()):  # each stage's recipe holds the lane count too
+        stage["recipe"]["num_lanes"] = num_lanes
     return canonical
 
 
@@ -99,6 +108,18 @@ def summary_at(pipeline: Any, num_lanes: int) -> dict[str, Any]:
     return summary
 
 
+def recipe_at(recipe: Any, num_lanes: int) -> Any:
+    """``recipe`` with ``num_lanes`` lanes, its stages' recipes too.
+
+    Raises:
+        RecipeError: If ``num_lanes`` does not divide a global batch.
+    """
+    stages = tuple(
+        dataclasses.replace(s, recipe=s.recipe.replace(num_lanes=num_lanes)) for s in recipe.stages
+    )
+    return recipe.replace(num_lanes=num_lanes, stages=stages)
+
+
 def _base_source(pipeline: Any, num_lanes: int) -> WorkSource:
     """The recipe's own work source at ``num_lanes`` lanes (same data, same estimate)."""
     if num_lanes == pipeline.num_lanes and not pipeline.lineage:
@@ -107,7 +128,7 @@ def _base_source(pipeline: Any, num_lanes: int) -> WorkSource:
 
     recipe = pipeline.recipe
     try:
-        changed = recipe.replace(num_lanes=num_lanes)
+        changed = recipe_at(recipe, num_lanes)
     except RecipeError as e:
         raise CheckpointError(f"cannot rebuild the recipe with num_lanes={num_lanes}: {e}") from e
     estimate = pipeline.canonical.get("mixture", {}).get("estimate")
@@ -128,7 +149,7 @@ def pipeline_at(pipeline: Any, num_lanes: int) -> Any:
     if pipeline.num_lanes == num_lanes and pipeline.lineage is None:
         return pipeline
     out = copy.copy(pipeline)
-    out.recipe = pipeline.recipe.replace(num_lanes=num_lanes)
+    out.recipe = recipe_at(pipeline.recipe, num_lanes)
     out.canonical = _canonical_at(pipeline, num_lanes)
     out.fingerprint = _fingerprint_of(out.canonical)
     out.summary = summary_at(pipeline, num_lanes)
@@ -207,6 +228,17 @@ def _stage_source(pipeline: Any, lineage: Lineage) -> WorkSource:
     return segment_for_state(old, state).work_source
 
 
+def _stage_in_force(lineage: Lineage) -> int:
+    """The planned stage a re-laned run is in: the one its last stage section names (0: none)."""
+    at: Lineage | None = lineage
+    while at is not None:
+        if at.stage is not None:
+            index: Any = at.stage.get("index")
+            return int(index) if is_int(index) else 0
+        at = at.parent
+    return 0
+
+
 def for_state(pipeline: Any, state: Mapping[str, Any] | None) -> Any:
     """Return the pipeline that resumes ``state``.
 
@@ -225,7 +257,15 @@ def for_state(pipeline: Any, state: Mapping[str, Any] | None) -> Any:
     if pipeline.lineage == lineage.to_state():
         return pipeline
     source = _source_for(pipeline, lineage, pipeline.num_lanes)
-    out = copy.copy(pipeline)
+    k = _stage_in_force(lineage)
+    if k:  # the run is in stage k of its recipe (every stage started before the re-lane)
+        from zephon_nodes.engine.stages import stage_segment
+
+        out = copy.copy(stage_segment(pipeline, k))
+        out.fingerprint, out.summary = pipeline.fingerprint, pipeline.summary
+        out.run, out.stage, out.base_step, out.next_change = pipeline, None, 0, None
+    else:
+        out = copy.copy(pipeline)
     out.work_source = source
     out.lineage = lineage.to_state()
     out._cache_feed = None
@@ -263,11 +303,7 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
 
     recipe = pipeline.recipe
     if recipe.stages:
-        raise RecipeError(
-            "re-laning a run whose recipe has [[stages]] is not supported yet: re-lane before "
-            "the run, or write the stages still ahead as amendments (zephon amend) after "
-            "re-laning"
-        )
+        _refuse_stages_ahead(recipe, state)
     if not is_int(num_lanes) or num_lanes < 1:
         raise RecipeError(f"--num-lanes={num_lanes!r} must be an integer >= 1")
     if recipe.global_batch_size % num_lanes:
@@ -334,3 +370,29 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         "lanes": {str(i): [0, relaned.leftover_drop(i, 0)] for i in range(num_lanes)},
         LINEAGE_KEY: lineage.to_state(),
     }
+
+
+def _refuse_stages_ahead(recipe: Any, state: Any) -> None:
+    """Refuse to re-lane a run that has a planned stage still to enter.
+
+    A stage is entered by each rank on its own lanes; after a re-lane a rank's lanes read
+    other lanes' work, so the stage could not cut them. Every stage must have started.
+
+    Raises:
+        RecipeError: Naming the first stage still ahead.
+    """
+    section = state.get(STAGE_KEY) if isinstance(state, Mapping) else None
+    entered: Any = section.get("index") if isinstance(section, Mapping) else None
+    if isinstance(state, Mapping) and state.get(LINEAGE_KEY) is not None and section is None:
+        got = Lineage.from_state(state[LINEAGE_KEY])
+        entered = _stage_in_force(got)
+    k = int(entered) if is_int(entered) else 0
+    if k < len(recipe.stages):
+        stage, last = recipe.stages[k], recipe.stages[-1]
+        raise RecipeError(
+            f"cannot re-lane this checkpoint: stages[{k}] (start_step={stage.start_step}) is "
+            f"still ahead of it (a stage cuts each rank's own lanes, and a re-laned lane reads "
+            f"other lanes' work); re-lane a checkpoint of step {last.start_step + 1} or "
+            f"later (every stage started), or write the stages still ahead as amendments "
+            f"(zephon amend) after re-laning"
+        )

@@ -278,18 +278,26 @@ class RelanedWorkSource(WorkSource, LaneNodes):
 
     # -- the WorkSource ----------------------------------------------------------------------
 
-    def work(self, lane: int, i: int) -> WorkItem | None:
-        """Return item ``i`` of new lane ``lane``, or None past its end."""
+    @property
+    def old_starts(self) -> list[int]:
+        """Per old lane, the position its leftover window starts at (what it had not read)."""
+        return list(self._old_starts)
+
+    def old_position(self, lane: int, i: int) -> tuple[int, int] | None:
+        """``(old lane, old position)`` of item ``i`` of new lane ``lane`` (None: past its end)."""
         prefix = self._prefix[lane]
         if i < prefix[-1]:
             j = bisect.bisect_right(prefix, i) - 1
             ol = self._olds[lane][j]
-            item = self.old.work(ol, self._old_starts[ol] + i - prefix[j])
-        else:
-            got = self.untouched.locate(self.untouched_rank(lane, i - prefix[-1]))
-            if got is None:
-                return None
-            item = self.old.work(*got)
+            return ol, self._old_starts[ol] + i - prefix[j]
+        return self.untouched.locate(self.untouched_rank(lane, i - prefix[-1]))
+
+    def work(self, lane: int, i: int) -> WorkItem | None:
+        """Return item ``i`` of new lane ``lane``, or None past its end."""
+        got = self.old_position(lane, i)
+        if got is None:
+            return None
+        item = self.old.work(*got)
         if item is None:  # pragma: no cover - the geometry says it exists
             raise CheckpointError(
                 f"re-laned lane {lane}: work item {i} maps to a missing old work item"
