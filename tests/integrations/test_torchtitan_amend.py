@@ -13,7 +13,7 @@ import pytest
 
 from tests.integrations.assets import Assets
 from tests.integrations.stage_assets import amend_dcp, reference, write_amended_pair
-from tests.integrations.test_torchtitan_loader import union
+from tests.integrations.test_torchtitan_loader import dcp_load, union
 from tests.integrations.test_torchtitan_stages import build, resume, run
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.integrations.torchtitan import DCP_FORMAT, DCP_FORMAT_STAGED
@@ -76,3 +76,61 @@ def test_amend_from_with_relane_from_is_refused(recipes: tuple[Path, Path]) -> N
     old, new = recipes
     with pytest.raises(RecipeError, match=r"amend_from=.* and dataloader\.relane_from=2"):
         build(new, 1, 0, lbs=16, seq_len=128, amend_from=str(old), relane_from=2)
+
+
+def _at_lanes(recipe: Path, lanes: int) -> Path:
+    text = recipe.read_text(encoding="utf-8")
+    assert text.count("num_lanes = 4") == 1
+    out = recipe.with_name(f"{recipe.stem}{lanes}.toml")
+    out.write_text(text.replace("num_lanes = 4", f"num_lanes = {lanes}"), encoding="utf-8")
+    return out
+
+
+def _engine_after_relane_and_amend(old4: Path, old8: Path, new8: Path) -> list[str]:
+    """The engine's batches: 3 steps at 4 lanes, re-laned to 8, 2 steps, amended, 3 steps."""
+    from zephon_nodes.engine.pipeline import Pipeline
+    from zephon_nodes.engine.relane import relane_state
+    from zephon_nodes.engine.stages import amend_state
+    from zephon_nodes.recipe import Recipe
+    from zephon_nodes.verification.simulate import simulate
+
+    def pipe(p: Path) -> Pipeline:
+        return Pipeline(Recipe.from_toml(p), provenance=False)
+
+    four, eight, new = pipe(old4), pipe(old8), pipe(new8)
+    saved: list[dict] = []
+    for _ in simulate(four, 2, 3, num_workers=1, save_at=3, on_save=saved.append):
+        pass
+    relaned = relane_state(four, saved[0], 8)
+    later: list[dict] = []
+    for _ in simulate(eight, 2, 2, num_workers=1, resume_state=relaned, save_at=5,
+                      on_save=later.append):  # fmt: skip
+        pass
+    amended = amend_state(eight, later[0], new)
+    return [r.digest for r, _ in simulate(new, 2, 3, num_workers=1, resume_state=amended)]
+
+
+def test_amend_at_load_after_a_relane(recipes: tuple[Path, Path]) -> None:
+    """Re-laned 4 -> 8 at load, then amended at load (dataloader.relaned + amend_from): the
+    engine's batches (zephon relane then zephon amend) at dp 1 and 2."""
+    old4, new4 = recipes
+    old8, new8 = _at_lanes(old4, 8), _at_lanes(new4, 8)
+    first = [build(old4, 2, r, lbs=2) for r in range(2)]
+    run(first, [iter(x) for x in first], 3)
+    stored = union([x.state_dict() for x in first])
+    relaned = [build(old8, 2, r, lbs=4, relane_from=4) for r in range(2)]
+    for loader in relaned:
+        dcp_load(loader, stored)
+    run(relaned, [iter(x) for x in relaned], 2)
+    after = union([x.state_dict() for x in relaned])  # step 5, with the re-lane's lineage
+    assert int(after["step"]) == 5
+    want = _engine_after_relane_and_amend(old4, old8, new8)
+    for world, lbs in ((1, 16), (2, 8)):
+        loaders = resume(
+            new8, after, world, lbs=lbs, seq_len=128, amend_from=str(old8), relaned=True
+        )
+        assert run(loaders, [iter(x) for x in loaders], 2) == want[:2], world
+    # The checkpoint after the amendment resumes as any amended one does.
+    later = union([x.state_dict() for x in loaders])
+    resumed = resume(new8, later, 1, lbs=16, seq_len=128, amended=True)
+    assert run(resumed, [iter(x) for x in resumed], 1) == want[2:]
