@@ -3,12 +3,15 @@
 - docs/tokenizers.md makes a corpus, a sentencepiece model and a chat ``tokenizer.json``; the
   TOML recipe of docs/sft.md, saved as the page says, then runs with the page's commands.
 - The README's quick start is exactly two commands, each a target of the Makefile.
+- The TorchTitan walk-through (examples/torchtitan/README.md, docs/torchtitan.md): the asset
+  and digest steps run as typed; the ``torchrun`` lines are parsed as TorchTitan parses them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -112,3 +115,126 @@ def test_changing_recipes_worked_example_runs_as_written(tmp_path: Path) -> None
     assert "dropped by the run's changes so far" in done.stdout
     amended = (tmp_path / "examples" / "stages" / "amended.jsonl").read_text().splitlines()
     assert len(amended) == 10
+
+
+def _bash_commands(block: str) -> list[str]:
+    """The commands of a ``bash`` block: continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [ln.split(" #")[0].strip() for ln in joined.splitlines() if ln.strip() and ln[0] != "#"]
+
+
+def _argv(command: str, cwd: Path) -> list[str]:
+    """The arguments bash hands the command's program (quotes and ``$PWD`` expanded)."""
+    rest = command.split(" ", 1)[1]
+    done = subprocess.run(
+        ["bash", "-c", f"printf '%s\\0' {rest}"], cwd=cwd, capture_output=True, check=True
+    )
+    return done.stdout.decode().split("\0")[:-1]
+
+
+def _trainer_args(argv: list[str], launcher: str) -> list[str]:
+    """The Trainer's own arguments of a ``torchrun ... -m LAUNCHER ...`` command line."""
+    at = argv.index("-m")
+    assert argv[at + 1] == launcher, argv
+    return argv[at + 2 :]
+
+
+def test_torchtitan_walkthrough_commands_as_written(tmp_path: Path) -> None:
+    """examples/torchtitan/README.md's steps and docs/torchtitan.md's commands, as typed.
+
+    Runs step 1 (the assets) and the ``zephon digest`` line of step 4 through bash in a
+    fresh folder, and parses every ``torchrun`` line's Trainer options exactly as TorchTitan
+    does (and as the launcher's path check does) without training: the Trainer jobs take
+    minutes each and are run by ``tests/examples/test_torchtitan_walkthrough.py`` through
+    ``run.py``. The ``digest-dump`` lines need those jobs' batches and are not run here.
+    """
+    pytest.importorskip("torchtitan")
+    from zephon_nodes.integrations.torchtitan import API
+    from zephon_nodes.integrations.torchtitan_train import check_paths
+
+    if API != "0.3":
+        pytest.skip("the walk-through's step-by-step options are TorchTitan 0.3.0's")
+    from torchtitan.config import ConfigManager
+
+    from zephon_nodes import Recipe
+
+    shutil.copytree(REPO / "examples" / "torchtitan", tmp_path / "examples" / "torchtitan")
+    readme = (REPO / "examples" / "torchtitan" / "README.md").read_text()
+    section = readme.split("The steps one by one", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1)
+    commands = _bash_commands(block)
+    assert [c.split()[0] for c in commands] == [
+        "python", "torchrun", "torchrun", "torchrun",
+        "zephon", "zephon", "zephon", "zephon", "diff", "tail", "tail",
+    ]  # fmt: skip
+
+    def shell(line: str) -> str:
+        done = subprocess.run(
+            ["bash", "-e", "-c", line],
+            cwd=tmp_path,
+            env=_user_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"$ {line}\n{done.stderr}"
+        return done.stdout
+
+    shell(commands[0])  # 1. make_assets.py "$PWD/work/"
+    work = tmp_path / "work"
+    recipe = Recipe.from_toml(work / "recipe.toml")
+
+    folders = []
+    for line in commands[1:4]:  # 2. train on 2 ranks; 3. resume on 4, then on 1
+        argv = _argv(line, tmp_path)
+        args = _trainer_args(argv, "zephon_nodes.integrations.torchtitan_train")
+        assert check_paths(args) is None, line
+        config = ConfigManager().parse_args(args)
+        assert Path(config.dataloader.recipe) == work / "recipe.toml"
+        assert (Path(config.hf_assets_path) / "tokenizer.json").is_file()
+        assert config.training.seq_len == recipe.seq_len
+        assert config.training.global_batch_size == recipe.global_batch_size
+        assert config.checkpoint.interval == 3 and config.training.steps == 6
+        dp = argv[argv.index("--nproc_per_node") + 1]
+        folders.append((dp, config.dump_folder, config.dataloader.dump_batches))
+        if line is not commands[1]:
+            assert config.checkpoint.initial_load_path == str(work / "runs/dp2/checkpoint/step-3")
+    # Each job its own folders: a dump folder holding a checkpoint would be resumed instead.
+    assert folders == [
+        (dp, str(work / "runs" / f"dp{dp}"), str(work / "batches" / f"dp{dp}"))
+        for dp in ("2", "4", "1")
+    ]
+
+    shell(commands[4])  # 4. zephon digest "$PWD/work/recipe.toml" --steps 6 > expected.jsonl
+    expected = (work / "expected.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["step"] for ln in expected] == [1, 2, 3, 4, 5, 6]
+
+    # docs/torchtitan.md: the hf_assets command gives the folder make_assets.py wrote.
+    page = (DOCS / "torchtitan.md").read_text()
+    hf_line = next(
+        c
+        for b in blocks(DOCS / "torchtitan.md", "bash")
+        for c in _bash_commands(b)
+        if "hf_assets " in c
+    )
+    (tmp_path / "mine").mkdir()
+    shutil.copy(work / "tok.model", tmp_path / "mine" / hf_line.split()[3])
+    subprocess.run(["bash", "-c", hf_line], cwd=tmp_path / "mine", env=_user_env(), check=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "mine" / "hf_assets" / name).read_bytes() == (
+            work / "hf_assets" / name
+        ).read_bytes(), name
+
+    # docs/torchtitan.md's 0.3.0 job commands parse as typed (main's only under main).
+    jobs = [
+        c
+        for b in blocks(DOCS / "torchtitan.md", "bash")
+        for c in _bash_commands(b)
+        if c.startswith("torchrun") and "max-context-length" not in c
+    ]
+    assert len(jobs) == 2 and "## Running a job" in page
+    for line in jobs:
+        args = _trainer_args(_argv(line, tmp_path), "torchtitan.train")
+        assert check_paths(args) is None, line
+        config = ConfigManager().parse_args(args)
+        assert config.training.seq_len == 2048 and config.training.global_batch_size == 32
