@@ -51,3 +51,28 @@ def test_launcher_exits_2_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "relative path" in lines[0], proc.stderr
+
+
+def test_launcher_refuses_before_importing_torch(tmp_path: Path) -> None:
+    """The check runs before torch is imported (torch alone takes seconds to import)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "zephon_nodes.integrations.torchtitan_train",
+            "--checkpoint.initial-load-path",
+            "runs/step-3",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
+    assert "zephon_nodes.integrations" in imported  # the launcher ran (as __main__)
+    assert "torch" not in imported

@@ -17,8 +17,6 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
 __all__ = ["check_paths", "main"]
 
 _SPMD = "--parallelism.spmd-backend"
@@ -52,6 +50,8 @@ def main() -> None:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
+    import torch  # after the path check: a wrong path is refused at once, not after ~5 s
+
     if not torch.cuda.is_available():
         from zephon_nodes.integrations.torchtitan_cpu import apply
 
