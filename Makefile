@@ -78,10 +78,15 @@ bench: install-test
 
 # TorchTitan main (not on PyPI): its own venv with the vendored snapshot (../shared/vendor),
 # the CPU torch first (so pip never pulls a CUDA build), then the main-adapter tests only.
-# The stamp makes a second call skip pip; delete $(VENV_TITAN_MAIN) to rebuild.
+# The stamp makes a second call skip pip; another TITAN_MAIN_SRC (recorded in .src) or a
+# newer pyproject.toml rebuilds it; delete $(VENV_TITAN_MAIN) to rebuild by hand.
 TITAN_MAIN_SRC ?= ../shared/vendor/torchtitan-b5bcd76.tar.gz
 VENV_TITAN_MAIN ?= .venv-titan-main
-$(VENV_TITAN_MAIN)/.stamp: pyproject.toml
+$(VENV_TITAN_MAIN)/.src: FORCE
+	@test -e $(TITAN_MAIN_SRC) || { echo "error: TITAN_MAIN_SRC=$(TITAN_MAIN_SRC) does not exist: TorchTitan main's source is the snapshot in ../shared/vendor beside this clone, or set TITAN_MAIN_SRC to a TorchTitan checkout at b5bcd76" >&2; exit 2; }
+	@mkdir -p $(VENV_TITAN_MAIN)
+	@echo '$(TITAN_MAIN_SRC)' | cmp -s - $@ || echo '$(TITAN_MAIN_SRC)' > $@
+$(VENV_TITAN_MAIN)/.stamp: pyproject.toml $(VENV_TITAN_MAIN)/.src
 	test -x $(VENV_TITAN_MAIN)/bin/python || $(PYTHON) -m venv $(VENV_TITAN_MAIN)
 	$(VENV_TITAN_MAIN)/bin/python -m pip install -q torch==2.13.0
 	$(VENV_TITAN_MAIN)/bin/python -m pip install -q $(TITAN_MAIN_SRC) 'triton>=3.9,<3.10'
@@ -90,3 +95,6 @@ $(VENV_TITAN_MAIN)/.stamp: pyproject.toml
 	touch $@
 test-titan-main: $(VENV_TITAN_MAIN)/.stamp
 	HYPOTHESIS_PROFILE=ci $(VENV_TITAN_MAIN)/bin/python -m pytest -p no:cacheprovider tests/integrations/titan_main tests/integrations/test_cross_adapter.py
+
+.PHONY: FORCE
+FORCE:
