@@ -8,6 +8,7 @@ through the dataset's ``on_error`` policy like jsonl records.
 
 from __future__ import annotations
 
+import io
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +38,49 @@ def _pq() -> Any:
     return pq
 
 
-def _parquet_file(path: str, checksum: str = "") -> Any:
-    # Keyed by content checksum: a same-size edit with its mtime restored gets a new handle.
+class _PinnedFile(io.RawIOBase):
+    """A remote Parquet file read through :func:`~zephon_nodes.io.storage.storage.read_range`.
+
+    Every read pyarrow makes (the footer, each row group) is a range read pinned to the
+    object's version seen when the shard was opened, through the process's block cache: the
+    bytes are that version's, or the read stops with ``ObjectChanged``.
+    """
+
+    def __init__(self, uri: str, size: int, checksum: str, version: str) -> None:
+        super().__init__()
+        self.uri, self.size, self.checksum, self.version = uri, size, checksum, version
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        stop = min(self.size, self.pos + len(buffer))
+        if stop <= self.pos:
+            return 0
+        blob = storage.read_range(self.uri, self.pos, stop, tag=self.checksum, version=self.version)
+        n = len(blob)
+        memoryview(buffer).cast("B")[:n] = blob
+        self.pos += n
+        return n
+
+
+def _parquet_file(path: str, checksum: str = "", version: str = "", size: int = 0) -> Any:
+    # Keyed by content checksum (a same-size edit with its mtime restored gets a new handle)
+    # and by the pinned version of a remote object.
     remote = storage.is_remote(path)
-    key = f"{path}|{checksum}"
+    key = f"{path}|{checksum}|{version}"
     files: dict[str, Any] | None = getattr(_LOCAL, "files", None)
     if files is None:
         files = _LOCAL.files = {}
@@ -48,10 +88,16 @@ def _parquet_file(path: str, checksum: str = "") -> Any:
     if f is None:
         pq = _pq()
         if remote:
-            # pyarrow reads the footer and each row group with range requests.
-            f = storage.with_retries(
-                lambda: pq.ParquetFile(storage.filesystem(path).open(path, "rb")), path, what="open"
-            )
+            # pyarrow reads the footer and each row group with range requests, each pinned
+            # to the version seen at open when there is one.
+            if version and size:
+                f = pq.ParquetFile(_PinnedFile(path, size, checksum, version))
+            else:
+                f = storage.with_retries(
+                    lambda: pq.ParquetFile(storage.filesystem(path).open(path, "rb")),
+                    path,
+                    what="open",
+                )
         else:
             try:
                 f = pq.ParquetFile(path)
@@ -83,6 +129,8 @@ class ParquetShard:
             has it.
         checksum: Content checksum of the file (``xxh3_128:...``).
         size: Bytes of the file.
+        version: A remote object's version tag when the shard was opened (every read is
+            pinned to it); empty for a local file.
     """
 
     path: str
@@ -93,6 +141,7 @@ class ParquetShard:
     image_column: str | None = None
     checksum: str = ""
     size: int = 0
+    version: str = ""
 
     def read(self, start: int, stop: int) -> list[tuple[int, Any]]:
         """Return rows ``[start, stop)`` as ``(row number, {column: value})`` pairs.
@@ -117,7 +166,7 @@ class ParquetShard:
 
                 def read() -> Any:
                     try:
-                        f = _parquet_file(self.path, self.checksum)
+                        f = _parquet_file(self.path, self.checksum, self.version, self.size)
                         return f.read_row_groups(groups, columns=columns)
                     except BaseException:
                         _forget(self.path)
@@ -170,6 +219,7 @@ def indexed_parquet_shard(
         image_column=image_column if image_column in names else None,
         checksum=str(entry["checksum"]),
         size=int(entry["bytes"]),
+        version=str(entry.get("version", "")) if storage.is_remote(uri) else "",
     )
 
 
@@ -192,14 +242,15 @@ def open_parquet_shard(
         if checksum is None:
             with fetched(p, st) as (_, checksum):
                 pass
-        size = st.size
+        size, version = st.size, st.version
     else:
+        version = ""
         p = storage.local_path(p)
         if not Path(p).is_file():
             raise DataError(f"{p}: data file not found", kind=MISSING_FILE)
         checksum = file_checksum(p)
         size = Path(p).stat().st_size
-    f = _parquet_file(p, checksum)
+    f = _parquet_file(p, checksum, version, size)
     try:
         meta = f.metadata
         counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -216,4 +267,5 @@ def open_parquet_shard(
         image_column=image_column if image_column in names else None,
         checksum=checksum,
         size=size,
+        version=version,
     )
