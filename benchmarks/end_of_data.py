@@ -8,6 +8,9 @@ Usage::
 * ``unused``: the bundled demo recipe (``examples/default``, built on first run) read to its
   end at dp 2, for round-robin dealing, the earlier opt-in dealing by JSON line bytes, and
   the default (balanced by tokens): steps, samples delivered and unused per lane.
+* ``relane`` (``--relane``): the demo recipe re-laned after step ``S`` (8 -> 4 and 8 -> 16
+  lanes), read to its end at dp 2, against the same recipe run at 8, 4 and 16 lanes from
+  the start: the share of samples never delivered (docs/lanes.md, at the end of finite data).
 * ``startup``: ``Pipeline(recipe)`` build time for an in-memory dataset of N work items of
   4 records, round-robin vs the default (by tokens up to ``EXACT_RECORDS`` records, by record
   counts above), and the dealing alone (sizing and dealing every item), best of 3.
@@ -73,6 +76,47 @@ def unused() -> dict[str, Any]:
     return out
 
 
+def _relaned_to_end(base: Recipe, old_lanes: int, new_lanes: int, at: int) -> dict[str, Any]:
+    """The demo recipe at ``old_lanes``, re-laned to ``new_lanes`` after step ``at``, to its end."""
+    from zephon_nodes.engine.relane import relane_state
+
+    old = Pipeline(base.replace(num_lanes=old_lanes))
+    saved: list[dict[str, Any]] = []
+    for _ in simulate(old, 2, at, num_workers=2, save_at=at, on_save=saved.append):
+        pass
+    state = relane_state(old, saved[0], new_lanes)
+    new = Pipeline(base.replace(num_lanes=new_lanes))
+    ended: dict[str, Any] = {}
+    after = len(
+        list(simulate(new, 2, 1_000_000, num_workers=2, resume_state=state, on_end=ended.update))
+    )
+    unused = unused_samples(new, ended)
+    total = sum(unused.values())
+    delivered = (at + after) * base.global_batch_size
+    return {
+        "steps": at + after,
+        "delivered": delivered,
+        "unused": total,
+        "share": total / (total + delivered),
+        "per_lane": unused,
+    }
+
+
+def relane(at: int = 200) -> dict[str, Any]:
+    """Unused samples at the end of the demo recipe re-laned after step ``at``, and without."""
+    from zephon_nodes.commands.demo import default_recipe_path, prepare_default
+
+    path = default_recipe_path()
+    prepare_default(path)
+    base = Recipe.from_toml(path)
+    out: dict[str, Any] = {}
+    for lanes in (8, 4, 16):
+        out[f"{lanes} lanes from the start"] = _to_end(Pipeline(base.replace(num_lanes=lanes)))
+    for new in (4, 16):
+        out[f"8 -> {new} lanes after step {at}"] = _relaned_to_end(base, 8, new, at)
+    return out
+
+
 def startup(items: int, rounds: int = 3) -> dict[str, Any]:
     """Pipeline build time for ``items`` work items of 4 records, round-robin vs default."""
     records = tuple({"text": f"doc {i} " + "word " * (i * 7 % 50)} for i in range(items * 4))
@@ -112,10 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the results here ('-': stdout)")
     ap.add_argument("--items", type=int, nargs="*", default=[10_000, 100_000])
     ap.add_argument("--skip-demo", action="store_true", help="only the start-up cost")
+    ap.add_argument(
+        "--relane",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="also re-lane the demo recipe after STEP (8 -> 4 and 8 -> 16 lanes)",
+    )
     args = ap.parse_args(argv)
     res: dict[str, Any] = {"exact_records": EXACT_RECORDS}
     if not args.skip_demo:
         res["unused"] = unused()
+    if args.relane is not None:
+        res["relane"] = relane(args.relane)
     res["startup"] = [startup(n) for n in args.items]
     if args.json == "-":
         json.dump(res, sys.stdout, indent=1)
@@ -123,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1)
-    for name, r in res.get("unused", {}).items():
+    for name, r in [*res.get("unused", {}).items(), *res.get("relane", {}).items()]:
         print(
             f"| {name} | {r['steps']} | {r['delivered']:,} of {r['delivered'] + r['unused']:,} "
             f"| {r['unused']:,} ({r['share']:.2%}) | {r['per_lane']} |"
