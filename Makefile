@@ -60,7 +60,8 @@ test: lint
 
 # The long scenarios that `make test` runs shortened (not run by CI): ZEPHON_FULL_SCENARIOS=1
 # gives the example and fault tests their long sizes (20 kills, every dp size, more steps);
-# each test's docstring says what CI runs instead. About 15 minutes on 2 cores.
+# each test's docstring says what CI runs instead. About 13 minutes on 2 cores (their CI time
+# before the trim).
 LONG ?= tests/examples tests/fault/test_kill_resume.py
 test-long: install-test
 	ZEPHON_FULL_SCENARIOS=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest --durations=25 $(LONG)
