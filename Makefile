@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: demo test lint install install-test bench smoke-py312 test-titan-main
+.PHONY: demo test test-long lint install install-test bench smoke-py312 test-titan-main
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,14 @@ lint: install-test
 
 test: lint
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest --durations=25
+
+# The long scenarios that `make test` runs shortened (not run by CI): ZEPHON_FULL_SCENARIOS=1
+# gives the example and fault tests their long sizes (20 kills, every dp size, more steps);
+# each test's docstring says what CI runs instead. About 13 minutes on 2 cores (their CI time
+# before the trim).
+LONG ?= tests/examples tests/fault/test_kill_resume.py
+test-long: install-test
+	ZEPHON_FULL_SCENARIOS=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest --durations=25 $(LONG)
 
 # The second supported Python: a small smoke subset in its own venv (CI runs it after `test`).
 # torch for 3.12 comes from PyPI as a CUDA build of several GB; pip's cache keeps the download.

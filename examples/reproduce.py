@@ -760,7 +760,7 @@ def reproduce(
         if tmp is not None:
             tmp.cleanup()
     res: dict[str, Any] = {
-        "quick": settings is QUICK,
+        "quick": settings != FULL,
         "settings": dataclasses.asdict(settings),
         "environment": environment(),
         "resume_runs": runs,

@@ -27,6 +27,8 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 6), sharex=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for job, style in (("dp2", "-"), ("dp1", "o"), ("dp4", "x")):
+        if job not in summary["journal"]:  # a run with fewer resumes (``--resume-on``)
+            continue
         journal = summary["journal"][job]
         steps = [r["step"] for r in journal]
         for k, name in enumerate(DOMAINS):

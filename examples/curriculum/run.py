@@ -9,7 +9,7 @@
 2. trains the llama3 debug model with :class:`examples.curriculum.trainer.CurriculumTrainer`
    (TorchTitan's Trainer + the controller) on 2 ranks, a checkpoint every ``--save-at``
    steps, each rank dumping the batches it trained on (``--dataloader.dump-batches``);
-3. resumes the checkpoint of step ``--save-at`` on 1 and on 4 ranks;
+3. resumes the checkpoint of step ``--save-at`` on 1 and on 4 ranks (``--resume-on``);
 4. compares: each job's dumped batches (``zephon digest-dump``) against ``zephon digest``
    of the recipe with the dp 2 job's decision log (``--mixture-updates``); the decision log
    of every job; the losses after the resume.
@@ -164,7 +164,9 @@ def main() -> int:
     ap.add_argument("--loss-rtol", type=float, default=1e-4, help="resumed-loss tolerance")
     ap.add_argument("--domain-rtol", type=float, default=1e-2, help="per-domain tolerance")
     ap.add_argument("--json", type=Path, default=None, help="also write the summary here")
+    ap.add_argument("--resume-on", default="1,4", help="dp sizes to resume on (comma-separated)")
     args = ap.parse_args()
+    resume_on = [int(x) for x in args.resume_on.split(",") if x]
     work = args.work.resolve()
     t0 = time.perf_counter()
     make_assets(work, seq_len=SEQ_LEN, num_lanes=NUM_LANES, global_batch_size=GLOBAL_BATCH)
@@ -172,9 +174,9 @@ def main() -> int:
     jobs = {"dp2": train(work, "dp2", 2, args)}
     ckpt = work / "runs" / "dp2" / "checkpoint" / f"step-{args.save_at}"
     load = ["--checkpoint.initial-load-path", str(ckpt), "--checkpoint.no-initial-load-model-only"]
-    # The two resumes are independent jobs (each reads the dp 2 checkpoint): run both at once.
-    with ThreadPoolExecutor(2) as ex:
-        resumed = {w: ex.submit(train, work, f"dp{w}", w, args, *load) for w in (1, 4)}
+    # The resumes are independent jobs (each reads the dp 2 checkpoint): run them at once.
+    with ThreadPoolExecutor(max(1, len(resume_on))) as ex:
+        resumed = {w: ex.submit(train, work, f"dp{w}", w, args, *load) for w in resume_on}
         jobs.update({f"dp{w}": f.result() for w, f in resumed.items()})
 
     log = decision_log(jobs["dp2"])
