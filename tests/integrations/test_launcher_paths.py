@@ -32,22 +32,27 @@ def test_absolute_path_accepted() -> None:
     assert check_paths(["--training.steps", "6"]) is None
 
 
-def test_launcher_exits_2_in_one_line(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run(
+def _launch(tmp_path: Path, *python_flags: str) -> subprocess.CompletedProcess[str]:
+    """The launcher as torchrun starts it, with a relative checkpoint path."""
+    return subprocess.run(
         [
             sys.executable,
+            *python_flags,
             "-m",
             "zephon_nodes.integrations.torchtitan_train",
             "--checkpoint.initial-load-path",
             "runs/step-3",
         ],
         cwd=tmp_path,
-        env=env,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_launcher_exits_2_in_one_line(tmp_path: Path) -> None:
+    proc = _launch(tmp_path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "relative path" in lines[0], proc.stderr
@@ -55,23 +60,7 @@ def test_launcher_exits_2_in_one_line(tmp_path: Path) -> None:
 
 def test_launcher_refuses_before_importing_torch(tmp_path: Path) -> None:
     """The check runs before torch is imported (torch alone takes seconds to import)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-X",
-            "importtime",
-            "-m",
-            "zephon_nodes.integrations.torchtitan_train",
-            "--checkpoint.initial-load-path",
-            "runs/step-3",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _launch(tmp_path, "-X", "importtime")
     assert proc.returncode == 2
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
     assert "zephon_nodes.integrations" in imported  # the launcher ran (as __main__)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 
 from tests.stages.conftest import batches, digests, recipe
 from tests.stages.provenance import delivered, fragments
+from tests.stages.test_amend_cli import _zephon
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.relane import relane_state
@@ -316,16 +315,6 @@ def _toml(root: Path, name: str, lanes: int, seq_len: int, names: str) -> Path:
     path = root / name
     path.write_text(_TOML.format(lanes=lanes, seq_len=seq_len, datasets=datasets))
     return path
-
-
-def _zephon(*args: Any, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "zephon_nodes.cli", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_zephon_amend_on_a_re_laned_checkpoint(
