@@ -36,6 +36,20 @@ def _shell_lines(page: Path) -> list[str]:
     ]
 
 
+def _typed(line: str, cwd: Path, *flags: str) -> str:
+    """Run ``line`` with bash as a user types it; its stdout (a failure names the line)."""
+    done = subprocess.run(
+        ["bash", *flags, line],
+        cwd=cwd,
+        env=_user_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"$ {line}\n{done.stderr}"
+    return done.stdout
+
+
 def _user_env() -> dict[str, str]:
     """The environment of a user whose virtualenv is active (``zephon`` on the PATH)."""
     bin_dir = str(Path(sys.executable).parent)
@@ -61,16 +75,7 @@ def test_sft_recipe_runs_as_written_with_the_tokenizer_page(
     assert lines == ["zephon digest sft.toml --steps 4", "zephon stats sft.toml --steps 4"]
     outs = []
     for line in lines:
-        done = subprocess.run(
-            ["bash", "-c", line],
-            cwd=tmp_path,
-            env=_user_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, f"$ {line}\n{done.stderr}"
-        outs.append(done.stdout)
+        outs.append(_typed(line, tmp_path, "-c"))
     digests = [ln for ln in outs[0].splitlines() if ln.startswith('{"step"')]
     assert [int(re.search(r'"step": (\d+)', d).group(1)) for d in digests] == [1, 2, 3, 4]
     trained, non_padding = map(
@@ -169,16 +174,7 @@ def test_torchtitan_walkthrough_commands_as_written(tmp_path: Path) -> None:
     ]  # fmt: skip
 
     def shell(line: str) -> str:
-        done = subprocess.run(
-            ["bash", "-e", "-c", line],
-            cwd=tmp_path,
-            env=_user_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, f"$ {line}\n{done.stderr}"
-        return done.stdout
+        return _typed(line, tmp_path, "-e", "-c")
 
     shell(commands[0])  # 1. make_assets.py "$PWD/work/"
     work = tmp_path / "work"

@@ -22,7 +22,7 @@ import pytest
 
 from tests.stages.conftest import batches, digests, recipe
 from tests.stages.provenance import delivered, fragments
-from tests.stages.test_amend_cli import _zephon
+from tests.stages.test_amend_cli import BASE, _zephon
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.relane import relane_state
@@ -295,19 +295,7 @@ def test_re_laning_before_a_stage_started_is_refused(corpus: tuple[Path, Any], s
         relane_state(staged, saved[0], 8)
 
 
-_TOML = """
-seed = 7
-num_lanes = {lanes}
-global_batch_size = 8
-seq_len = {seq_len}
-flush_every = 2
-[tokenizer]
-kind = "bytes"
-{datasets}
-[work]
-chunk_size = 4
-epochs = "inf"
-"""
+_TOML = BASE.replace("num_lanes = 4", "num_lanes = {lanes}")
 
 
 def _toml(root: Path, name: str, lanes: int, seq_len: int, names: str) -> Path:
