@@ -120,6 +120,16 @@ def main() -> int:
     args = ap.parse_args()
     work = args.work.resolve()
     steps, save_at = args.steps, args.save_at
+    used = [name for name in ("runs", "batches") if (work / name).exists()]
+    if used:
+        # TorchTitan would resume the old checkpoints there (ignoring the initial load path)
+        # and the batch dumps would mix with old ones: every job needs fresh folders.
+        print(
+            f"error: {work} already holds {' and '.join(used)}/ from an earlier run: give a new "
+            f"working folder (or delete that one)",
+            file=sys.stderr,
+        )
+        return 2
 
     run([sys.executable, str(HERE / "make_assets.py"), str(work), "--seq-len", str(SEQ_LEN),
          "--global-batch-size", str(GLOBAL_BATCH)])  # fmt: skip

@@ -110,3 +110,21 @@ def test_trainer_logs_loader_metrics(walk: Any) -> None:
     busy = values("zephon/operators/tokenize/busy_s")
     assert busy[-1] > 0 and busy == sorted(busy)  # cumulative
     assert all(v >= 0 for v in values("zephon/queue_depth"))
+
+
+def test_run_refuses_a_used_working_folder(tmp_path: Path) -> None:
+    """A folder with runs/ from an earlier walk-through is refused before any job: TorchTitan
+    would resume the old checkpoints there and the old batch dumps would be compared."""
+    (tmp_path / "w" / "runs" / "dp2").mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "torchtitan" / "run.py"), str(tmp_path / "w")],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "already holds runs/" in lines[0], proc.stderr
+    assert not (tmp_path / "w" / "recipe.toml").exists()  # nothing was made
