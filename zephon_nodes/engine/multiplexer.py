@@ -139,6 +139,10 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         lane_builder: Callable[[Any, int], Lane] | None = None,
     ) -> None:
         super().__init__()
+        # A node stacked under torchdata's ParallelMapper can be reset by a new iterator
+        # while the old one's read thread (joined with a timeout) is still inside next():
+        # the two never interleave (tests/torchdata/test_loader_state.py).
+        self._driving = threading.RLock()
         self.lanes = dict(sorted(lanes.items()))
         self.pipeline = pipeline
         self.work_source = work_source if work_source is not None else pipeline.work_source
@@ -251,9 +255,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start from step 0, or restore a state (validated first; raises CheckpointError)."""
-        t0 = time.perf_counter()
-        self._restore(initial_state)
-        self._metrics.restore_s = time.perf_counter() - t0 if initial_state is not None else 0.0
+        with self._driving:
+            t0 = time.perf_counter()
+            self._restore(initial_state)
+            elapsed = time.perf_counter() - t0
+            self._metrics.restore_s = elapsed if initial_state is not None else 0.0
 
     def metrics(self) -> dict[str, Any]:
         """Return this rank's run metrics as a plain dict (see ``docs/cli.md``, Metrics)."""
@@ -427,6 +433,10 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def next(self) -> dict[str, torch.Tensor]:
         """Return the next micro-batch; StopIteration after the last full global batch."""
+        with self._driving:
+            return self._next()
+
+    def _next(self) -> dict[str, torch.Tensor]:
         self._used = True
         if self._exhausted:
             raise StopIteration
