@@ -4,11 +4,11 @@ The columns of a dataset index (:mod:`zephon_nodes.io.index.table`) are derived 
 checked manifest once per machine and memory-mapped by every later build. A bit flipped in
 them on disk (a failing disk, a half-restored backup, a hand edit) would silently change the
 record counts, the file list or the identities of a dataset on one machine only. So the table
-folder holds ``sums.json``: the xxh3-128 of every column file and of ``directory.txt``,
-written with the table and checked once per process before the table is used; a cached
-pattern match ends with the xxh3-64 of its rows. A table or match that fails its check is
-dropped, made again from the manifest and counted (``bad_cache_entries``, as a bad copy of a
-shard is, :mod:`zephon_nodes.io.formats.entrysums`).
+folder holds ``sums.json``: the content checksum (xxh3-128) of every column file and of
+``directory.txt``, written with the table and checked once per process before the table is
+used; a cached pattern match ends with the xxh3-64 of its rows. A table or match that fails
+its check is dropped, made again from the manifest and counted (``bad_cache_entries``, as a
+bad copy of a shard is, :mod:`zephon_nodes.io.formats.entrysums`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 import xxhash
 
 from zephon_nodes.io.formats.entrysums import count_bad
+from zephon_nodes.io.storage.checksum import Hasher
 
 __all__ = ["SUMS_FILE", "drop_table", "sums_hold", "tag_rows", "untag_rows", "write_table_sums"]
 
@@ -33,7 +34,7 @@ _CHECKED: set[str] = set()  # table folders whose sums held in this process
 
 
 def _file_sum(path: Path) -> str:
-    h = xxhash.xxh3_128()
+    h = Hasher()  # the content checksum of shards, here of the table's files
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
             h.update(block)
