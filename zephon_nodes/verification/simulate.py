@@ -79,15 +79,7 @@ def simulate(
         check_setting("save_at", save_at)
     own_pool = pool is None
     pool = pool if pool is not None else WorkerPool(num_workers, runner)
-    created: list[WorkerPool] = []
-    per_op: dict[str, WorkerPool] = {}
-    for key, value in (operator_pools or {}).items():
-        if isinstance(value, WorkerPool):
-            per_op[key] = value
-        else:
-            spec = PoolSpec.parse(value) if isinstance(value, str) else value
-            per_op[key] = spec.build(pool.timeout_s)
-            created.append(per_op[key])
+    per_op, created = _operator_pools(operator_pools or {}, pool.timeout_s)
     if resume_state is not None:
         from zephon_nodes.engine.relane import for_state
 
@@ -118,13 +110,9 @@ def simulate(
 
         decide(first)
         for t in range(first + 1, first + steps + 1):
-            mbs: list[dict[str, torch.Tensor]] = []
             before = [node.state_dict() for node in ranks] if on_end is not None else []
-            try:
-                for node in ranks:
-                    for _ in range(node.micro_per_step):
-                        mbs.append(next(node))
-            except StopIteration:
+            mbs = _global_batch(ranks)
+            if mbs is None:
                 if on_end is not None:
                     on_end(merge_states(before))
                 return
@@ -140,3 +128,31 @@ def simulate(
             p.close()
         if own_pool:
             pool.close()
+
+
+def _operator_pools(
+    specs: Mapping[str, WorkerPool | PoolSpec | str], timeout_s: float
+) -> tuple[dict[str, WorkerPool], list[WorkerPool]]:
+    """The per-operator pools by operator, and those built here (the caller closes them)."""
+    per_op: dict[str, WorkerPool] = {}
+    created: list[WorkerPool] = []
+    for key, value in specs.items():
+        if isinstance(value, WorkerPool):
+            per_op[key] = value
+        else:
+            spec = PoolSpec.parse(value) if isinstance(value, str) else value
+            per_op[key] = spec.build(timeout_s)
+            created.append(per_op[key])
+    return per_op, created
+
+
+def _global_batch(ranks: Sequence[Multiplexer]) -> list[dict[str, torch.Tensor]] | None:
+    """Every rank's micro-batches of one step, in rank order; None when the data ended."""
+    mbs: list[dict[str, torch.Tensor]] = []
+    try:
+        for node in ranks:
+            for _ in range(node.micro_per_step):
+                mbs.append(next(node))
+    except StopIteration:
+        return None
+    return mbs
