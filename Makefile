@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: demo test test-long lint install install-test bench smoke-py312 test-titan-main
+.PHONY: demo test test-long lint install install-test system-packages bench smoke-py312 test-titan-main
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,15 +35,36 @@ endef
 install: $(BIN)/python
 	$(call pip_install,,base,$(TEST_EXTRAS),test)
 
+# The system packages the storage tests need, as COMMAND:PACKAGE: nginx (the HTTP server; it
+# honours Range requests), Node.js and npm (Azurite, the Azure Blob server, is an npm package).
+# A missing one is installed with apt-get when make runs as root; otherwise, or if apt-get
+# fails, make stops with one line naming the package and how to install it.
+SYSTEM_PACKAGES ?= nginx:nginx node:nodejs npm:npm
+APT_GET ?= apt-get
+APT_LOG ?= $(or $(TMPDIR),/tmp)/zephon-apt-get.log
+system-packages:
+	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
+	  cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+	  command -v $$cmd >/dev/null || [ -x /usr/sbin/$$cmd ] || missing="$$missing $$pkg"; \
+	done; missing=$${missing# }; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	how="install it and run make test again: sudo apt-get install -y $$missing"; \
+	if [ "$$(id -u)" != 0 ] || ! command -v $(APT_GET) >/dev/null; then \
+	  echo "error: the tests need the system package(s) $$missing (not root, or no apt-get): $$how" >&2; exit 2; \
+	fi; \
+	echo "make: installing $$missing with apt-get (the storage tests' servers; log: $(APT_LOG))"; \
+	{ $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $$missing; } \
+	  >$(APT_LOG) 2>&1 || { echo "error: apt-get could not install $$missing (see $(APT_LOG)): $$how" >&2; exit 2; }
+
 # Azurite, the Azure Blob server of the storage tests, from npm into a project-local folder
 # (pinned by .ci/node/package-lock.json); the stamp skips npm when nothing changed.
 AZURITE_STAMP := .ci/node/node_modules/.installed
 
-$(AZURITE_STAMP): .ci/node/package.json .ci/node/package-lock.json
+$(AZURITE_STAMP): .ci/node/package.json .ci/node/package-lock.json | system-packages
 	npm ci --prefix .ci/node --no-audit --no-fund --loglevel=error
 	touch $@
 
-install-test: $(BIN)/python $(AZURITE_STAMP)
+install-test: $(BIN)/python system-packages $(AZURITE_STAMP)
 	$(call pip_install,$(TEST_EXTRAS),test)
 
 demo: install

@@ -37,7 +37,11 @@ from zephon_nodes.state import load_state, merge_states, save_state
 
 if TYPE_CHECKING:
     from zephon_nodes.engine.accumulate import AccumulatorNode
-    from zephon_nodes.engine.loader_state import rank_state
+    from zephon_nodes.engine.loader_state import (
+        load_rank_state,
+        rank_state,
+        reshard_loader_states,
+    )
     from zephon_nodes.engine.parallel_map import OrderedParallelMap
     from zephon_nodes.engine.pipeline import Pipeline
     from zephon_nodes.engine.pool import WorkerPool
@@ -52,6 +56,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "AccumulatorNode": "zephon_nodes.engine.accumulate",
     "rank_state": "zephon_nodes.engine.loader_state",
+    "reshard_loader_states": "zephon_nodes.engine.loader_state",
+    "load_rank_state": "zephon_nodes.engine.loader_state",
     "OrderedParallelMap": "zephon_nodes.engine.parallel_map",
     "Pipeline": "zephon_nodes.engine.pipeline",
     "WorkerPool": "zephon_nodes.engine.pool",
@@ -87,11 +93,14 @@ __all__ = [
     "AccumulatorNode",
     "OrderedParallelMap",
     "TorchdataStage",
-    # Checkpoint files, and one rank's state inside a whole torchdata Loader state
+    # Checkpoint files, and a rank's state inside a whole torchdata Loader state (restoring
+    # the Loaders of one dp size at another: reshard_loader_states, then load_rank_state)
     "load_state",
     "merge_states",
     "save_state",
     "rank_state",
+    "reshard_loader_states",
+    "load_rank_state",
     # Checking a recipe
     "simulate",
     "global_batch_digest",

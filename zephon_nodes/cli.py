@@ -11,12 +11,12 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from zephon_nodes.core.errors import ZephonError
 from zephon_nodes.recipe.bounds import check_setting
 
-__all__ = ["main"]
+__all__ = ["DefaultsFormatter", "main"]
 
 # Subcommand name -> (module in zephon_nodes.commands exposing add_parser(subparsers), the
 # help line that module gives it: shown by `zephon --help` without importing the module).
@@ -61,8 +61,30 @@ COMMANDS = {
 }
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default.
+
+    Like argparse's ``ArgumentDefaultsHelpFormatter``, less the defaults None and False (a
+    flag) and those the help text already states.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)
+        if not shown or "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line on stderr (exit 2), never a usage dump."""
+    """An argument parser whose errors are one line on stderr (exit 2), never a usage dump.
+
+    Its ``--help`` shows the defaults (:class:`DefaultsFormatter`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

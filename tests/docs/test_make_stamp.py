@@ -18,7 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 def make(cwd: Path, target: str) -> str:
     out = subprocess.run(
-        ["make", "-s", target, "VENV=v", "PIP=echo PIP", f"PYTHON={sys.executable}"],
+        # SYSTEM_PACKAGES= : no apt-get here (test_missing_system_package_is_one_line checks it).
+        [
+            *("make", "-s", target, "VENV=v", "PIP=echo PIP", f"PYTHON={sys.executable}"),
+            "SYSTEM_PACKAGES=",
+        ],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -59,3 +63,29 @@ def test_second_install_skips_pip(tmp_path: Path) -> None:
         f.write("\n# changed\n")
     assert "PIP install -q -e .\n" in make(tmp_path, "install")
     assert "PIP install -q -e .[test," in make(tmp_path, "install-test")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make (CI runs the Makefile)")
+def test_missing_system_package_is_one_line(tmp_path: Path) -> None:
+    """A system package the tests need that apt-get cannot install (or without root) stops
+    `make test` before any test with one line naming the package and how to install it
+    (issue 36.3: not 17 test errors)."""
+    shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
+    base = ["make", "-s", "system-packages", "SYSTEM_PACKAGES=sh:sh zephonnocmd:zephon-no-pkg"]
+    present = subprocess.run(
+        [*base[:3], "SYSTEM_PACKAGES=sh:sh"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert present.returncode == 0 and present.stdout == present.stderr == ""
+    for apt_get in ("false", "zephon-no-apt-get"):  # apt-get fails; no apt-get at all
+        out = subprocess.run(
+            [*base, f"APT_GET={apt_get}", f"APT_LOG={tmp_path / 'apt.log'}"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode != 0
+        errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, out.stderr
+        assert "zephon-no-pkg" in errors[0] and "apt-get install -y zephon-no-pkg" in errors[0]
+        assert "sh " not in errors[0].split("install -y")[1]  # only the missing one is named

@@ -69,17 +69,25 @@ def test_sft_recipe_runs_as_written_with_the_tokenizer_page(
     for i, code in enumerate(blocks(page, "python", runnable=True)):
         with contextlib.redirect_stdout(io.StringIO()):
             exec(compile(code, f"tokenizers.md[python block {i}]", "exec"), module.__dict__)
+    # "saved as text.toml in this folder": the page's own text recipe, verbatim (issue 36.4:
+    # it pointed at the plain-text corpus.txt and failed with `invalid JSON`).
+    (tmp_path / "text.toml").write_text(blocks(page, "toml")[0])
     # "save it as sft.toml in this folder": the first TOML block of the chat page, verbatim.
     (tmp_path / "sft.toml").write_text(blocks(DOCS / "sft.md", "toml")[0])
     lines = _shell_lines(page)
-    assert lines == ["zephon digest sft.toml --steps 4", "zephon stats sft.toml --steps 4"]
+    assert lines == [
+        "zephon digest text.toml --steps 4",
+        "zephon digest sft.toml --steps 4",
+        "zephon stats sft.toml --steps 4",
+    ]
     outs = []
     for line in lines:
         outs.append(_typed(line, tmp_path, "-c"))
-    digests = [ln for ln in outs[0].splitlines() if ln.startswith('{"step"')]
-    assert [int(re.search(r'"step": (\d+)', d).group(1)) for d in digests] == [1, 2, 3, 4]
+    for out in outs[:2]:
+        digests = [ln for ln in out.splitlines() if ln.startswith('{"step"')]
+        assert [int(re.search(r'"step": (\d+)', d).group(1)) for d in digests] == [1, 2, 3, 4]
     trained, non_padding = map(
-        int, re.search(r"(\d+) trained tokens \((\d+) non-padding\)", outs[1]).groups()
+        int, re.search(r"(\d+) trained tokens \((\d+) non-padding\)", outs[2]).groups()
     )
     # Labels are on assistant turns only: fewer trained tokens than input tokens.
     assert 0 < trained < non_padding

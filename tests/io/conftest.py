@@ -18,10 +18,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.io.servers import (
+    AZURITE,
     AzureServer,
     FaultProxy,
     GcsServer,
@@ -198,6 +200,81 @@ http {{
 """
 
 
+def nginx_path() -> str | None:
+    """The nginx binary (``/usr/sbin`` is off a non-root user's PATH), or None."""
+    return shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
+
+
+# One line per missing system package: what needs it and how to install it.
+MISSING = {
+    "nginx": "nginx is not installed (the HTTP server of the storage tests): "
+    "`sudo apt-get install nginx`, or `make test`, which installs it",
+    "azurite": "Azurite is not installed (the Azure Blob server of the storage tests; "
+    "Node.js and npm): `sudo apt-get install nodejs npm && npm ci --prefix .ci/node`, "
+    "or `make test`, which installs both",
+}
+
+
+def _needs(item: pytest.Item) -> set[str]:
+    """The system packages a test needs: by its fixtures, or by a ``http``/``azure``
+    parameter that a fixture turns into ``request.getfixturevalue`` of that server."""
+    names = set(getattr(item, "fixturenames", ()))
+    params = set()
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        params = {v for v in callspec.params.values() if isinstance(v, str)}
+    needs = set()
+    if "http_server" in names or "http" in params:
+        needs.add("nginx")
+    if "azure_server" in names or "azure" in params:
+        needs.add("azurite")
+    return needs
+
+
+def _missing() -> set[str]:
+    missing = set()
+    if nginx_path() is None:
+        missing.add("nginx")
+    if not AZURITE.exists() or shutil.which("node") is None:
+        missing.add("azurite")
+    return missing
+
+
+_REFUSED = pytest.StashKey[list[str]]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests whose server is not installed are refused before the run: one line per missing
+    package (not one error per test), and the session fails at its end."""
+    missing = _missing()
+    if not missing:
+        return
+    refused = [item for item in items if _needs(item) & missing]
+    if not refused:
+        return
+    config.hook.pytest_deselected(items=refused)
+    gone = set(refused)
+    items[:] = [item for item in items if item not in gone]
+    config.stash[_REFUSED] = [
+        f"{sum(name in _needs(item) for item in refused)} storage tests refused: {MISSING[name]}"
+        for name in sorted(missing)
+        if any(name in _needs(item) for item in refused)
+    ]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    for line in config.stash.get(_REFUSED, []):
+        terminalreporter.write_line(f"ERROR: {line}", red=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.stash.get(_REFUSED, []) and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @dataclass
 class HttpServer:
     """An nginx serving ``root`` on 127.0.0.1 (honours ``Range``; no ``ETag`` under
@@ -214,11 +291,9 @@ class HttpServer:
 @pytest.fixture(scope="session")
 def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     """nginx on a free port serving a session temp dir."""
-    nginx = shutil.which("nginx") or (
-        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
-    )
+    nginx = nginx_path()
     if nginx is None:
-        pytest.fail("nginx is not installed (apt-get install nginx; .ci/run installs it)")
+        pytest.fail(MISSING["nginx"])
     tmp = tmp_path_factory.mktemp("nginx")
     root = tmp / "www"
     root.mkdir()

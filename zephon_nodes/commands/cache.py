@@ -64,7 +64,13 @@ def add_parser(sub: Any) -> None:
             "and limit; or clear it (entries in use by a running job are kept)."
         ),
     )
-    p.add_argument("action", nargs="?", choices=("show", "clear"), default="show")
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("show", "clear"),
+        default="show",
+        help="show the cache's entries, bytes and limit, or clear it",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--token-cache-limit", default=None, metavar="SIZE", help="limit to report")
     p.set_defaults(func=run)

@@ -50,7 +50,13 @@ def add_parser(sub: Any) -> None:
         help="pool workers per rank (default 2; --workers is the same flag)",
     )
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
-    p.add_argument("--local-batch-size", type=int, default=None, help="micro-batch size per rank")
+    p.add_argument(
+        "--local-batch-size",
+        type=int,
+        default=None,
+        help="micro-batch size per rank (default: the rank's whole share of a step, "
+        "global batch / dp size: one micro-batch per step)",
+    )
     p.add_argument(
         "--operator-workers",
         type=operator_workers_arg,

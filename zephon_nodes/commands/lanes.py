@@ -11,7 +11,11 @@ from typing import Any
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 
-__all__ = ["LaneOption", "add_parser", "run", "suggest_lanes"]
+__all__ = ["CHUNK_SIZE", "FLUSH_EVERY", "LaneOption", "add_parser", "run", "suggest_lanes"]
+
+# What --flush-every (without a checkpoint) and --chunk-size assume: a planning guess.
+FLUSH_EVERY = 8
+CHUNK_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -108,8 +112,19 @@ def add_parser(sub: Any) -> None:
         help="also show this checkpoint's lane count and lineage (re-lanes); its global batch "
         "is the default --global-batch, so --dp lists the lane counts it can be re-laned to",
     )
-    p.add_argument("--flush-every", type=int, default=8, help="work items per window K")
-    p.add_argument("--chunk-size", type=int, default=64, help="records per work item")
+    p.add_argument(
+        "--flush-every",
+        type=int,
+        default=None,
+        help=f"work items per window K (default: the checkpoint's, else {FLUSH_EVERY})",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=CHUNK_SIZE,
+        help="records per work item, for the replay in records (a checkpoint records its "
+        "[work] table only as a hash)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -122,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
     if args.dp is None or args.global_batch is None:
         raise RecipeError("--dp and --global-batch are required (or give --checkpoint)")
+    if args.flush_every is None:
+        args.flush_every = FLUSH_EVERY
     try:
         dp_sizes = sorted({int(x) for x in args.dp.split(",") if x.strip()})
     except ValueError:
@@ -181,6 +198,9 @@ def _show_checkpoint(args: argparse.Namespace) -> None:
     assert isinstance(recipe, dict)
     if args.global_batch is None and isinstance(recipe.get("global_batch_size"), int):
         args.global_batch = recipe["global_batch_size"]
+    # The replay a restore costs is in the checkpoint's flush_every, unless --flush-every says.
+    if args.flush_every is None and isinstance(recipe.get("flush_every"), int):
+        args.flush_every = recipe["flush_every"]
     lines = describe_lineage(state.get(LINEAGE_KEY))
     if args.json:  # with --dp, the JSON list of lane counts alone
         if args.dp is None:
