@@ -8,9 +8,13 @@ help line), so ``zephon --help`` and the commands that need no tensors (``lanes`
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from zephon_nodes.core.errors import ZephonError
@@ -120,21 +124,143 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``zephon`` command line; return the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+class Terminated(BaseException):
+    """Raised in the main thread by SIGTERM, so that pools close before the process exits."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Terminated` (in the main thread only; restored after)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: leave the default
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _reap_resource_tracker() -> None:
+    """Stop and reap multiprocessing's resource tracker (a process runner's helper process).
+
+    Python 3.11 leaves it running at exit: the process that outlives ``zephon`` is reparented
+    to PID 1 and stays defunct where PID 1 reaps nothing (a container). Registered before
+    multiprocessing is imported, so it runs after multiprocessing's own exit handlers have
+    released every semaphore (none is reported leaked).
+    """
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    stop = getattr(getattr(tracker, "_resource_tracker", None), "_stop", None)
+    if callable(stop):
+        with contextlib.suppress(Exception):
+            stop()
+
+
+atexit.register(_reap_resource_tracker)
+
+
+def _fail(command: str, message: str, status: int) -> int:
+    """Print ``zephon COMMAND: MESSAGE`` on stderr (one line) and return ``status``."""
+    with contextlib.suppress(Exception):
+        print(f"zephon {command}: {message}", file=sys.stderr, flush=True)
+    return status
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at exit does not fail a second time."""
+    with contextlib.suppress(Exception):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         check_flags(args)
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a write error surfaces here, not at exit
+        return status
     except ZephonError as e:
         from zephon_nodes.io.storage.storage import redact
 
-        print(f"zephon {args.command}: error: {redact(str(e))}", file=sys.stderr)
-        return 2
+        return _fail(args.command, f"error: {redact(str(e))}", 2)
     except BrokenPipeError:
+        _silence_stdout()
         return 0
+    except OSError as e:
+        return _os_error(args.command, e)
+
+
+def _os_error(command: str, e: OSError) -> int:
+    """One line for an operating-system error: writing the output, or a file."""
+    if isinstance(sys.stdout, _Stdout) and sys.stdout.failed:
+        _silence_stdout()
+        return _fail(command, f"error: cannot write to stdout: {e.strerror or e}", 1)
+    where = f"{e.filename}: " if e.filename else ""
+    return _fail(command, f"error: {where}{e.strerror or e}", 1)
+
+
+class _Stdout:
+    """``sys.stdout`` during a command, remembering that a write to it failed.
+
+    A full disk or ``> /dev/full`` is then named as the output's error, not a file's.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.failed = False
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.inner.write(text))
+        except OSError:
+            self.failed = True
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.inner.flush()
+        except OSError:
+            self.failed = True
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``zephon`` command line; return the exit status.
+
+    SIGINT and SIGTERM, from the start (while the command's module is imported) to the end,
+    stop the command with one line and status 130 / 143 once its pools are closed.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        with _sigterm_raises():
+            return _parse_and_run(argv)
+    except KeyboardInterrupt:
+        return _fail(command, "interrupted (SIGINT)", 130)
+    except Terminated:
+        return _fail(command, "terminated (SIGTERM)", 143)
+
+
+def _parse_and_run(argv: list[str]) -> int:
+    args = build_parser(argv).parse_args(argv)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): nothing could be printed
+        return _fail(args.command, "error: stdout is closed (nothing could be printed)", 1)
+    guard = _Stdout(sys.stdout)
+    sys.stdout = guard
+    try:
+        return _run(args)
+    finally:
+        if sys.stdout is guard:
+            sys.stdout = guard.inner
 
 
 if __name__ == "__main__":

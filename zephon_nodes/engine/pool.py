@@ -15,6 +15,7 @@ import itertools
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 import time
 import weakref
@@ -37,7 +38,12 @@ _POOL_IDS = itertools.count()
 
 
 def _start_worker(parent: int, settings: Settings) -> None:
-    """Worker-process initializer: the pool's settings, and exit when the rank is gone."""
+    """Worker-process initializer: the pool's settings, and exit when the rank is gone.
+
+    SIGINT (a Ctrl-C reaches the whole process group) is the rank's to handle: it stops
+    its workers; a worker printing its own ``KeyboardInterrupt`` would only add tracebacks.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     activate(settings)
     _watch_parent(parent)
 

@@ -26,8 +26,10 @@ custom tokenizer are never cached.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,7 +165,7 @@ class CachedParse:
         store = token_store(self.root, self.limit_bytes)
         if store.cache.contains(key):
             # Another process may evict it before it is pinned: then it is computed here.
-            entry = store.get(key, lambda: _compute(self.parse, self.tokenize, item))
+            entry = _stored(store, key, lambda: _compute(self.parse, self.tokenize, item))
             return DocBatch(entry.tokens, entry.lengths, item.dataset, entry.skipped)
         t0 = now_cpu_ns()
         text = self.parse(item)
@@ -177,6 +179,29 @@ class CachedParse:
         if key is None:
             return None
         return token_store(self.root, self.limit_bytes).lengths(key)
+
+
+# A store whose file system is full (or read-only, or over a quota) is run around: the
+# tokens are computed uncached, with one warning per process.
+_FULL = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS))
+_warned_full: list[str] = []
+
+
+def _stored(store: Any, key: str, compute: Any) -> Entry:
+    """``store.get(key, compute)``, or ``compute()`` when the store's file system is full."""
+    try:
+        return store.get(key, compute)
+    except OSError as e:
+        if e.errno not in _FULL:
+            raise
+        if not _warned_full:
+            _warned_full.append(str(store.root))
+            logging.getLogger(__name__).warning(
+                "token cache %s: %s; running without the token cache",
+                store.root,
+                e.strerror or e,
+            )
+        return compute()
 
 
 def _compute(parse: ParseJsonl, tokenize: Tokenize, item: Any) -> Entry:
@@ -216,7 +241,7 @@ class CachedTokenize:
             made.append(docs)
             return Entry(docs.tokens, docs.lengths, docs.skipped, batch.cpu_ns + now_cpu_ns() - t0)
 
-        entry = token_store(self.root, self.limit_bytes).get(batch.key, compute)
+        entry = _stored(token_store(self.root, self.limit_bytes), batch.key, compute)
         if made:
             return made[0]
         return DocBatch(entry.tokens, entry.lengths, text.dataset, entry.skipped)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.recipe.bounds import SETTINGS, check_setting, did_you_mean
+from zephon_nodes.recipe.bounds import SETTINGS, check_setting, unknown_keys
 
 __all__ = ["_Fields"]
 
@@ -60,8 +60,7 @@ class _Fields:
     def done(self) -> None:
         unknown = sorted(set(self.data) - self.used)
         if unknown:
-            hint = did_you_mean(unknown[0], self.used) if len(unknown) == 1 else ""
-            raise RecipeError(f"{self.where}: unknown key(s) {unknown}{hint}")
+            raise RecipeError(unknown_keys(self.where, unknown, self.used))
 
 
 def _as_tuple(typ: type | tuple[type, ...]) -> tuple[type, ...]:

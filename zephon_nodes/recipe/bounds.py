@@ -21,7 +21,15 @@ from typing import Any
 from zephon_nodes.core.bounds import PHYSICAL, Bound
 from zephon_nodes.core.errors import RecipeError
 
-__all__ = ["SETTINGS", "Bound", "check_setting", "did_you_mean"]
+__all__ = [
+    "MAX_SHOWN_KEY",
+    "SETTINGS",
+    "Bound",
+    "check_setting",
+    "did_you_mean",
+    "shown_key",
+    "unknown_keys",
+]
 
 
 _LANES = 1 << 16
@@ -92,9 +100,37 @@ def _key(name: str) -> str:
     return re.sub(r"\[[^\]]*\]", "", name.lstrip("-")).replace("-", "_")
 
 
+MAX_SHOWN_KEY = 64
+"""An unknown key longer than this is shortened in messages and gets no suggestion (no known
+key is that long, and a fuzzy match over a 10 MB key takes minutes)."""
+
+
+def shown_key(key: object) -> str:
+    """``repr(key)``, shortened to :data:`MAX_SHOWN_KEY` characters with its length named."""
+    text = str(key)
+    if len(text) <= MAX_SHOWN_KEY:
+        return repr(key)
+    return f"{text[:MAX_SHOWN_KEY]!r}... ({len(text):,} characters)"
+
+
 def did_you_mean(key: str, known: Iterable[str]) -> str:
     """Return ``" (did you mean `paths`?)"`` for the known key closest to ``key``, or ``""``."""
+    if len(str(key)) > MAX_SHOWN_KEY:
+        return ""
     close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
     if not close and isinstance(key, str):
         close = [k for k in sorted(known) if k.startswith(key) or key.startswith(k)][:1]
     return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def unknown_keys(where: str, unknown: Iterable[object], known: Iterable[str]) -> str:
+    """The message refusing ``unknown`` keys of a table.
+
+    At most 8 keys are named, each shortened (:func:`shown_key`); for a single one the
+    closest known key is suggested.
+    """
+    keys = sorted(map(str, unknown))
+    names = ", ".join(shown_key(k) for k in keys[:8])
+    more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
+    hint = did_you_mean(keys[0], known) if len(keys) == 1 else ""
+    return f"{where}: unknown key(s) [{names}]{more}{hint}"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.core.errors import RecipeError
+from zephon_nodes.recipe.bounds import unknown_keys
 
 __all__ = ["DEFAULT_ROLES", "TRAIN_ON", "ChatSpec"]
 
@@ -64,7 +65,7 @@ class ChatSpec:
         known = {"messages_field", "template", "train_on", "roles", "bos_token", "eos_token"}
         unknown = sorted(set(table) - known)
         if unknown:
-            raise RecipeError(f"{where}: unknown key(s) {unknown}")
+            raise RecipeError(unknown_keys(where, unknown, ()))
         for key in ("messages_field", "template", "train_on", "bos_token", "eos_token"):
             if key in table and not isinstance(table[key], str):
                 raise RecipeError(f"{where}.{key}={table[key]!r} must be a string")

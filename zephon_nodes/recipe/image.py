@@ -147,10 +147,9 @@ class ImageSpec:
         }
         unknown = sorted(set(table) - set(known))
         if unknown:
-            from zephon_nodes.recipe.bounds import did_you_mean
+            from zephon_nodes.recipe.bounds import unknown_keys
 
-            hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
-            raise RecipeError(f"{where}: unknown key(s) {unknown}{hint}")
+            raise RecipeError(unknown_keys(where, unknown, known))
         kwargs: dict[str, Any] = {}
         for key, typ in known.items():
             if key not in table:

@@ -19,7 +19,7 @@ from typing import Any
 
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe._fields import _Fields
-from zephon_nodes.recipe.bounds import check_setting, did_you_mean
+from zephon_nodes.recipe.bounds import MAX_SHOWN_KEY, check_setting, did_you_mean, unknown_keys
 from zephon_nodes.recipe.chat import ChatSpec
 from zephon_nodes.recipe.datasets import DatasetSpec
 from zephon_nodes.recipe.image import ImageSpec
@@ -248,6 +248,10 @@ class Recipe:
                 data = tomllib.load(f)
         except FileNotFoundError:
             raise RecipeError(f"recipe file not found: {p}") from None
+        except IsADirectoryError:
+            raise RecipeError(f"{p}: is a directory, not a recipe TOML file") from None
+        except OSError as e:
+            raise RecipeError(f"{p}: cannot read the recipe file: {e.strerror or e}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise RecipeError(f"{p}: not a valid TOML file: {e}") from None
         return cls.from_dict(data, base_dir=p.resolve().parent, source=p)
@@ -297,9 +301,7 @@ class Recipe:
                     )
                 near = [k for k in raw if "paths" not in raw and did_you_mean(k, ["paths"])]
                 if near:  # named before "give `paths` or `records`" hides the typo
-                    raise RecipeError(
-                        f"{where}datasets[{i}]: unknown key(s) {near} (did you mean `paths`?)"
-                    )
+                    raise RecipeError(unknown_keys(f"{where}datasets[{i}]", near, ["paths"]))
                 datasets.append(
                     DatasetSpec(
                         name=ds.get("name", str, f"dataset{i}"),
@@ -444,7 +446,7 @@ def _misspelled_tables(data: Mapping[str, Any], where: str) -> None:
     import difflib
 
     for key, value in data.items():
-        if key in _TABLES or not isinstance(value, (Mapping, list)):
+        if key in _TABLES or not isinstance(value, (Mapping, list)) or len(key) > MAX_SHOWN_KEY:
             continue
         close = difflib.get_close_matches(str(key), _TABLES, n=1, cutoff=0.8)
         if close and close[0] not in data:
