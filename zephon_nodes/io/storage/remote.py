@@ -29,8 +29,12 @@ from zephon_nodes.io.storage.checksum import Hasher
 __all__ = ["content_checksum", "fetched", "finish_progress", "known_checksum", "remember"]
 
 
+def _memo_key(uri: str, st: storage.FileStat) -> str:
+    return f"{storage.redact(uri)}|{st.size}|{st.version}"
+
+
 def _memo(uri: str, st: storage.FileStat) -> Path:
-    text = f"{storage.redact(uri)}|{st.size}|{st.version}"
+    text = _memo_key(uri, st)
     return cache_dir() / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.remote.json"
 
 
@@ -38,7 +42,9 @@ def known_checksum(uri: str, st: storage.FileStat) -> str | None:
     """The remembered checksum of ``uri`` at this size and version tag, if any.
 
     A file whose backend reports no version tag has none remembered: nothing would show
-    that its content changed.
+    that its content changed. A memo holds the key it was written for (URI, size, version
+    tag): one swapped or copied from another object's, or of the older keyless layout, is
+    not trusted (the object is fetched again).
     """
     if not st.version:
         return None
@@ -47,7 +53,9 @@ def known_checksum(uri: str, st: storage.FileStat) -> str | None:
         data = json.loads(memo.read_text())
     except (OSError, ValueError):
         return None
-    value = data.get("checksum") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("key") != _memo_key(uri, st):
+        return None
+    value = data.get("checksum")
     return value if isinstance(value, str) else None
 
 
@@ -87,7 +95,8 @@ def finish_progress() -> None:
 def remember(uri: str, st: storage.FileStat, checksum: str) -> None:
     """Remember ``checksum`` for ``uri`` at this size and version tag (not without a tag)."""
     if st.version:
-        blob = json.dumps({"checksum": checksum, "size": st.size}).encode()
+        key = _memo_key(uri, st)
+        blob = json.dumps({"key": key, "checksum": checksum, "size": st.size}).encode()
         atomic_write(_memo(uri, st), lambda f: f.write(blob))
 
 
