@@ -180,7 +180,8 @@ def _cache_tokens() -> int:
     from zephon_nodes.io.nodecache.tokenstore import read_entry
 
     data = default_root() / "data"
-    return sum(int(read_entry(p, lengths_only=True).lengths.sum()) for p in data.iterdir())
+    # A token-cache key is its entry's file name.
+    return sum(int(read_entry(p, p.name, True).lengths.sum()) for p in data.iterdir())
 
 
 def startup(recipe: Recipe, cache: str) -> dict[str, Any]:

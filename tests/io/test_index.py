@@ -20,8 +20,9 @@ from tests.io.test_remote_digests import recipe, run, write_corpus
 from zephon_nodes import DatasetSpec, Pipeline
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.io import identity
-from zephon_nodes.io.formats import parquet, shards, tar
+from zephon_nodes.io.formats import copies, lines, parquet, shards, tar
 from zephon_nodes.io.index import index
+from zephon_nodes.io.nodecache import wholeshard
 from zephon_nodes.io.storage import checksum, storage
 
 
@@ -41,7 +42,8 @@ def no_shard_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     for module in (shards, tar, parquet, identity, index):
         if hasattr(module, "file_checksum"):
             monkeypatch.setattr(module, "file_checksum", refuse)
-    monkeypatch.setattr(shards, "_index_file", refuse)
+    for module in (lines, copies, wholeshard, index):  # each holds its own name of it
+        monkeypatch.setattr(module, "index_file", refuse)
     monkeypatch.setattr(tar, "_index_tar", refuse)
     monkeypatch.setattr(storage, "fetch", refuse)
 

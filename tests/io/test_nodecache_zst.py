@@ -155,8 +155,8 @@ def test_unindexed_zst_through_node_cache(
 
 def test_stream_line_index_matches_file_index(tmp_path: Path) -> None:
     """The streaming record index equals the file one, blank and CRLF lines included."""
-    from zephon_nodes.io.formats.shards import _index_file
-    from zephon_nodes.io.nodecache.wholeshard import _LineCounter
+    from zephon_nodes.io.formats.lines import LineCounter as _LineCounter
+    from zephon_nodes.io.formats.lines import index_file as _index_file
 
     text = b'{"a":1}\r\n\r\n\n{"b":2}\n\r\n{"c":3}\r\n\r'
     (tmp_path / "f.jsonl").write_bytes(text)

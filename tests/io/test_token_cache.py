@@ -150,7 +150,7 @@ def test_a_damaged_entry_is_detected_recomputed_and_counted(
     assert digests(r) == off
     assert stats(cache)["damaged"] == damaged + 3
     for p in victims:  # rewritten whole
-        read_entry(p)
+        read_entry(p, p.name)  # a token-cache key is its entry's file name
 
 
 def test_entry_checks_every_section() -> None:
@@ -159,7 +159,8 @@ def test_entry_checks_every_section() -> None:
     import numpy as np
 
     f = io.BytesIO()
-    write_entry(f, Entry(np.array([1, 2, 300, 70000], np.int32), np.array([1, 3]), (("x", 2),)))
+    entry = Entry(np.array([1, 2, 300, 70000], np.int32), np.array([1, 3]), (("x", 2),))
+    write_entry(f, entry, "t-key")
     blob = f.getvalue()
     assert b'"<u4"' in blob  # a 70000 id needs uint32
     for at in (9, 30, len(blob) - 20, len(blob) - 1):  # prefix, header, lengths, tokens
@@ -169,7 +170,7 @@ def test_entry_checks_every_section() -> None:
         p.write_bytes(bytes(bad))
         try:
             with pytest.raises(DamagedEntry):
-                read_entry(p)
+                read_entry(p, "t-key")
         finally:
             p.unlink()
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from zephon_nodes.io.discovery import RecipeDataset, dataset_files
 from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
+from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
 
 __all__ = ["Dataset"]
 
@@ -87,7 +88,5 @@ class Dataset:
 def _open(path: str) -> Any:
     """A shard; a ``.zst`` one is decompressed into the bounded node cache, never beside it."""
     if str(path).endswith(".zst"):
-        from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
-
         return open_whole_shard(path)
     return open_shard(path)

@@ -19,7 +19,9 @@ import numpy as np
 
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.formats.entrysums import BadEntry, check_index, drop, sums_path, write_sums
+from zephon_nodes.io.formats.lines import decompress_to, index_file
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir, umask_mode
+from zephon_nodes.io.storage.checksum import Hasher
 
 __all__ = ["artifacts", "build", "forget_index", "load_index", "remake"]
 
@@ -80,9 +82,6 @@ def build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
 
 
 def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
-    from zephon_nodes.io.formats.shards import _decompress_to, _index_file
-    from zephon_nodes.io.storage.checksum import Hasher
-
     data_path, index_path = artifacts(checksum)
     if compressed and not data_path.exists():
         fd, tmp = tempfile.mkstemp(dir=data_path.parent, prefix=data_path.name + ".", suffix=".tmp")
@@ -93,7 +92,7 @@ def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
             hasher = Hasher()
             with os.fdopen(fd, "wb") as f:
                 try:
-                    _decompress_to(src, f, hasher)
+                    decompress_to(src, f, hasher)
                 except DataError as e:
                     raise DataError(f"{src}: {str(e).partition(': ')[2]}", kind=e.kind) from None
             if hasher.hexdigest() != checksum:
@@ -101,7 +100,7 @@ def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
                     f"{src}: content differs from its checksum {checksum} (got "
                     f"{hasher.hexdigest()}): edited in place with its modification time kept?"
                 )
-            index = _index_file(Path(tmp))
+            index = index_file(Path(tmp))
             write_sums(tmp, index, str(index_path))
             _save(index_path, index)
             os.replace(tmp, data_path)
@@ -109,7 +108,7 @@ def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
     elif not index_path.exists() or not (compressed or sums_path(index_path).exists()):
-        index = _index_file(data_path if compressed else src)
+        index = index_file(data_path if compressed else src)
         if compressed:
             check_index(index, str(index_path))  # the sums were made with the copy
         else:

@@ -1,22 +1,31 @@
-"""Checksums of the cache's copies, verified where they are read.
+"""Checksums of the cache's copies, verified where they are read, and the key they are for.
 
 A decompressed copy of a ``.jsonl.zst`` shard (``$ZEPHON_CACHE_DIR/<key>.jsonl``, or an entry
 ``zst-*`` of the node cache) and its record index (``<key>.index.npy``) are derived from the
 shard's content checksum, so they are trusted as that content. Disk errors, a half-restored
-backup or a hand edit could still change them; a changed copy would silently change batches
-on one machine only. Each copy therefore gets ``<key>.sums.npy``: the xxh3-64 of its record
-index's bytes, then the xxh3-64 of each 16 KiB block of the copy, written when the copy is
-made. Every read checks the blocks it covers (at most 32 KiB more than it needs, see
-``benchmarks/integrity.py`` for its cost), the index is checked
-when it is loaded, and a bad entry raises :class:`BadEntry`, which the reader answers by
-dropping the copy, its index and its sums, making them again from the shard, and counting
-one ``bad_cache_entries`` (in the loader's metrics).
+backup, files swapped or copied over each other or a hand edit could still change them; a
+changed copy would silently change batches on one machine only. Each copy therefore gets
+``<key>.sums.npy``, a uint64 table written when the copy is made::
+
+    MAGIC, xxh3-64 of the entry's key, bytes of the copy (or of the text indexed),
+    xxh3-64 of the record index's bytes, xxh3-64 of each 16 KiB block of the copy ...
+
+The key is the entry's name (``<key>``, from the content checksum): sums read under another
+name (files swapped, copied over one another, rotated) are refused, and with them the index
+and the copy they vouch for; a table without the magic (an older cache) is refused too, never
+trusted. Every read checks the blocks it covers (at most 32 KiB more than it needs, see
+``benchmarks/integrity.py`` for its cost), the index is checked when it is loaded, and a bad
+entry (a directory or anything unreadable where a file should be included) raises
+:class:`BadEntry`, which the reader answers by dropping the copy, its index and its sums,
+making them again from the shard, and counting one ``bad_cache_entries`` (in the loader's
+metrics).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -32,12 +41,17 @@ __all__ = [
     "bad_entries",
     "check_index",
     "drop",
+    "entry_key",
     "read_checked",
+    "recorded_size",
     "sums_path",
     "write_sums",
 ]
 
 BLOCK = 1 << 14
+# "ZSUMS" and the table's version: a table without it (version 1 had no key) is refused.
+MAGIC = 0x5A53554D53000002
+_HEAD = 4  # magic, key hash, size, index hash; the blocks' hashes follow
 _LOCK = threading.Lock()
 _BAD = [0]
 # sums file -> its array (the file is replaced, never edited, when a copy is made again).
@@ -67,18 +81,45 @@ def sums_path(index_path: str | os.PathLike[str]) -> Path:
     return Path(base + ".sums.npy")
 
 
+def entry_key(path: str | os.PathLike[str]) -> str:
+    """The key of the entry a cache file belongs to: its name without the entry's suffix."""
+    name = os.path.basename(os.fspath(path))
+    for suffix in (".index.npy", ".sums.npy", ".jsonl"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def write_sums(
-    data_path: str | os.PathLike[str] | None, index: np.ndarray, index_path: str
+    data_path: str | os.PathLike[str] | None,
+    index: np.ndarray,
+    index_path: str,
+    size: int | None = None,
 ) -> None:
-    """Hash a finished copy (None: the shard is read itself) and its record index."""
+    """Hash a finished copy (None: the shard is read itself) and its record index.
+
+    Args:
+        data_path: The copy (None: no copy, the index is of the shard's own bytes).
+        index: The record index.
+        index_path: Where the index is kept (``<key>.index.npy``: the key recorded).
+        size: Bytes of the text indexed when there is no copy (recorded; 0 if unknown).
+    """
     from zephon_nodes.io.storage.cache import atomic_write
 
-    hashes = [xxhash.xxh3_64_intdigest(np.ascontiguousarray(index).tobytes())]
+    blocks: list[int] = []
+    total = 0
     if data_path is not None:
         with open(data_path, "rb") as f:
             while block := f.read(BLOCK):
-                hashes.append(xxhash.xxh3_64_intdigest(block))
-    sums = np.asarray(hashes, dtype=np.uint64)
+                blocks.append(xxhash.xxh3_64_intdigest(block))
+                total += len(block)
+    head = [
+        MAGIC,
+        xxhash.xxh3_64_intdigest(entry_key(index_path).encode()),
+        total if data_path is not None else int(size or 0),
+        xxhash.xxh3_64_intdigest(np.ascontiguousarray(index).tobytes()),
+    ]
+    sums = np.asarray(head + blocks, dtype=np.uint64)
     target = sums_path(index_path)
     atomic_write(target, lambda f: np.save(f, sums, allow_pickle=False))
     with _LOCK:
@@ -98,12 +139,25 @@ def _sums(index_path: str) -> np.ndarray:
             sums = np.load(key, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise BadEntry(f"{key}: the cache copy has no readable checksums ({e})") from None
-        if sums.dtype != np.uint64 or sums.ndim != 1 or len(sums) < 1:
+        if sums.dtype != np.uint64 or sums.ndim != 1 or len(sums) < _HEAD:
             raise BadEntry(f"{key}: not a checksum table")
+        if int(sums[0]) != MAGIC:
+            raise BadEntry(f"{key}: a checksum table of an older cache (no key): made again")
+        if int(sums[1]) != xxhash.xxh3_64_intdigest(entry_key(index_path).encode()):
+            raise BadEntry(f"{key}: the checksums are of another entry than {entry_key(key)}")
         with _LOCK:
             _SUMS[key] = sums
             _SUMS[index_path] = sums
     return sums
+
+
+def recorded_size(index_path: str) -> int:
+    """Bytes of the text an index was made of, as its sums recorded them.
+
+    Raises:
+        BadEntry: The sums are unreadable, of another entry or of an older cache.
+    """
+    return int(_sums(index_path)[2])
 
 
 def check_index(index: np.ndarray, index_path: str) -> None:
@@ -112,7 +166,7 @@ def check_index(index: np.ndarray, index_path: str) -> None:
     Raises:
         BadEntry: It differs (or it has no sums).
     """
-    want = int(_sums(index_path)[0])
+    want = int(_sums(index_path)[3])
     if xxhash.xxh3_64_intdigest(np.ascontiguousarray(index).tobytes()) != want:
         raise BadEntry(f"{index_path}: the cached record index does not match its checksum")
 
@@ -127,7 +181,7 @@ def read_checked(data_path: str, index_path: str, lo: int, hi: int) -> bytes:
         return b""
     sums = _sums(index_path)
     first, last = lo // BLOCK, (hi - 1) // BLOCK
-    if last + 1 >= len(sums):
+    if last + _HEAD >= len(sums):
         raise BadEntry(f"{data_path}: the cache copy is longer than its checksums say")
     base = first * BLOCK
     try:
@@ -143,7 +197,7 @@ def read_checked(data_path: str, index_path: str, lo: int, hi: int) -> bytes:
     if len(head) != lo - base or len(body) != hi - lo:
         raise BadEntry(f"{data_path}: the cache copy is shorter than its record index")
     parts = ((base, memoryview(head)), (lo, memoryview(body)), (hi, memoryview(tail)))
-    want = sums[first + 1 : last + 2].tolist()
+    want = sums[first + _HEAD : last + _HEAD + 1].tolist()
     for k, expected in enumerate(want):
         start = base + k * BLOCK
         end = start + BLOCK
@@ -165,9 +219,11 @@ def read_checked(data_path: str, index_path: str, lo: int, hi: int) -> bytes:
 
 
 def drop(*paths: str | os.PathLike[str]) -> None:
-    """Remove a bad entry's files (a copy, its record index, its sums)."""
+    """Remove a bad entry's files (a copy, its record index, its sums; a directory too)."""
     for path in paths:
-        with contextlib.suppress(FileNotFoundError):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             os.unlink(path)
         with _LOCK:
             _SUMS.pop(str(path), None)

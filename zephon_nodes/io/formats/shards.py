@@ -26,7 +26,6 @@ from zephon_nodes.core.errors import (
     CHANGED_FILE,
     CORRUPT_ZSTD,
     MISSING_FILE,
-    TRUNCATED_FILE,
     DataError,
     os_error_kind,
 )
@@ -35,6 +34,8 @@ from zephon_nodes.io.formats.copies import artifacts as _artifacts
 from zephon_nodes.io.formats.copies import build as _build
 from zephon_nodes.io.formats.copies import load_index as _load_index
 from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, read_checked
+from zephon_nodes.io.formats.lines import BLOCK as _BLOCK
+from zephon_nodes.io.formats.lines import split_records as _split_records
 from zephon_nodes.io.formats.parquet import ParquetShard
 from zephon_nodes.io.formats.tar import TarShard
 from zephon_nodes.io.storage import storage
@@ -42,8 +43,6 @@ from zephon_nodes.io.storage.cache import cache_dir
 from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = ["FileShard", "MemoryShard", "Shard", "ShardChanged", "cache_dir", "open_shard"]
-
-_BLOCK = 16 << 20
 
 
 class ShardChanged(DataError):
@@ -159,12 +158,12 @@ class FileShard:
         if storage.is_remote(self.uri):
             from zephon_nodes.io.storage.remote import fetched
 
-            with fetched(self.uri, self._opened_stat()) as (tmp, checksum):
-                _check_same(self, checksum)
+            with fetched(self.uri, self._opened_stat(), indexed=True) as (tmp, checksum):
+                check_same(self, checksum)
                 _build(tmp, checksum, compressed=True)
         else:
             local = Path(storage.local_path(self.uri))
-            _check_same(self, file_checksum(local))
+            check_same(self, file_checksum(local))
             _build(local, self.checksum, compressed=True)
         return str(data_path), str(index_path)
 
@@ -226,7 +225,7 @@ class FileShard:
             from zephon_nodes.io.storage.remote import fetched
 
             with fetched(source, self._opened_stat()) as (tmp, checksum):
-                _check_same(self, checksum)
+                check_same(self, checksum)
                 remake(tmp, checksum, self._compressed())
         else:
             remake(Path(storage.local_path(source)), self.checksum, self._compressed())
@@ -310,42 +309,6 @@ class MemoryShard:
 Shard = FileShard | MemoryShard | ParquetShard | TarShard | ArrowShard
 
 
-def _decompress_to(src: Path, dst: Any, hasher: Any = None) -> None:
-    """Decompress every zstd frame of ``src`` into the file object ``dst``.
-
-    ``hasher`` (optional) is updated with every compressed block read.
-    """
-    dctx = zstandard.ZstdDecompressor()
-    obj = dctx.decompressobj()
-    frame_done = True
-    with open(src, "rb") as f:
-        while True:
-            block = f.read(1 << 20)
-            if not block:
-                break
-            if hasher is not None:
-                hasher.update(block)
-            while block:
-                try:
-                    out = obj.decompress(block)
-                except zstandard.ZstdError as e:
-                    raise DataError(f"{src}: corrupt zstd data: {e}", kind=CORRUPT_ZSTD) from None
-                dst.write(out)
-                frame_done = obj.eof
-                if obj.eof:
-                    block = obj.unused_data
-                    obj = dctx.decompressobj()
-                    frame_done = True
-                    if block:
-                        frame_done = False
-                else:
-                    block = b""
-    if not frame_done:
-        raise DataError(
-            f"{src}: truncated zstd stream (the last frame is incomplete)", kind=TRUNCATED_FILE
-        )
-
-
 def _rewrap(path: str, e: DataError) -> DataError:
     """``e`` naming ``path`` instead of the file it names (same kind and skip rule)."""
     return DataError(
@@ -353,29 +316,12 @@ def _rewrap(path: str, e: DataError) -> DataError:
     )
 
 
-def _check_same(shard: FileShard, checksum: str) -> None:
+def check_same(shard: FileShard, checksum: str) -> None:
     if checksum != shard.checksum:
         raise DataError(
             f"{shard.path}: content differs from the dataset index (checksum {checksum}, the "
             f"index says {shard.checksum}); rebuild it with `zephon index`"
         )
-
-
-def _split_records(blob: bytes) -> np.ndarray:
-    """``(n, 2)`` byte ranges of the non-blank lines of ``blob`` (as :func:`_index_file`)."""
-    arr = np.frombuffer(blob, dtype=np.uint8)
-    nl = np.flatnonzero(arr == 10).astype(np.int64)
-    starts = np.concatenate([[0], nl + 1])
-    ends = np.concatenate([nl, [len(blob)]])
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    ones = np.flatnonzero(ends - starts == 1)
-    if len(ones):
-        mask = arr[starts[ones]] != 13
-        keep2 = np.ones(len(starts), dtype=bool)
-        keep2[ones[~mask]] = False
-        starts, ends = starts[keep2], ends[keep2]
-    return np.stack([starts, ends], axis=1).astype(np.int64)
 
 
 def indexed_shard(uri: str, entry: Mapping[str, Any]) -> FileShard:
@@ -397,40 +343,6 @@ def indexed_shard(uri: str, entry: Mapping[str, Any]) -> FileShard:
         frames=() if compressed else frames,  # type: ignore[arg-type]
         version=str(entry.get("version", "")),
     )
-
-
-def _index_file(data_path: Path) -> np.ndarray:
-    """Return an ``(n, 2)`` int64 array of [start, end) byte ranges of non-blank lines."""
-    size = data_path.stat().st_size
-    newlines: list[np.ndarray] = []
-    with open(data_path, "rb") as f:
-        base = 0
-        while True:
-            block = f.read(_BLOCK)
-            if not block:
-                break
-            arr = np.frombuffer(block, dtype=np.uint8)
-            newlines.append(np.flatnonzero(arr == 10).astype(np.int64) + base)
-            base += len(block)
-    nl = np.concatenate(newlines) if newlines else np.zeros(0, dtype=np.int64)
-    starts = np.concatenate([[0], nl + 1])
-    ends = np.concatenate([nl, [size]])
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    # A line holding only "\r" (a blank CRLF line) is blank too.
-    ones = np.flatnonzero(ends - starts == 1)
-    if len(ones):
-        with open(data_path, "rb") as f:
-            drop = []
-            for i in ones.tolist():
-                f.seek(int(starts[i]))
-                if f.read(1) == b"\r":
-                    drop.append(i)
-        if drop:
-            mask = np.ones(len(starts), dtype=bool)
-            mask[drop] = False
-            starts, ends = starts[mask], ends[mask]
-    return np.stack([starts, ends], axis=1).astype(np.int64)
 
 
 def _open_remote(uri: str) -> FileShard:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ import numpy as np
 
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import current
+from zephon_nodes.io.formats.lines import LineCounter, decompress_to, index_file
 from zephon_nodes.io.index.indexcheck import SEAL_KEY, check_entry, kind_of, parse_manifest, seal
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
@@ -179,6 +181,29 @@ def forget() -> None:
     with _LOCK:
         _MANIFESTS.clear()
         _DIRS.clear()
+        _ANNOUNCED.clear()
+
+
+_ANNOUNCED: set[str] = set()
+
+
+def announce(location: str, shard: str) -> None:
+    """Say once per process and index that remote shards are read through it (stderr).
+
+    Without an index, the first fetch says so instead
+    (:func:`zephon_nodes.io.storage.remote.fetched`): which path a run took is on stderr.
+    """
+    if not storage.is_remote(shard):
+        return
+    with _LOCK:
+        if location in _ANNOUNCED:
+            return
+        _ANNOUNCED.add(location)
+    print(
+        f"zephon: reading remote shards through the dataset index {storage.redact(location)} "
+        "(no shard fetched to list or count its records)",
+        file=sys.stderr,
+    )
 
 
 def _normal(uri: str) -> str:
@@ -210,6 +235,7 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     if found is not None:
         entry, location, directory = found
         _check(text, entry, directory)
+        announce(location, text)
         result: tuple[dict[str, Any], str] | None = (entry, location)
     else:
         result = None
@@ -335,21 +361,19 @@ def _common_dir(dirs: Sequence[str]) -> str:
 
 
 def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
-    from zephon_nodes.io.formats import shards, tar
+    from zephon_nodes.io.formats import tar
 
     entry: dict[str, Any] = {"kind": kind}
     if kind in ("jsonl", "jsonl.zst"):
         if kind == "jsonl.zst":
             # Counted as a stream: no temporary file (the data folder may be read-only, and
             # concurrent runs must not share one).
-            from zephon_nodes.io.nodecache.wholeshard import _LineCounter
-
-            counter = _LineCounter()
-            shards._decompress_to(path, counter)
+            counter = LineCounter()
+            decompress_to(path, counter)
             index = counter.index()
             entry["frames"] = _frames(path)
         else:
-            index = shards._index_file(path)
+            index = index_file(path)
         entry["records"] = int(index.shape[0])
         entry["every"] = every
         entry["offsets"] = [int(x) for x in index[::every, 0].tolist()]

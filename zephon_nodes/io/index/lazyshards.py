@@ -20,6 +20,8 @@ import numpy as np
 
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.index.table import KINDS, IndexedFiles
+from zephon_nodes.io.nodecache.wholeshard import NodeCachedShard
+from zephon_nodes.io.nodecache.wholeshard import read_whole as _whole
 
 __all__ = ["LazyShards"]
 
@@ -91,6 +93,15 @@ class LazyShards(Sequence[Any]):
         zst = self.kinds == KINDS.index("jsonl.zst")
         return bool(np.any(zst & (self.frames < 2)))
 
+    def largest_whole(self) -> tuple[int, str] | None:
+        """``(compressed bytes, path)`` of the largest single-frame ``.zst`` shard, if any."""
+        sizes = self.files.table.sizes[self.files.rows]
+        whole = (self.kinds == KINDS.index("jsonl.zst")) & (self.frames < 2)
+        if not np.any(whole):
+            return None
+        k = int(np.argmax(np.where(whole, sizes, -1)))
+        return int(sizes[k]), self.files.table.uri(int(self.files.rows[k]))
+
     def _open(self, k: int) -> Any:
         from zephon_nodes.io.index.index import _check
         from zephon_nodes.io.storage import storage
@@ -111,8 +122,6 @@ class LazyShards(Sequence[Any]):
                 f"dataset {self.name!r}: {storage.redact(uri)}: {shard.num_records} records, "
                 f"the dataset index says {int(self.records[k])}"
             )
-        from zephon_nodes.io.nodecache.wholeshard import NodeCachedShard, _whole
-
         if _whole(shard):  # its decompressed copy lives in the bounded node cache
             return NodeCachedShard(shard)
         return shard

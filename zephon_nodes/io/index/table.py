@@ -446,7 +446,7 @@ def resolve_indexed(spec: Any) -> IndexedFiles | None:
     Raises:
         DataError: An unreadable index, or (verify mode) a file the index lacks.
     """
-    from zephon_nodes.io.index.index import literal_dir
+    from zephon_nodes.io.index.index import announce, literal_dir
     from zephon_nodes.io.storage.checksum import build_memo
 
     if spec.records is not None or not current().use_index or not spec.paths:
@@ -489,6 +489,7 @@ def resolve_indexed(spec: Any) -> IndexedFiles | None:
                 _, first = np.unique(joined, return_index=True)
                 rows = joined[np.sort(first)]
             result = IndexedFiles(table, rows)
+            announce(table.location, table.directory)
             if verify_data():
                 _verify_listing(spec, result)
     if memo is not None:

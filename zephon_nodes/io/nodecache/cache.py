@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -229,7 +230,7 @@ class NodeCache:
                 try:
                     size = path.stat().st_size
                     before = self._record.data_mtime()
-                    path.unlink()
+                    _remove(path)
                     self._record.record_change(before, -size)
                 except FileNotFoundError:
                     return False
@@ -454,7 +455,7 @@ class NodeCache:
                 if not try_flock(fd, fcntl.LOCK_EX):
                     continue  # pinned
                 before = self._record.data_mtime()
-                path.unlink()
+                _remove(path)
                 self._record.record_change(before, -vsize)
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
@@ -477,3 +478,11 @@ class NodeCache:
                 if not (self.root / "data" / name).exists():
                     del self._ahead[name]
             return sum(self._ahead.values())
+
+
+def _remove(path: Path) -> None:
+    """Remove an entry's file (or a directory found where one should be: a damaged entry)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()

@@ -9,15 +9,30 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from zephon_nodes.core import settings as _settings
+from zephon_nodes.core.settings import Settings
 from zephon_nodes.io.nodecache.entries import Fetch
+from zephon_nodes.io.nodecache.plans import Plan
 
-if TYPE_CHECKING:
-    from zephon_nodes.io.nodecache.cache import NodeCache
+__all__ = ["Prefetched", "Prefetcher"]
 
-__all__ = ["Prefetcher"]
+
+class Prefetched(Protocol):
+    """What the prefetcher needs of the cache it fills (a ``NodeCache``, which owns it)."""
+
+    root: Path
+    limit_bytes: int
+    settings: Settings | None
+    _plan: Plan
+
+    def _ahead_bytes(self) -> int: ...
+
+    def _acquire(
+        self, key: str, name: str, size: int, fetch: Fetch, *, prefetch: bool
+    ) -> int | None: ...
 
 
 class Prefetcher:
@@ -31,7 +46,7 @@ class Prefetcher:
     """
 
     def __init__(
-        self, cache: NodeCache, resolve: Callable[[str], tuple[int, Fetch]], depth: int
+        self, cache: Prefetched, resolve: Callable[[str], tuple[int, Fetch]], depth: int
     ) -> None:
         self.cache = cache
         self.resolve = resolve

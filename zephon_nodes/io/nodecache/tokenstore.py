@@ -14,15 +14,18 @@ and the size limit with eviction of unpinned entries.
 
 Entry layout (little-endian; no pickle)::
 
-    "ZTOK" 01 00 00 00            magic and format version (8 bytes)
+    "ZTOK" 02 00 00 00            magic and format version (8 bytes)
     u32 header length, u32 0, u64 xxh3_64 of the header
-    header: JSON {"docs", "tokens", "dtype" ("<u2" | "<u4" | "<i4"), "ldtype" ("<u4" | "<i8"),
-                  "skipped", "cpu_ns", "lengths_xxh", "tokens_xxh"}
+    header: JSON {"key", "docs", "tokens", "dtype" ("<u2" | "<u4" | "<i4"),
+                  "ldtype" ("<u4" | "<i8"), "skipped", "cpu_ns", "lengths_xxh", "tokens_xxh"}
     zero padding to a multiple of 8, the lengths, zero padding to 8, the token ids
 
 Tokens are stored as uint16 when every id fits (vocabularies up to 65,536), else uint32. A
 read memory-maps the file and checks the header's and each section's xxh3-64 before a byte is
-served; a damaged entry raises :class:`DamagedEntry` and the caller drops and recomputes it.
+served, and that the header's key is the key asked for: entries swapped, copied over one
+another or renamed are refused, and so are entries of version 1 (they had no key). A damaged
+entry (a directory or an unreadable file where one should be included) raises
+:class:`DamagedEntry` and the caller drops, counts and recomputes it.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ DEFAULT_LIMIT = "16G"
 # benchmarks/token_cache.py --eviction).
 POLICY: Policy = "lru"
 
-_MAGIC = b"ZTOK\x01\x00\x00\x00"
+_MAGIC = b"ZTOK\x02\x00\x00\x00"
 _PREFIX = struct.Struct("<8sIIQ")
 
 
@@ -111,8 +114,8 @@ def _token_dtype(tokens: np.ndarray) -> str:
     return "<u2" if hi < 1 << 16 else "<u4"
 
 
-def write_entry(f: Any, entry: Entry) -> int:
-    """Write ``entry`` to the binary file ``f``; return the bytes written."""
+def write_entry(f: Any, entry: Entry, key: str) -> int:
+    """Write ``entry``, the entry of ``key``, to the binary file ``f``; return the bytes written."""
     tokens = np.asarray(entry.tokens)
     lengths = np.asarray(entry.lengths, dtype=np.int64)
     tbytes = tokens.astype(_token_dtype(tokens)).tobytes()
@@ -121,6 +124,7 @@ def write_entry(f: Any, entry: Entry) -> int:
     lbytes = lengths.astype(ldtype).tobytes()
     header = json.dumps(
         {
+            "key": key,
             "docs": len(lengths),
             "tokens": len(tokens),
             "dtype": _token_dtype(tokens),
@@ -160,18 +164,22 @@ def _section(buf: Any, off: int, dtype: str, count: int, checksum: str, where: s
     return np.frombuffer(view, dtype=dtype, count=count)
 
 
-def read_entry(path: Path, lengths_only: bool = False) -> Entry:
-    """Read (memory-mapped) and check an entry; ``lengths_only`` leaves the tokens unread.
+def read_entry(path: Path, key: str, lengths_only: bool = False) -> Entry:
+    """Read (memory-mapped) and check the entry of ``key``; ``lengths_only`` leaves the tokens.
 
     Raises:
-        DamagedEntry: A checksum, the magic or a size does not match.
+        DamagedEntry: A checksum, the magic, the key or a size does not match, or the path
+            is not a readable file.
     """
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            raise DamagedEntry(f"{path}: empty")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        return _parse(mm, str(path), lengths_only)
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise DamagedEntry(f"{path}: empty")
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:  # a directory, or unreadable: never served, dropped and remade
+        raise DamagedEntry(f"{path}: not a readable entry ({e.strerror or e})") from None
+    try:
+        return _parse(mm, str(path), key, lengths_only)
     except (KeyError, ValueError, TypeError) as e:
         raise DamagedEntry(f"{path}: unreadable header ({e})") from None
     finally:
@@ -179,8 +187,10 @@ def read_entry(path: Path, lengths_only: bool = False) -> Entry:
             mm.close()
 
 
-def _parse(mm: Any, where: str, lengths_only: bool) -> Entry:
+def _parse(mm: Any, where: str, key: str, lengths_only: bool) -> Entry:
     head, off = _header(mm, where)
+    if head.get("key") != key:
+        raise DamagedEntry(f"{where}: written for another key ({head.get('key')!r}, not {key!r})")
     n, ldt = int(head["docs"]), str(head["ldtype"])
     lengths = _section(mm, off, ldt, n, head["lengths_xxh"], where).astype(np.int64)
     if int(lengths.sum()) != int(head["tokens"]):
@@ -231,13 +241,13 @@ class TokenStore:
                 entry = compute()
                 made.append(entry)
                 with open(dest, "wb") as f:
-                    write_entry(f, entry)
+                    write_entry(f, entry, key)
 
             try:
                 with self.cache.open(key, 0, fetch) as path:
                     if made:
                         return made[0]
-                    entry = read_entry(path)
+                    entry = read_entry(path, key)
             except CacheFullError:
                 self._count("uncached", 1)
                 return made[0] if made else compute()
@@ -263,7 +273,7 @@ class TokenStore:
             return None
         try:
             with self.cache.open(key, 0, fetch) as path:
-                entry = read_entry(path, lengths_only=True)
+                entry = read_entry(path, key, lengths_only=True)
         except _Absent:
             return None
         except DamagedEntry:

@@ -29,8 +29,12 @@ from zephon_nodes.io.storage.checksum import Hasher
 __all__ = ["content_checksum", "fetched", "finish_progress", "known_checksum", "remember"]
 
 
+def _memo_key(uri: str, st: storage.FileStat) -> str:
+    return f"{storage.redact(uri)}|{st.size}|{st.version}"
+
+
 def _memo(uri: str, st: storage.FileStat) -> Path:
-    text = f"{storage.redact(uri)}|{st.size}|{st.version}"
+    text = _memo_key(uri, st)
     return cache_dir() / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.remote.json"
 
 
@@ -38,7 +42,9 @@ def known_checksum(uri: str, st: storage.FileStat) -> str | None:
     """The remembered checksum of ``uri`` at this size and version tag, if any.
 
     A file whose backend reports no version tag has none remembered: nothing would show
-    that its content changed.
+    that its content changed. A memo holds the key it was written for (URI, size, version
+    tag): one swapped or copied from another object's, or of the older keyless layout, is
+    not trusted (the object is fetched again).
     """
     if not st.version:
         return None
@@ -47,37 +53,50 @@ def known_checksum(uri: str, st: storage.FileStat) -> str | None:
         data = json.loads(memo.read_text())
     except (OSError, ValueError):
         return None
-    value = data.get("checksum") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or data.get("key") != _memo_key(uri, st):
+        return None
+    value = data.get("checksum")
     return value if isinstance(value, str) else None
 
 
-_PROGRESS: dict[str, Any] = {}
+_PROGRESS: dict[bool, Any] = {}
 
 
-def _announce(uri: str, st: storage.FileStat) -> None:
-    """Say what is fetched: the first shard by name, then a progress bar on stderr."""
-    bar = _PROGRESS.get("bar")
+def _announce(uri: str, st: storage.FileStat, whole: bool) -> None:
+    """Say what is fetched and why: the first shard by name, then a progress bar on stderr.
+
+    ``whole``: a single-frame ``.zst`` (its records already counted), fetched to be read
+    whole.
+    """
+    bar = _PROGRESS.get(whole)
     if bar is None:
-        print(
-            f"zephon: fetching and indexing remote shards without a dataset index (first: "
-            f"{storage.redact(uri)}, {st.size:,} bytes); `zephon index` builds one",
-            file=sys.stderr,
+        first = f"(first: {storage.redact(uri)}, {st.size:,} bytes)"
+        line = (
+            f"zephon: fetching single-frame .zst shards to read them whole from the node cache "
+            f"{first}; `zephon recompress` makes them readable in part"
+            if whole
+            else f"zephon: fetching and indexing remote shards without a dataset index {first}; "
+            "`zephon index` builds one"
         )
-        bar = _PROGRESS["bar"] = Progress(None, "fetching and indexing", "shard")
+        print(line, file=sys.stderr)
+        what = "fetching whole" if whole else "fetching and indexing"
+        bar = _PROGRESS[whole] = Progress(None, what, "shard")
     bar.update(1)
 
 
 def finish_progress() -> None:
-    """Close the progress bar of remote shards fetched so far (if any)."""
-    bar = _PROGRESS.pop("bar", None)
-    if bar is not None:
-        bar.close()
+    """Close the progress bars of remote shards fetched so far (if any)."""
+    for whole in (False, True):
+        bar = _PROGRESS.pop(whole, None)
+        if bar is not None:
+            bar.close()
 
 
 def remember(uri: str, st: storage.FileStat, checksum: str) -> None:
     """Remember ``checksum`` for ``uri`` at this size and version tag (not without a tag)."""
     if st.version:
-        blob = json.dumps({"checksum": checksum, "size": st.size}).encode()
+        key = _memo_key(uri, st)
+        blob = json.dumps({"key": key, "checksum": checksum, "size": st.size}).encode()
         atomic_write(_memo(uri, st), lambda f: f.write(blob))
 
 
@@ -100,18 +119,24 @@ def content_checksum(uri: str, st: storage.FileStat) -> str:
 
 @contextmanager
 def fetched(
-    uri: str, st: storage.FileStat, sink: Callable[[bytes], Any] | None = None
+    uri: str,
+    st: storage.FileStat,
+    sink: Callable[[bytes], Any] | None = None,
+    *,
+    indexed: bool = False,
 ) -> Iterator[tuple[Path, str]]:
     """Fetch ``uri`` whole into a temporary cache file; yield ``(path, checksum)``.
 
     The checksum is remembered for :func:`known_checksum`. The file is deleted afterwards.
     Every request is conditional on ``st.version``: the bytes hashed are that version's.
+    ``indexed``: the shard's records are known (from a dataset index or an earlier fetch) and
+    it is fetched only to be read whole (what stderr says).
 
     Raises:
         ObjectChanged: The object is no longer ``st.version``.
         DataError: If the fetch fails (after retries) or the file changes meanwhile.
     """
-    _announce(uri, st)
+    _announce(uri, st, indexed)
     fd, tmp = tempfile.mkstemp(dir=cache_dir(), prefix="fetch.", suffix=".tmp")
     try:
         h = Hasher()
