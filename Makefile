@@ -64,7 +64,21 @@ $(AZURITE_STAMP): .ci/node/package.json .ci/node/package-lock.json | system-pack
 	npm ci --prefix .ci/node --no-audit --no-fund --loglevel=error
 	touch $@
 
-install-test: $(BIN)/python system-packages $(AZURITE_STAMP)
+# The writers and readers of the pre-tokenized corpora tests (tests/io/pretokenized_corpora.py):
+# megatron-core, mosaicml-streaming, litdata and the few pure-Python or wheel modules they
+# import, pinned, with --no-deps into a side folder that only those tests put on sys.path
+# (their own dependencies would change the venv's torch and numpy). zephon never imports them.
+SIDE_FORMATS := .side-formats
+SIDE_FORMATS_PINS := megatron-core==0.16.1 mosaicml-streaming==0.13.0 litdata==0.2.76 \
+  lightning-utilities==0.15.3 brotli==1.2.1 python-snappy==0.7.3 cramjam==2.14.0 \
+  zstd==1.5.7.2 catalogue==2.0.10
+
+$(SIDE_FORMATS)/.stamp: Makefile $(BIN)/python
+	rm -rf $(SIDE_FORMATS)
+	$(PIP) install -q --no-deps --target $(SIDE_FORMATS) $(SIDE_FORMATS_PINS)
+	echo "$(SIDE_FORMATS_PINS)" > $@
+
+install-test: $(BIN)/python system-packages $(AZURITE_STAMP) $(SIDE_FORMATS)/.stamp
 	$(call pip_install,$(TEST_EXTRAS),test)
 
 demo: install

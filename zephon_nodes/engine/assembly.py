@@ -12,6 +12,7 @@ from zephon_nodes.engine.mixing import MixingWorkSource, estimate_tokens_per_rec
 from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
 from zephon_nodes.engine.wrap import WrappedWorkSource
 from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.io.formats.pretokenized import check_recipe
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.filter import Filter
@@ -35,7 +36,11 @@ def stateless_chain(recipe: Recipe, tokenizer: Tokenizer, *, trace: bool = False
     """
     index = {d.name: i for i, d in enumerate(recipe.datasets)}
     skip = frozenset(i for i, d in enumerate(recipe.datasets) if d.on_error == "skip")
-    ops: list[Any] = [ParseJsonl(skip=skip)]
+    # Pre-tokenized datasets (io/formats/pretokenized.py): their tokenizer must be the
+    # recipe's; parse checks their ids against its vocabulary and the tokenizer skips them.
+    vocab = int(getattr(tokenizer, "vocab_size", 0) or 0)
+    check_recipe(recipe.datasets, recipe.operators, recipe.tokenizer.path, vocab)
+    ops: list[Any] = [ParseJsonl(skip=skip, vocab_size=vocab)]
     for spec in recipe.operators:
         ops.append(
             Filter.from_spec(spec, index) if spec.kind == "filter" else Map.from_spec(spec, index)

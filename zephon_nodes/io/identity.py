@@ -67,6 +67,9 @@ def _open_remote(uri: str) -> str:
     from zephon_nodes.core.errors import DataError
     from zephon_nodes.io.storage.remote import fetched
 
+    if uri.endswith((".idx", ".bin", ".mds", ".zstd", ".gz", "index.json")):
+        with fetched(uri, storage.stat(uri)) as (_, checksum):  # pre-tokenized corpora
+            return checksum
     try:
         if uri.endswith(".tar"):
             from zephon_nodes.io.formats.tar import open_tar_shard
@@ -152,8 +155,12 @@ def dataset_identities(spec: RecipeDataset, lazy: bool = False) -> Sequence[dict
     Through the dataset's index when one covers its patterns (no file is listed or read;
     ``lazy`` keeps them as :class:`FileIdentities`), else one :func:`file_identity` each.
     """
+    from zephon_nodes.io.formats.pretokenized import corpus_files, pretokenized_format
     from zephon_nodes.io.index.table import resolve_indexed
 
+    fmt = pretokenized_format(spec)
+    if fmt is not None:  # every file of its corpora: .idx and .bin, index.json and shards
+        return [file_identity(p) for p in corpus_files(spec, fmt)]
     files = resolve_indexed(spec)
     if files is None:
         return [file_identity(p) for p in dataset_files(spec)]
@@ -177,6 +184,14 @@ def file_names(files: Sequence[str | os.PathLike[str]]) -> list[str]:
     return ["/".join(p[n:]) for p in parts]
 
 
+def _listed(spec: Any) -> list[Any]:
+    """The files a dataset's identity covers, in its order (a corpus's files, pre-tokenized)."""
+    from zephon_nodes.io.formats.pretokenized import corpus_files, pretokenized_format
+
+    fmt = pretokenized_format(spec)
+    return list(corpus_files(spec, fmt)) if fmt is not None else dataset_files(spec)
+
+
 def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[str, Any]:
     """Per dataset, ``{short file name: checksum prefix}`` (for naming a changed file).
 
@@ -192,7 +207,7 @@ def content_summary(datasets: Sequence[Any], canonical: dict[str, Any]) -> dict[
         # An indexed dataset's files come from its index (its folders are not listed).
         # Names below the common folder: the same from the index's names as from the paths.
         indexed = isinstance(files, FileIdentities)
-        names = file_names(files.files.names() if indexed else dataset_files(spec))
+        names = file_names(files.files.names() if indexed else _listed(spec))
         out[spec.name] = {
             n: f["checksum"].partition(":")[2][:16] for n, f in zip(names, files, strict=True)
         }

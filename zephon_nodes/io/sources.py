@@ -1,4 +1,8 @@
-"""Open a dataset's files (jsonl, jsonl.zst, Parquet, Arrow, tar) under its ``on_error`` policy."""
+"""Open a dataset's files under its ``on_error`` policy.
+
+jsonl, jsonl.zst, Parquet, Arrow, tar, and pre-tokenized corpora (Megatron, MDS, LitData: see
+:mod:`zephon_nodes.io.formats.pretokenized`).
+"""
 
 from __future__ import annotations
 
@@ -103,6 +107,33 @@ def _open_indexed(
     return OpenedDataset(Dataset(spec.name, spec.text_field, shards, chunk_size), skipped)
 
 
+def _open_pretokenized(spec: RecipeDataset, fmt: str, chunk_size: int) -> OpenedDataset:
+    """A pre-tokenized dataset: the shards of each of its corpora, in order."""
+    from zephon_nodes.io.formats.pretokenized import corpus_entries, open_corpus
+
+    shards: list[Any] = []
+    skipped: dict[str, int] = {}
+    entries = corpus_entries(spec, fmt)
+    for entry in entries:
+        try:
+            opened = open_corpus(spec, fmt, entry)
+        except DataError as e:
+            if spec.on_error != "skip":
+                raise DataError(f"dataset {spec.name!r}: {e}", kind=e.kind) from None
+            reason = skip_reason(e, entry)
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        for shard in opened:
+            if shard.num_records == 0:
+                skipped[EMPTY_FILE] = skipped.get(EMPTY_FILE, 0) + 1
+            shards.append(shard)
+    if not shards and skipped:
+        raise DataError(
+            f"dataset {spec.name!r}: no readable corpus in {len(entries)} (skipped: {skipped})"
+        )
+    return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size), skipped)
+
+
 def open_dataset(
     spec: RecipeDataset, chunk_size: int, image_column: str | None = None
 ) -> OpenedDataset:
@@ -130,6 +161,11 @@ def open_dataset(
     if spec.records is not None:
         shards: list[Shard] = [memory_shard(spec.name, spec.records)]
         return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size))
+    from zephon_nodes.io.formats.pretokenized import pretokenized_format
+
+    fmt = pretokenized_format(spec)
+    if fmt is not None:
+        return _open_pretokenized(spec, fmt, chunk_size)
     lazy = _open_indexed(spec, chunk_size, image_column)
     if lazy is not None:
         return lazy

@@ -10,9 +10,9 @@ import numpy as np
 
 from zephon_nodes.core.errors import DataError, classify_file_error, os_error_kind, skip_reason
 from zephon_nodes.core.work_item import WorkItem
-from zephon_nodes.operators.documents import Skipped, TextBatch, add_skipped
+from zephon_nodes.operators.documents import DocBatch, Skipped, TextBatch, add_skipped
 
-__all__ = ["ParseJsonl", "classify_file_error", "record_object", "skip_reason"]
+__all__ = ["ParseJsonl", "classify_file_error", "record_object", "skip_reason", "token_batch"]
 
 
 def record_object(raw: Any) -> tuple[dict[str, Any] | None, str, str]:
@@ -91,16 +91,22 @@ class ParseJsonl:
     per reason in :attr:`TextBatch.skipped` (a pure function of the work item, so the same
     records are skipped at any number of workers or ranks).
 
+    A pre-tokenized shard's records are documents of token ids
+    (:mod:`zephon_nodes.io.formats.pretokenized`): they come out as a ``DocBatch`` that the
+    tokenizer passes through, an id at or above ``vocab_size`` refused naming file and record.
+
     Args:
         name: Operator name (messages).
         skip: Indexes of the datasets whose ``on_error`` is ``"skip"``.
+        vocab_size: The recipe tokenizer's vocabulary (0: ids are not checked).
     """
 
     name: str = "parse"
     skip: frozenset[int] = field(default_factory=frozenset)
+    vocab_size: int = 0
 
-    def __call__(self, item: WorkItem) -> TextBatch:
-        """Read and parse the records of ``item``."""
+    def __call__(self, item: WorkItem) -> TextBatch | DocBatch:
+        """Read and parse the records of ``item`` (the ids of a pre-tokenized one)."""
         skipping = item.dataset in self.skip
         skipped: Skipped = ()
         try:
@@ -117,6 +123,8 @@ class ParseJsonl:
                 raise DataError(f"dataset {item.dataset_name!r}: {e}", kind=e.kind) from None
             skipped = add_skipped((), skip_reason(e, item.shard.path), item.stop - item.start)
             return TextBatch([], item.describe(), item.dataset, skipped, item.shard_index)
+        if getattr(item.shard, "token_ids", False):  # pre-tokenized: no text, no tokenizer
+            return token_batch(item, rows, self.vocab_size, skipped)
         texts = []
         records = []
         for record_no, raw in rows:
@@ -138,3 +146,28 @@ class ParseJsonl:
             item.shard_index,
             np.asarray(records, dtype=np.int64),
         )
+
+
+def token_batch(item: WorkItem, rows: Any, vocab_size: int, skipped: Skipped = ()) -> DocBatch:
+    """A pre-tokenized work item's documents as they are (no bos/eos added).
+
+    Raises:
+        DataError: An id below 0 or at or above ``vocab_size`` (when set), naming the file
+            and record, under either ``on_error``: the corpus is not of this tokenizer.
+    """
+    docs = [np.asarray(ids) for _, ids in rows]
+    lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
+    wide = np.concatenate(docs).astype(np.int64) if docs else np.empty(0, np.int64)
+    out_of_range = (wide < 0) | (wide >= (vocab_size or 2**31))
+    bad = np.flatnonzero(out_of_range)
+    if len(bad):
+        k = int(np.searchsorted(np.cumsum(lengths), bad[0], side="right"))
+        raise DataError(
+            f"dataset {item.dataset_name!r}: {item.shard.where(rows[k][0])}: token id "
+            f"{int(wide[bad[0]])} is outside the recipe tokenizer's vocabulary of "
+            f"{vocab_size} (the corpus was tokenized with another tokenizer)",
+            refused_under_skip=True,
+        )
+    records = np.asarray([r for r, _ in rows], dtype=np.int64)
+    tokens = wide.astype(np.int32)
+    return DocBatch(tokens, lengths, item.dataset, skipped, None, item.shard_index, records)

@@ -169,6 +169,8 @@ class CachedParse:
             return DocBatch(entry.tokens, entry.lengths, item.dataset, entry.skipped)
         t0 = now_cpu_ns()
         text = self.parse(item)
+        if isinstance(text, DocBatch):  # a pre-tokenized item (never keyed, so never here)
+            return text
         if any(reason in FILE_ERRORS for reason, _ in text.skipped):
             return text  # a file that could not be read (perhaps for now): never stored
         return Pending(text, key, now_cpu_ns() - t0)

@@ -291,8 +291,10 @@ class Tokenize:
     name: str = "tokenize"
     tokenizer: Any = field(default=None, compare=False, repr=False)
 
-    def __call__(self, batch: TextBatch) -> DocBatch:
-        """Tokenize every text of the batch."""
+    def __call__(self, batch: TextBatch | DocBatch) -> DocBatch:
+        """Tokenize every text of the batch (a pre-tokenized ``DocBatch`` passes through)."""
+        if isinstance(batch, DocBatch):
+            return batch
         tok = self.tokenizer if self.tokenizer is not None else load_tokenizer(self.spec)
         if getattr(tok, "encode_pieces", None) is not None:
             # Sentencepiece and HF tokenizers encode a batch faster as a whole; only a batch

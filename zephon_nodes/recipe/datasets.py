@@ -14,10 +14,13 @@ from zephon_nodes.io.discovery import dataset_files
 from zephon_nodes.io.identity import dataset_identities
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 
-__all__ = ["ON_ERROR", "ON_EXHAUSTED", "DatasetSpec"]
+__all__ = ["FORMATS", "ON_ERROR", "ON_EXHAUSTED", "DatasetSpec"]
 
 ON_ERROR = ("raise", "skip")
 ON_EXHAUSTED = ("end", "repeat")
+# Values of a dataset's ``format``: the pre-tokenized corpora (jsonl, Parquet, Arrow and tar
+# go by suffix).
+FORMATS = ("megatron", "mds", "litdata")
 _WEIGHT = SETTINGS["datasets.weight"]
 
 
@@ -44,6 +47,12 @@ class DatasetSpec:
             smaller for long documents keeps a mixture's shares smooth over short horizons.
         index: Where the dataset index (``zephon index``) is, if not next to the shards
             (a path relative to ``base_dir`` or a URI); not fingerprinted.
+        format: A pre-tokenized corpus: ``"megatron"`` (``.bin``/``.idx`` pairs: patterns
+            of their ``.idx``, ``.bin`` or prefix), ``"mds"`` or ``"litdata"`` (patterns of
+            their folders or ``index.json``); None: by the files (detected from the patterns,
+            else jsonl, Parquet, Arrow or tar by suffix). See docs/pretokenized.md.
+        vocab_size: A pre-tokenized corpus's vocabulary size, checked against the recipe's
+            tokenizer (None: not stated).
     """
 
     name: str
@@ -57,6 +66,8 @@ class DatasetSpec:
     image_field: str | None = None
     chunk_size: int | None = None
     index: str | None = None
+    format: str | None = None
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -72,6 +83,14 @@ class DatasetSpec:
         if self.on_error not in ON_ERROR:
             raise RecipeError(
                 f"dataset {self.name!r}: on_error={self.on_error!r} must be one of {ON_ERROR}"
+            )
+        if self.format is not None and self.format not in FORMATS:
+            raise RecipeError(
+                f"dataset {self.name!r}: format={self.format!r} must be one of {FORMATS}"
+            )
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise RecipeError(
+                f"dataset {self.name!r}: vocab_size={self.vocab_size} must be an integer >= 1"
             )
         if self.chunk_size is not None:
             check_setting(
@@ -122,4 +141,8 @@ class DatasetSpec:
             out["chunk_size"] = self.chunk_size
         if self.image_field is not None:
             out["image_field"] = self.image_field
+        if self.format is not None:
+            out["format"] = self.format
+        if self.vocab_size is not None:
+            out["vocab_size"] = self.vocab_size
         return out

@@ -314,6 +314,8 @@ class Recipe:
                         image_field=ds.get("image_field", str, None),
                         chunk_size=ds.get("chunk_size", int, None),
                         index=ds.get("index", str, None),
+                        format=ds.get("format", str, None),
+                        vocab_size=ds.get("vocab_size", int, None),
                     )
                 )
                 ds.done()

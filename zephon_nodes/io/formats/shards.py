@@ -36,6 +36,9 @@ from zephon_nodes.io.formats.copies import load_index as _load_index
 from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, read_checked
 from zephon_nodes.io.formats.lines import BLOCK as _BLOCK
 from zephon_nodes.io.formats.lines import split_records as _split_records
+from zephon_nodes.io.formats.litdata import LitDataShard
+from zephon_nodes.io.formats.mds import MDSShard
+from zephon_nodes.io.formats.megatron import MegatronShard
 from zephon_nodes.io.formats.parquet import ParquetShard
 from zephon_nodes.io.formats.tar import TarShard
 from zephon_nodes.io.storage import storage
@@ -306,7 +309,16 @@ class MemoryShard:
         return f"{self.path} record {record}"
 
 
-Shard = FileShard | MemoryShard | ParquetShard | TarShard | ArrowShard
+Shard = (
+    FileShard
+    | MemoryShard
+    | ParquetShard
+    | TarShard
+    | ArrowShard
+    | MegatronShard
+    | MDSShard
+    | LitDataShard
+)
 
 
 def _rewrap(path: str, e: DataError) -> DataError:

@@ -1,0 +1,225 @@
+"""LitData corpora (``litdata.optimize`` / ``BinaryWriter``): token-id items of ``.bin`` chunks.
+
+A folder holds ``index.json`` (``{"chunks": [...], "config": {...}}``: each chunk's
+``filename`` and ``chunk_size`` (items), the items' ``data_format`` (one serializer per
+leaf), ``data_spec`` (the tree of an item) and ``compression``) and the chunks. A chunk is:
+the item count ``n`` (uint32), ``n + 1`` byte offsets (uint32), then each item: a uint32 size
+for every leaf, then the leaves' bytes.
+
+An item is one document: a tensor or 1-D array of integers, or a dict of them (the leaf named
+by the dataset's ``text_field``, else its only integer leaf). Leaf formats read:
+``no_header_tensor:<k>``, ``no_header_numpy:<k>`` (what 1-D tensors and arrays are written
+as) and ``tensor``. Chunks compressed whole (``compression = "zstd"``) are fetched whole and
+decompressed once per process; ``TokensLoader`` chunks (a flat token stream without
+documents) are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any, ClassVar
+
+import numpy as np
+
+from zephon_nodes.core.errors import TRUNCATED_FILE, DataError
+from zephon_nodes.io.formats.tokenfiles import FileRef, decompressed, pin, sibling, uint32s
+from zephon_nodes.io.storage import storage
+
+__all__ = ["LitDataShard", "chunk_files", "open_litdata_shards"]
+
+# litdata.constants._TORCH_DTYPES_MAPPING (integers) and _NUMPY_DTYPES_MAPPING (integers).
+TORCH_DTYPES = {
+    11: "u1",
+    12: "i1",
+    13: "<i2",
+    14: "<i2",
+    15: "<i4",
+    16: "<i4",
+    17: "<i8",
+    18: "<i8",
+    20: "<u2",
+}
+NUMPY_DTYPES = {0: "i1", 1: "<i2", 2: "<i4", 3: "<i8", 4: "u1", 5: "<u2", 6: "<u4", 7: "<u8"}
+
+
+@dataclass(frozen=True)
+class LitDataShard:
+    """One LitData chunk's token leaf; small and picklable.
+
+    Attributes:
+        path: The chunk file, for messages.
+        file: The chunk as opened.
+        num_records: Items in the chunk.
+        leaves: Leaves of an item.
+        leaf: Index of the token leaf.
+        dtype: The leaf's dtype (numpy string); ``""``: in the leaf (``tensor`` format).
+        compression: ``""`` or ``"zstd"`` (the whole chunk).
+    """
+
+    token_ids: ClassVar[bool] = True
+
+    path: str
+    file: FileRef
+    num_records: int
+    leaves: int
+    leaf: int
+    dtype: str
+    compression: str = ""
+
+    def _span(self, blob: bytes | None, lo: int, hi: int) -> bytes:
+        if blob is None:
+            return self.file.read(lo, hi)
+        if hi > len(blob):
+            raise DataError(f"{self.path}: a truncated chunk", kind=TRUNCATED_FILE)
+        return blob[lo:hi]
+
+    def read(self, start: int, stop: int) -> list[tuple[int, np.ndarray]]:
+        """Return items ``[start, stop)`` as ``(item number, ids)`` pairs.
+
+        Raises:
+            DataError: A range outside the chunk, or a corrupt chunk.
+        """
+        if not 0 <= start <= stop <= self.num_records:
+            raise DataError(f"{self.path}: items [{start}, {stop}) out of range")
+        if start == stop:
+            return []
+        blob = decompressed(self.file, "zstd") if self.compression else None
+        offsets = uint32s(self._span(blob, 4 * (1 + start), 4 * (2 + stop)), self.path)
+        if np.any(np.diff(offsets) < 0):
+            raise DataError(f"{self.path}: corrupt item offsets", kind=TRUNCATED_FILE)
+        lo = int(offsets[0])
+        data = self._span(blob, lo, int(offsets[-1]))
+        return [
+            (start + k, self._decode(data[a - lo : b - lo], start + k))
+            for k, (a, b) in enumerate(pairwise(offsets.tolist()))
+        ]
+
+    def _decode(self, item: bytes, record: int) -> np.ndarray:
+        sizes = uint32s(item[: 4 * self.leaves], self.where(record)).tolist()
+        pos = 4 * self.leaves + sum(sizes[: self.leaf])
+        value = item[pos : pos + sizes[self.leaf]]
+        if len(value) != sizes[self.leaf]:
+            raise DataError(f"{self.where(record)}: a truncated item", kind=TRUNCATED_FILE)
+        if self.dtype:
+            return np.frombuffer(value, dtype=self.dtype)
+        code, rank = struct.unpack_from(">II", value, 0)
+        if code not in TORCH_DTYPES or rank != 1:
+            raise DataError(
+                f"{self.where(record)}: a tensor of dtype code {code} and rank "
+                f"{rank}, not 1-D integers"
+            )
+        return np.frombuffer(value, dtype=TORCH_DTYPES[code], offset=12)
+
+    def where(self, record: int) -> str:
+        """Describe an item's place for error messages."""
+        return f"{self.path} item {record}"
+
+
+def _leaf_names(spec_text: str) -> list[str | None]:
+    """Names of an item's leaves from LitData's ``data_spec`` (None: the item is a leaf)."""
+    spec = json.loads(spec_text)
+    tree = spec[1] if isinstance(spec, list) and len(spec) > 1 else spec
+    if tree.get("type") is None:
+        return [None]
+    children = tree.get("children_spec", [])
+    context = tree.get("context")
+    keys = json.loads(context) if isinstance(context, str) and context.startswith("[") else None
+    names = [str(k) for k in keys] if keys is not None else [str(i) for i in range(len(children))]
+    if any(c.get("type") is not None for c in children):
+        return [None] * 0  # nested trees: no leaf is named
+    return list(names)
+
+
+def _leaf_dtype(fmt: str) -> str | None:
+    kind, _, code = fmt.partition(":")
+    if kind == "tensor":
+        return ""
+    if kind == "no_header_tensor":
+        return TORCH_DTYPES.get(int(code))
+    if kind == "no_header_numpy":
+        return NUMPY_DTYPES.get(int(code))
+    return None
+
+
+def _token_leaf(config: dict[str, Any], field: str, where: str) -> tuple[int, str]:
+    formats = [str(f) for f in config.get("data_format") or []]
+    names = _leaf_names(str(config.get("data_spec") or "[1, {}]"))
+    dtypes = [_leaf_dtype(f) for f in formats]
+    if len(names) != len(formats):
+        raise DataError(f"{where}: items of a nested tree ({formats}); one level is read")
+    if field in names:
+        k = names.index(field)
+    elif len(formats) == 1:
+        k = 0
+    else:
+        ints = [i for i, d in enumerate(dtypes) if d is not None]
+        if len(ints) != 1:
+            raise DataError(
+                f"{where}: no token leaf {field!r} (leaves {names}); name it with the "
+                f"dataset's text_field"
+            )
+        k = ints[0]
+    dtype = dtypes[k]
+    if dtype is None:
+        raise DataError(
+            f"{where}: leaf {names[k] or 0!r} is {formats[k]!r}; a token leaf is a 1-D tensor "
+            f"or array of integers"
+        )
+    return k, dtype
+
+
+def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
+    """The chunks listed by a LitData ``index.json``, in its order (each file pinned).
+
+    Raises:
+        DataError: An ``index.json`` that is not LitData's, a missing chunk, no token leaf.
+    """
+    from zephon_nodes.io.formats.tokenfiles import read_json
+
+    where = storage.redact(index_uri)
+    index = read_json(index_uri)
+    if not isinstance(index, dict) or not isinstance(index.get("chunks"), list):
+        raise DataError(f"{where}: not a LitData index.json (no 'chunks' list)")
+    config = index.get("config") or {}
+    loader = str(config.get("item_loader") or "PyTreeLoader")
+    if loader != "PyTreeLoader":
+        raise DataError(
+            f"{where}: chunks of LitData's {loader} (a token stream without documents); "
+            f"write one item per document (the default PyTreeLoader)"
+        )
+    compression = str(config.get("compression") or "")
+    level = str(config.get("compression_level") or "chunk")
+    if compression and (not compression.startswith("zstd") or level != "chunk"):
+        raise DataError(
+            f"{where}: chunks compressed with {compression!r} at level {level!r} (whole "
+            f"zstd chunks are read)"
+        )
+    leaf, dtype = _token_leaf(config, field, where)
+    leaves = len(config.get("data_format") or [])
+    out = []
+    for chunk in index["chunks"]:
+        uri = sibling(index_uri, str(chunk["filename"]))
+        out.append(
+            LitDataShard(
+                path=storage.redact(uri),
+                file=pin(uri),
+                num_records=int(chunk["chunk_size"]),
+                leaves=leaves,
+                leaf=leaf,
+                dtype=dtype,
+                compression="zstd" if compression else "",
+            )
+        )
+    return out
+
+
+def chunk_files(index_uri: str) -> list[str]:
+    """The chunk files a LitData ``index.json`` names, in order (for the content identity)."""
+    from zephon_nodes.io.formats.tokenfiles import read_json
+
+    index = read_json(index_uri)
+    chunks = index.get("chunks", []) if isinstance(index, dict) else []
+    return [sibling(index_uri, str(c["filename"])) for c in chunks]

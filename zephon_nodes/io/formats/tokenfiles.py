@@ -1,0 +1,160 @@
+"""The files of a pre-tokenized corpus: pinned range reads, whole decompressed files, ids.
+
+What the Megatron, MDS and LitData readers (:mod:`~zephon_nodes.io.formats.megatron`,
+:mod:`~zephon_nodes.io.formats.mds`, :mod:`~zephon_nodes.io.formats.litdata`) share. A file
+is pinned when its corpus is opened (:func:`pin`: its content checksum, size and, for a
+remote object, its version tag); every later read is a range read of
+:func:`zephon_nodes.io.storage.storage.read_range` keyed by that checksum and conditional on
+that version, so local paths and every remote backend read the same bytes. A compressed
+file (an MDS ``.mds.zstd`` shard, a LitData ``.zstd.bin`` chunk) is read whole and kept
+decompressed in a small per-process cache.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from zephon_nodes.core.errors import CORRUPT_ZSTD, MISSING_FILE, TRUNCATED_FILE, DataError
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.checksum import file_checksum
+
+__all__ = ["FileRef", "decompressed", "pin", "read_json", "sibling"]
+
+# Decompressed files kept per process (a work item reads a few records of one of them).
+_KEEP = 4
+_CACHE: OrderedDict[str, bytes] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """One file of a corpus as it was when the corpus was opened; small and picklable.
+
+    Attributes:
+        uri: Local path or remote URI.
+        checksum: Content checksum (``xxh3_128:...``).
+        size: Bytes of the file.
+        version: A remote object's version tag (every read is pinned to it); empty locally.
+    """
+
+    uri: str
+    checksum: str
+    size: int
+    version: str = ""
+
+    def read(self, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of the file (a range request for a remote one).
+
+        Raises:
+            DataError: The range is outside the file, the read fails, or the file changed.
+        """
+        if not 0 <= start <= stop <= self.size:
+            raise DataError(
+                f"{storage.redact(self.uri)}: bytes [{start}, {stop}) are outside the file "
+                f"of {self.size} bytes (a corrupt or truncated file)",
+                kind=TRUNCATED_FILE,
+            )
+        return storage.read_range(self.uri, start, stop, tag=self.checksum, version=self.version)
+
+    def read_all(self) -> bytes:
+        """The whole file."""
+        return self.read(0, self.size)
+
+
+def pin(uri: str) -> FileRef:
+    """Stat and checksum one file of a corpus (a remote one is fetched once per content).
+
+    Raises:
+        DataError: If the file is missing or cannot be read.
+    """
+    if storage.is_remote(uri):
+        from zephon_nodes.io.storage.remote import fetched, known_checksum
+
+        st = storage.stat(uri)
+        checksum = known_checksum(uri, st)
+        if checksum is None:
+            with fetched(uri, st) as (_, checksum):
+                pass
+        return FileRef(uri, checksum, st.size, st.version)
+    p = storage.local_path(uri)
+    if not Path(p).is_file():
+        raise DataError(f"{p}: data file not found", kind=MISSING_FILE)
+    return FileRef(p, file_checksum(p), Path(p).stat().st_size)
+
+
+def sibling(uri: str, name: str) -> str:
+    """The file ``name`` in the folder of ``uri`` (local path or URI)."""
+    head, sep, _ = str(uri).rpartition("/")
+    return f"{head}{sep}{name}" if sep else name
+
+
+def read_json(uri: str) -> object:
+    """A small JSON file (an ``index.json``), local or remote.
+
+    Raises:
+        DataError: If it cannot be read or is not JSON.
+    """
+    import json
+
+    try:
+        if storage.is_remote(uri):
+            st = storage.stat(uri)
+            blob = storage.read_range(uri, 0, st.size, cache=False, version=st.version)
+        else:
+            blob = Path(storage.local_path(uri)).read_bytes()
+        return json.loads(blob)
+    except OSError as e:
+        raise DataError(f"{storage.redact(uri)}: cannot read: {e.strerror}") from None
+    except ValueError as e:
+        raise DataError(f"{storage.redact(uri)}: not a JSON file: {e}") from None
+
+
+def decompressed(ref: FileRef, codec: str) -> bytes:
+    """The whole of ``ref`` decompressed (``"zstd"`` or ``"gz"``), cached per process.
+
+    Raises:
+        DataError: A corrupt or truncated stream, naming the file.
+    """
+    key = f"{ref.checksum}|{codec}"
+    with _LOCK:
+        blob = _CACHE.get(key)
+        if blob is not None:
+            _CACHE.move_to_end(key)
+            return blob
+    raw = ref.read_all()
+    where = storage.redact(ref.uri)
+    if codec == "zstd":
+        import zstandard
+
+        try:
+            reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+            blob = reader.read()
+        except zstandard.ZstdError as e:
+            raise DataError(f"{where}: corrupt zstd data: {e}", kind=CORRUPT_ZSTD) from None
+    elif codec == "gz":
+        import gzip
+        import zlib
+
+        try:
+            blob = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(f"{where}: corrupt gzip data: {e}", kind=CORRUPT_ZSTD) from None
+    else:
+        raise DataError(f"{where}: compression {codec!r} is not read (zstd or gz are)")
+    with _LOCK:
+        _CACHE[key] = blob
+        while len(_CACHE) > _KEEP:
+            _CACHE.popitem(last=False)
+    return blob
+
+
+def uint32s(blob: bytes, where: str) -> np.ndarray:
+    """``blob`` as little-endian uint32 values (a header), refused if it is not whole."""
+    if len(blob) % 4:
+        raise DataError(f"{where}: a truncated header", kind=TRUNCATED_FILE)
+    return np.frombuffer(blob, dtype="<u4").astype(np.int64)
