@@ -46,6 +46,7 @@ def simulate(
     operator_pools: Mapping[str, WorkerPool | PoolSpec | str] | None = None,
     mixture_updates: Sequence[tuple[int, Mapping[str, float]]] = (),
     on_end: Callable[[dict[str, Any]], None] | None = None,
+    nodes: Sequence[Any] | None = None,
 ) -> Iterator[tuple[StepResult, list[dict[str, torch.Tensor]] | None]]:
     """Run ``dp_world_size`` rank multiplexers and yield each global batch's digest.
 
@@ -69,6 +70,9 @@ def simulate(
             here must already be in ``resume_state``.
         on_end: When the data ends, receives the merged state after the last full global
             batch (see :func:`~zephon_nodes.engine.end_of_data.unused_samples`).
+        nodes: The ranks' nodes, built by the caller (e.g. each a
+            :class:`~zephon_nodes.engine.child.ChildRankNode`); then the pool arguments
+            are not used.
 
     Yields:
         ``(StepResult, micro-batches or None)`` per step; ends early when the data ends.
@@ -77,6 +81,8 @@ def simulate(
     check_setting("steps", steps)
     if save_at is not None:
         check_setting("save_at", save_at)
+    if nodes is not None:  # the nodes' own pools do the work: an inline one, never used
+        pool, num_workers, runner, operator_pools = None, 0, "thread", None
     own_pool = pool is None
     pool = pool if pool is not None else WorkerPool(num_workers, runner)
     created: list[WorkerPool] = []
@@ -88,13 +94,13 @@ def simulate(
             spec = PoolSpec.parse(value) if isinstance(value, str) else value
             per_op[key] = spec.build(pool.timeout_s)
             created.append(per_op[key])
-    if resume_state is not None:
+    if resume_state is not None and nodes is None:
         from zephon_nodes.engine.relane import for_state
 
         pipeline = for_state(pipeline, resume_state)  # a re-laned checkpoint's streams
     try:
-        ranks: list[Multiplexer] = []
-        for r in range(dp_world_size):
+        ranks: list[Multiplexer] = list(nodes or [])
+        for r in range(dp_world_size if nodes is None else 0):
             lanes = lane_assignment[r] if lane_assignment is not None else None
             ranks.append(
                 pipeline.rank_node(
