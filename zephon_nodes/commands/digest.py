@@ -3,29 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from zephon_nodes.commands.cache import add_token_cache_args, settings_from_args
 from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.core.settings import using
+from zephon_nodes.core.settings import Settings, using
+from zephon_nodes.engine.child import ChildRankNode
 from zephon_nodes.engine.mixture_log import (
     read_updates,
     refuse_updates_after_stages,
     updates_after,
 )
-from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_workers_arg
+from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.engine.operator_pools import (
+    OPERATOR_WORKERS_HELP,
+    PoolSpec,
+    operator_workers_arg,
+)
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.engine.pool import RUNNERS
+from zephon_nodes.engine.pool import RUNNERS, WorkerPool
+from zephon_nodes.engine.relane import for_state
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.files import check_writable, load_state, save_state
 from zephon_nodes.state.schema import STAGE_KEY, STEP_KEY, RankState
 from zephon_nodes.verification.dump import write_sources, write_step
 from zephon_nodes.verification.simulate import simulate
 
-__all__ = ["add_parser", "run"]
+__all__ = ["ENGINES", "add_parser", "build_rank_node", "child_ranks", "run"]
+
+#: Where each simulated rank's node runs: in this process, or in a child process of its own.
+ENGINES = ("thread", "process")
 
 
 def add_parser(sub: Any) -> None:
@@ -50,6 +63,14 @@ def add_parser(sub: Any) -> None:
         help="pool workers per rank (default 2; --workers is the same flag)",
     )
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="thread",
+        help="where each rank's node runs: in this process (thread, the default) or in a "
+        "child process of its own whose batches come back through shared memory (process; "
+        "each child has its own pool of --num-workers); never changes a digest",
+    )
     p.add_argument(
         "--local-batch-size",
         type=int,
@@ -143,28 +164,30 @@ def _run(args: argparse.Namespace) -> int:
     last = first
     bar = progress_bar(args.steps, pipeline.recipe.seq_len) if args.progress else None
     ended: dict[str, Any] = {}
-    for result, mbs in simulate(
-        pipeline,
-        args.dp_world_size,
-        args.steps,
-        num_workers=args.num_workers,
-        runner=args.runner,
-        local_batch_size=args.local_batch_size,
-        resume_state=resume,
-        save_at=args.save_at,
-        on_save=on_save,
-        operator_pools=args.operator_workers,
-        on_end=ended.update,
-        keep_batches=args.dump_batches is not None,
-        mixture_updates=updates,
-    ):
-        if mbs is not None:
-            write_step(args.dump_batches, result.step, mbs)
-        print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
-        produced += 1
-        last = result.step
-        if bar is not None:
-            bar.update(result)
+    with _engine_nodes(args, pipeline, resume) as nodes:
+        for result, mbs in simulate(
+            pipeline,
+            args.dp_world_size,
+            args.steps,
+            num_workers=args.num_workers,
+            runner=args.runner,
+            local_batch_size=args.local_batch_size,
+            resume_state=resume,
+            save_at=args.save_at,
+            on_save=on_save,
+            operator_pools=args.operator_workers,
+            on_end=ended.update,
+            keep_batches=args.dump_batches is not None,
+            mixture_updates=updates,
+            nodes=nodes,
+        ):
+            if mbs is not None:
+                write_step(args.dump_batches, result.step, mbs)
+            print(json.dumps({"step": result.step, "digest": result.digest}), flush=True)
+            produced += 1
+            last = result.step
+            if bar is not None:
+                bar.update(result)
     if bar is not None:
         bar.close()
     if args.dump_batches is not None and produced:
@@ -203,3 +226,118 @@ def _run(args: argparse.Namespace) -> int:
         delivered = int(ended[STEP_KEY]) * pipeline.recipe.global_batch_size
         print(f"zephon digest: end of data: {format_unused(unused, delivered)}", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _engine_nodes(
+    args: argparse.Namespace, pipeline: Pipeline, resume: Mapping[str, Any] | None
+) -> Iterator[list[ChildRankNode] | None]:
+    """The ranks' nodes of ``--engine process`` (closed at the end); None for thread."""
+    if args.engine != "process":
+        yield None
+        return
+    nodes = child_ranks(
+        pipeline,
+        args.dp_world_size,
+        num_workers=args.num_workers,
+        runner=args.runner,
+        local_batch_size=args.local_batch_size,
+        resume_state=resume,
+        operator_pools=args.operator_workers,
+    )
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            node.close()
+
+
+def child_ranks(
+    pipeline: Pipeline,
+    dp_world_size: int,
+    *,
+    num_workers: int = 2,
+    runner: str = "thread",
+    local_batch_size: int | None = None,
+    resume_state: Mapping[str, Any] | None = None,
+    operator_pools: Mapping[str, PoolSpec | str] | None = None,
+) -> list[ChildRankNode]:
+    """One :class:`ChildRankNode` per rank, each building ``pipeline``'s recipe in its child.
+
+    Raises:
+        RecipeError: If the pipeline has torchdata stages (not picklable: built here).
+    """
+    if pipeline.stages:
+        raise RecipeError("--engine process does not take torchdata stages (Pipeline(stages=))")
+    return [
+        ChildRankNode(
+            functools.partial(
+                build_rank_node,
+                pipeline.recipe,
+                pipeline.settings,
+                dp_world_size,
+                r,
+                provenance=pipeline.provenance,
+                trace=pipeline.trace,
+                relane_state=dict(resume_state) if resume_state is not None else None,
+                num_workers=num_workers,
+                runner=runner,
+                local_batch_size=local_batch_size,
+                operator_pools=dict(operator_pools or {}),
+            ),
+            label=f"rank {r}",
+        )
+        for r in range(dp_world_size)
+    ]
+
+
+def build_rank_node(
+    recipe: Recipe,
+    settings: Settings,
+    dp_world_size: int,
+    dp_rank: int,
+    *,
+    provenance: bool = True,
+    trace: bool = False,
+    relane_state: Mapping[str, Any] | None = None,
+    num_workers: int = 2,
+    runner: str = "thread",
+    local_batch_size: int | None = None,
+    lanes: Sequence[int] | None = None,
+    operator_pools: Mapping[str, PoolSpec | str] | None = None,
+) -> Multiplexer:
+    """Build one rank's node with a pool of its own (the factory of a :class:`ChildRankNode`).
+
+    Args:
+        recipe: The recipe.
+        settings: The physical settings the pipeline runs under.
+        dp_world_size: Number of data-parallel ranks.
+        dp_rank: This rank.
+        provenance: See :class:`~zephon_nodes.engine.pipeline.Pipeline`.
+        trace: See :class:`~zephon_nodes.engine.pipeline.Pipeline`.
+        relane_state: A state to resume from: a re-laned checkpoint reads its own streams.
+        num_workers: Workers of the rank's pool.
+        runner: The pool's runner.
+        local_batch_size: Micro-batch size (default one micro-batch per step).
+        lanes: Explicit lanes (default: the rank's share).
+        operator_pools: Per-operator pool specs (see ``--operator-workers``).
+    """
+    with using(settings):
+        pipeline = Pipeline(recipe, provenance=provenance, settings=settings, trace=trace)
+        if relane_state is not None:
+            pipeline = for_state(pipeline, relane_state)
+        pool = WorkerPool(num_workers, runner, settings=settings)
+        try:
+            node = pipeline.rank_node(
+                dp_world_size,
+                dp_rank,
+                local_batch_size=local_batch_size,
+                pool=pool,
+                lanes=lanes,
+                operator_pools=operator_pools,
+            )
+        except BaseException:
+            pool.close()
+            raise
+        node.own([pool])
+        return node

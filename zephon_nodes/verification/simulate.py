@@ -46,6 +46,7 @@ def simulate(
     operator_pools: Mapping[str, WorkerPool | PoolSpec | str] | None = None,
     mixture_updates: Sequence[tuple[int, Mapping[str, float]]] = (),
     on_end: Callable[[dict[str, Any]], None] | None = None,
+    nodes: Sequence[Any] | None = None,
 ) -> Iterator[tuple[StepResult, list[dict[str, torch.Tensor]] | None]]:
     """Run ``dp_world_size`` rank multiplexers and yield each global batch's digest.
 
@@ -69,6 +70,9 @@ def simulate(
             here must already be in ``resume_state``.
         on_end: When the data ends, receives the merged state after the last full global
             batch (see :func:`~zephon_nodes.engine.end_of_data.unused_samples`).
+        nodes: The ranks' nodes, built by the caller (e.g. each a
+            :class:`~zephon_nodes.engine.child.ChildRankNode`); then the pool arguments
+            are not used.
 
     Yields:
         ``(StepResult, micro-batches or None)`` per step; ends early when the data ends.
@@ -77,38 +81,33 @@ def simulate(
     check_setting("steps", steps)
     if save_at is not None:
         check_setting("save_at", save_at)
+    if nodes is not None:  # the nodes' own pools do the work: an inline one, never used
+        pool, num_workers, runner, operator_pools = None, 0, "thread", None
     own_pool = pool is None
     pool = pool if pool is not None else WorkerPool(num_workers, runner)
     per_op, created = _operator_pools(operator_pools or {}, pool.timeout_s)
-    if resume_state is not None:
+    if resume_state is not None and nodes is None:
         from zephon_nodes.engine.relane import for_state
 
         pipeline = for_state(pipeline, resume_state)  # a re-laned checkpoint's streams
     try:
-        ranks: list[Multiplexer] = []
-        for r in range(dp_world_size):
-            lanes = lane_assignment[r] if lane_assignment is not None else None
-            ranks.append(
+        ranks: list[Multiplexer] = list(nodes or [])
+        if nodes is None:
+            ranks = [
                 pipeline.rank_node(
                     dp_world_size,
                     r,
                     local_batch_size=local_batch_size,
                     pool=pool,
-                    lanes=lanes,
+                    lanes=lane_assignment[r] if lane_assignment is not None else None,
                     operator_pools=per_op,
                 )
-            )
+                for r in range(dp_world_size)
+            ]
         for node in ranks:
             node.reset(dict(resume_state) if resume_state is not None else None)
         first = ranks[0].step
-
-        def decide(step: int) -> None:
-            for at, weights in mixture_updates:
-                if at == step:
-                    for node in ranks:
-                        node.set_mixture(weights)
-
-        decide(first)
+        _decide(ranks, mixture_updates, first)
         for t in range(first + 1, first + steps + 1):
             before = [node.state_dict() for node in ranks] if on_end is not None else []
             mbs = _global_batch(ranks)
@@ -119,7 +118,7 @@ def simulate(
             tokens = sum(int((mb["labels"] != -100).sum()) for mb in mbs)
             rows = sum(int(mb["input"].shape[0]) for mb in mbs)
             result = StepResult(t, digest_microbatches(mbs), rows, tokens)
-            decide(t)
+            _decide(ranks, mixture_updates, t)
             if save_at is not None and t == save_at and on_save is not None:
                 on_save(merge_states([node.state_dict() for node in ranks]))
             yield result, (mbs if keep_batches else None)
@@ -156,3 +155,15 @@ def _global_batch(ranks: Sequence[Multiplexer]) -> list[dict[str, torch.Tensor]]
     except StopIteration:
         return None
     return mbs
+
+
+def _decide(
+    ranks: Sequence[Multiplexer],
+    mixture_updates: Sequence[tuple[int, Mapping[str, float]]],
+    step: int,
+) -> None:
+    """Make, on every rank, the mixture decisions taken right after ``step``."""
+    for at, weights in mixture_updates:
+        if at == step:
+            for node in ranks:
+                node.set_mixture(weights)

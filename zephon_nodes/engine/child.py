@@ -1,0 +1,556 @@
+"""A rank's node run in a child process: the trainer's process only copies batches out.
+
+:class:`ChildRankNode` starts a child process (``spawn``) that builds the rank node with a
+picklable factory and runs all of it there: lanes, stateless chain, accumulators, collation.
+Each micro-batch (a dict of tensors) comes back through a small ring of shared-memory slots,
+``prefetch`` batches ahead; the trainer's process copies the tensors out of the slot (one
+``memcpy`` each) and frees it. Only a few hundred bytes of metadata cross the pipe. A slot is
+a ``memfd`` (anonymous shared memory, no name in ``/dev/shm``) whose descriptor the child
+passes over the pipe's socket when it makes or grows the slot.
+
+The state: the child sends, with every batch, the node's state after that batch; the parent
+returns the state of the last batch it *handed out* (prefetched batches are not counted),
+and a ``reset(state)`` restarts the child's node at that state (batches prefetched before are
+dropped).
+
+Death: the parent waits on the pipe and the process sentinel together, so a child killed,
+crashed or raising is a :class:`ChildEngineError` (or the child's own error) at once. Files:
+without ``memfd`` a slot file ``/dev/shm/zephon-<parent pid>-engine<n>-...`` is unlinked as
+soon as it is made; ``close()``, garbage collection and interpreter exit stop the child; a
+child whose parent is gone exits (its mappings go with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import mmap
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import recv_handle, send_handle
+from typing import Any
+
+import torch
+from torchdata.nodes import BaseNode
+
+from zephon_nodes.core.errors import WorkerError
+from zephon_nodes.engine import shm
+
+__all__ = ["ChildEngineError", "ChildRankNode"]
+
+_ALIGN = 64
+_MIN_SLOT = 1 << 20
+_IDS = itertools.count()
+# Longest wait for the child to stop after "close" before it is terminated.
+_CLOSE_S = 5.0
+
+
+class ChildEngineError(WorkerError):
+    """The engine's child process died (killed, crashed) or its pipe broke."""
+
+
+def _slot_view(mapping: mmap.mmap) -> torch.Tensor:
+    return torch.frombuffer(mapping, dtype=torch.uint8)
+
+
+def _new_segment(name: str, size: int) -> int:
+    """A file descriptor of ``size`` bytes of shared memory that no name points to."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    else:  # unlinked at once: only the descriptors keep it
+        fd = os.open(shm.SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        os.unlink(shm.SHM_DIR / name)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _map_fd(fd: int) -> tuple[mmap.mmap, torch.Tensor]:
+    """Map a slot's descriptor (then closed: the mapping keeps the memory)."""
+    try:
+        mapping = mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+    return mapping, _slot_view(mapping)
+
+
+def _close_map(entry: tuple[mmap.mmap, torch.Tensor] | None) -> None:
+    if entry is None:
+        return
+    mapping, view = entry
+    del view, entry
+    with contextlib.suppress(BufferError):  # a tensor still viewing it: freed with it
+        mapping.close()
+
+
+# ---------------------------------------------------------------------------- the child
+
+
+class _WriterSlots:
+    """The child's side of the ring: one shared-memory file per slot, grown on demand."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.maps: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
+        self.sizes: dict[int, int] = {}
+        self.generation = itertools.count()
+
+    def ensure(self, slot: int, need: int) -> int | None:
+        """Make slot ``slot`` hold ``need`` bytes; return the descriptor of a new segment."""
+        if self.sizes.get(slot, 0) >= need:
+            return None
+        size = max(_MIN_SLOT, -(-(need * 5 // 4) // mmap.PAGESIZE) * mmap.PAGESIZE)
+        fd = _new_segment(f"{self.prefix}{slot}-{next(self.generation)}", size)
+        try:
+            mapping = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        _close_map(self.maps.pop(slot, None))
+        self.maps[slot] = (mapping, _slot_view(mapping))
+        self.sizes[slot] = size
+        return fd
+
+    def write(self, slot: int, batch: Any) -> tuple[list[int], Any]:
+        """Write the batch's tensors into the slot; return new segments and the layout."""
+        if not isinstance(batch, Mapping):
+            return [], ("pickle", batch)
+        tensors = {k: v.contiguous() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        layout: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        offset = 0
+        for key, t in tensors.items():
+            n = t.numel() * t.element_size()
+            layout.append((key, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, n))
+            offset += -(-n // _ALIGN) * _ALIGN
+        made = self.ensure(slot, offset)
+        view = self.maps[slot][1]
+        for (_, _, _, o, n), t in zip(layout, tensors.values(), strict=True):
+            if n:
+                view[o : o + n].copy_(t.reshape(-1).view(torch.uint8))
+        rest = {k: v for k, v in batch.items() if k not in tensors}
+        order = list(batch)
+        return ([] if made is None else [made]), ("slot", layout, rest, order)
+
+    def close(self) -> None:
+        for slot in list(self.maps):
+            _close_map(self.maps.pop(slot))
+
+
+def _error_payload(exc: BaseException) -> tuple[bytes | None, str]:
+    """The exception pickled (the same type is raised in the parent), and its text."""
+    text = f"{type(exc).__name__}: {exc}"
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:
+        data = None
+        text += "\n" + "".join(traceback.format_exception(exc))
+    return data, text
+
+
+def _watch_parent(parent: int, prefix: str) -> None:
+    """Exit this child as soon as the trainer's process is gone (removing the slot files)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        shm.remove_segments(prefix)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="zephon-engine-parent-watch", daemon=True).start()
+
+
+class _Child:
+    """The child's loop: commands from the parent between batches, batches into free slots."""
+
+    def __init__(
+        self, node: Any, conn: Connection, prefix: str, prefetch: int, parent: int
+    ) -> None:
+        self.node = node
+        self.parent = parent
+        self.conn = conn
+        self.slots = _WriterSlots(prefix)
+        self.prefetch = prefetch
+        self.free = set(range(prefetch))
+        self.epoch = -1
+        self.producing = False
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "state": self.node.get_state(),
+            "micro_per_step": getattr(self.node, "micro_per_step", None),
+        }
+
+    def command(self, msg: tuple[Any, ...]) -> bool:
+        """Handle one command; False when the child should stop."""
+        kind = msg[0]
+        if kind == "free":
+            self.free.add(msg[1])
+        elif kind == "reset":
+            _, self.epoch, state, weights = msg
+            self.free = set(range(self.prefetch))  # the parent drops what it has not read
+            try:
+                if weights is None:
+                    self.node.reset(state)
+                else:  # a state this node made (no replay check), then the decision
+                    if state is not None:
+                        self.node.reset_own(state)
+                    self.node.set_mixture(weights)
+                self.conn.send(("reset_done", self.epoch, self.info()))
+                self.producing = True
+            except Exception as e:
+                self.conn.send(("error", self.epoch, _error_payload(e)))
+                self.producing = False
+        elif kind == "call":
+            _, call_id, name = msg
+            try:
+                self.conn.send(("reply", call_id, getattr(self.node, name)()))
+            except Exception as e:
+                self.conn.send(("reply_error", call_id, _error_payload(e)))
+        elif kind == "close":
+            return False
+        return True
+
+    def produce(self) -> None:
+        try:
+            batch = next(self.node)
+        except StopIteration:
+            self.conn.send(("end", self.epoch))
+            self.producing = False
+            return
+        except Exception as e:
+            self.conn.send(("error", self.epoch, _error_payload(e)))
+            self.producing = False
+            return
+        slot = min(self.free)
+        self.free.discard(slot)
+        made, layout = self.slots.write(slot, batch)
+        for fd in made:  # the descriptor follows its message on the same socket
+            self.conn.send(("map", slot))
+            try:
+                send_handle(self.conn, fd, self.parent)
+            finally:
+                os.close(fd)
+        self.conn.send(("batch", self.epoch, slot, layout, self.info()))
+
+    def run(self) -> None:
+        try:
+            while True:
+                while self.conn.poll(0) or not self.producing or not self.free:
+                    if not self.command(self.conn.recv()):
+                        return
+                self.produce()
+        except (EOFError, OSError):
+            return  # the parent is gone or closed the pipe
+        finally:
+            with contextlib.suppress(Exception):
+                self.node.close()
+            self.slots.close()
+            shm.remove_segments(self.slots.prefix)
+
+
+def _child_main(
+    factory: Callable[[], Any], conn: Connection, prefix: str, parent: int, prefetch: int
+) -> None:
+    """Entry point of the child process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (Ctrl-C goes there)
+    _watch_parent(parent, prefix)
+    torch.set_num_threads(1)  # collation only; the trainer's cores are not ours
+    try:
+        node = factory()
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            conn.send(("error", -1, _error_payload(e)))
+        return
+    _Child(node, conn, prefix, prefetch, parent).run()
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+class _Process:
+    """The parent's handle on one child: its process, pipe and mapped slots."""
+
+    def __init__(self, factory: Callable[[], Any], prefetch: int, label: str) -> None:
+        shm.remove_stale_segments()  # files of trainers that were killed
+        self.prefix = f"zephon-{os.getpid()}-engine{next(_IDS)}-"
+        self.label = label
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(
+            target=_child_main,
+            args=(factory, child_conn, self.prefix, os.getpid(), prefetch),
+            name=f"zephon-engine-{label}",
+            daemon=False,  # its worker pool may start processes of its own
+        )
+        self.proc.start()
+        child_conn.close()
+        self.slots: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
+        self.inbox: deque[tuple[Any, ...]] = deque()
+        self.closed = False
+
+    def describe_death(self) -> str:
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        if code is None:
+            how = "closed its pipe"
+        elif code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        return (
+            f"the engine child process of {self.label} (pid {self.proc.pid}) {how}; "
+            f"no batch was lost: restart from the last checkpoint"
+        )
+
+    def recv(self) -> tuple[Any, ...]:
+        """The next message; ChildEngineError as soon as the child is dead."""
+        if self.inbox:
+            return self.inbox.popleft()
+        if self.closed:
+            raise ChildEngineError(f"the engine child process of {self.label} is closed")
+        while True:
+            ready = wait([self.conn, self.proc.sentinel])
+            if self.conn in ready or self.conn.poll(0):
+                try:
+                    msg: tuple[Any, ...] = self.conn.recv()
+                except (EOFError, OSError):
+                    break
+                if msg[0] == "map":
+                    fd = recv_handle(self.conn)
+                    _close_map(self.slots.pop(msg[1], None))
+                    self.slots[msg[1]] = _map_fd(fd)
+                    continue
+                return msg
+            if self.proc.sentinel in ready:
+                break
+        message = self.describe_death()
+        self.close()
+        raise ChildEngineError(message)
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        try:
+            self.conn.send(msg)
+        except (BrokenPipeError, OSError):
+            message = self.describe_death()
+            self.close()
+            raise ChildEngineError(message) from None
+
+    def read(self, slot: int, layout: Any) -> Any:
+        """Copy a batch out of its slot (one copy per tensor)."""
+        if layout[0] == "pickle":
+            return layout[1]
+        _, tensors, rest, order = layout
+        view = self.slots[slot][1]
+        out: dict[str, Any] = {}
+        for key, dtype, shape, offset, n in tensors:
+            raw = torch.empty(n, dtype=torch.uint8)
+            raw.copy_(view[offset : offset + n])
+            out[key] = raw.view(getattr(torch, dtype)).reshape(shape)
+        out.update(rest)
+        return {k: out[k] for k in order}
+
+    def close(self) -> None:
+        """Stop the child (politely, then by signal), close the pipe, remove every file."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.conn.send(("close",))
+        self.proc.join(_CLOSE_S)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(2.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        with contextlib.suppress(Exception):
+            self.proc.close()
+        self.conn.close()
+        for slot in list(self.slots):
+            _close_map(self.slots.pop(slot))
+        shm.remove_segments(self.prefix)
+
+
+def _child_error(payload: tuple[bytes | None, str], label: str) -> BaseException:
+    """The exception the child raised (its own type when it pickles)."""
+    data, text = payload
+    if data is not None:
+        exc = pickle.loads(data)
+        if isinstance(exc, BaseException):
+            return exc
+    return ChildEngineError(f"the engine child process of {label} raised {text}")
+
+
+class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
+    """A rank node run in a child process; batches come back through shared memory.
+
+    The same batches and states as the node ``factory`` builds, run in this process (see the
+    module docstring). ``get_state()`` is the state after the last batch returned here.
+
+    Args:
+        factory: A picklable zero-argument callable (e.g. ``functools.partial`` of a
+            module-level function) that builds the rank node (what
+            :meth:`~zephon_nodes.engine.pipeline.Pipeline.rank_node` returns) in the child.
+        prefetch: Batches the child prepares ahead (slots of the shared-memory ring).
+        label: Names the child in errors (e.g. ``"rank 3"``).
+    """
+
+    def __init__(
+        self, factory: Callable[[], Any], *, prefetch: int = 4, label: str = "the rank"
+    ) -> None:
+        super().__init__()
+        if prefetch < 1:
+            raise ValueError(f"{prefetch=} must be >= 1")
+        self._factory = factory
+        self._prefetch = prefetch
+        self._label = label
+        self._proc: _Process | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._epoch = 0
+        self._state: dict[str, Any] | None = None
+        self._micro_per_step: int | None = None
+        self._ended = False
+        self._failed: BaseException | None = None
+        self._calls = itertools.count()
+        self._start()  # the child builds its pipeline while the caller goes on
+
+    def _start(self) -> _Process:
+        if self._proc is None or self._proc.closed:
+            self._proc = _Process(self._factory, self._prefetch, self._label)
+            self._finalizer = weakref.finalize(self, self._proc.close)
+        return self._proc
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None before it started or after close)."""
+        p = self._proc
+        return None if p is None or p.closed else p.proc.pid
+
+    def _apply(self, info: Mapping[str, Any]) -> None:
+        self._state = info["state"]
+        self._micro_per_step = info["micro_per_step"]
+
+    def _restart_at(self, state: dict[str, Any] | None, weights: Any = None) -> None:
+        self._failed = None
+        proc = self._start()
+        self._epoch += 1
+        proc.send(("reset", self._epoch, copy.deepcopy(state), weights))
+        while True:
+            msg = self._recv(proc)
+            if msg[0] == "reset_done" and msg[1] == self._epoch:
+                self._apply(msg[2])
+                self._ended = False
+                return
+            if msg[0] == "error" and msg[1] in (self._epoch, -1):
+                raise _child_error(msg[2], self._label)
+            # earlier batches, ends and errors: dropped (the child freed every slot)
+
+    def _recv(self, proc: _Process) -> tuple[Any, ...]:
+        try:
+            return proc.recv()
+        except ChildEngineError as e:
+            self._failed = e  # every later next() says it again, until a reset
+            raise
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        """Restart the child's node from the beginning or at ``initial_state``."""
+        super().reset(initial_state)
+        self._restart_at(initial_state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state`` (the same as ``reset(state)``)."""
+        self.reset(state)
+
+    def next(self) -> dict[str, torch.Tensor]:
+        """Return the next micro-batch (copied out of shared memory)."""
+        if self._failed is not None:
+            raise self._failed
+        if self._ended:
+            raise StopIteration
+        if self._proc is None or self._proc.closed:  # closed: a new child goes on from here
+            self._restart_at(self._state)
+        proc = self._start()
+        while True:
+            msg = self._recv(proc)
+            kind = msg[0]
+            if kind == "error" and msg[1] == -1:
+                self._failed = _child_error(msg[2], self._label)
+                raise self._failed
+            if kind in ("reply", "reply_error") or msg[1] != self._epoch:
+                continue  # stale
+            if kind == "batch":
+                _, _, slot, layout, info = msg
+                batch = proc.read(slot, layout)
+                proc.send(("free", slot))
+                self._apply(info)
+                return batch
+            if kind == "end":
+                self._ended = True
+                raise StopIteration
+            if kind == "error":  # every later next() raises it again, until a reset
+                self._failed = _child_error(msg[2], self._label)
+                raise self._failed
+
+    def get_state(self) -> dict[str, Any]:
+        """The state after the last batch returned (a fresh dict)."""
+        return copy.deepcopy(self._state) if self._state is not None else {}
+
+    @property
+    def step(self) -> int:
+        """Steps whose micro-batches were all returned (from the state)."""
+        return int((self._state or {}).get("step", 0))
+
+    @property
+    def micro_per_step(self) -> int:
+        """Micro-batches per step of the recipe in force (after a reset)."""
+        if self._micro_per_step is None:
+            self.reset(None)
+        return int(self._micro_per_step or 0)
+
+    def set_mixture(self, weights: Mapping[str, float]) -> None:
+        """Change the mixture after the current step (see ``Multiplexer.set_mixture``)."""
+        self._restart_at(self._state, dict(weights))
+
+    def metrics(self) -> dict[str, Any]:
+        """The child node's metrics (as of what it has prepared, prefetch included)."""
+        proc = self._start()
+        call_id = next(self._calls)
+        proc.send(("call", call_id, "metrics"))
+        held: deque[tuple[Any, ...]] = deque()
+        while True:
+            msg = self._recv(proc)
+            if msg[0] in ("reply", "reply_error") and msg[1] == call_id:
+                break
+            held.append(msg)
+        proc.inbox.extend(held)  # batches that came in meanwhile: next() reads them
+        if msg[0] == "reply_error":
+            raise _child_error(msg[2], self._label)
+        return msg[2]
+
+    def close(self) -> None:
+        """Stop the child and remove its shared memory (idempotent; a reset starts anew)."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self) -> ChildRankNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
