@@ -76,6 +76,7 @@ SIDE_FORMATS_PINS := megatron-core==0.16.1 mosaicml-streaming==0.13.0 litdata==0
 $(SIDE_FORMATS)/.stamp: Makefile $(BIN)/python
 	rm -rf $(SIDE_FORMATS)
 	$(PIP) install -q --no-deps --target $(SIDE_FORMATS) $(SIDE_FORMATS_PINS)
+	mkdir -p $(SIDE_FORMATS)
 	echo "$(SIDE_FORMATS_PINS)" > $@
 
 install-test: $(BIN)/python system-packages $(AZURITE_STAMP) $(SIDE_FORMATS)/.stamp
