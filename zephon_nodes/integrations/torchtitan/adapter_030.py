@@ -25,6 +25,7 @@ from torchtitan.components.dataloader import BaseDataLoader
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.integrations.torchtitan.common import check_config, check_stages
 from zephon_nodes.integrations.torchtitan.lanes import LaneLoader
+from zephon_nodes.integrations.torchtitan.step_check import StepSetting
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 
@@ -175,7 +176,7 @@ class ZephonDataLoader(LaneLoader, BaseDataLoader):
         def __post_init__(self) -> None:
             check_config(self)
 
-    STEP_SETTING = "training.global_batch_size"
+    STEP = StepSetting("training.global_batch_size", "--training.global-batch-size", tokens=False)
 
     def __init__(
         self,

@@ -20,7 +20,6 @@ adapter's, with ``local_batch_size`` = ``rows``.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,10 +31,11 @@ from torchtitan.components.loss import IGNORE_INDEX
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.integrations.torchtitan.common import check_config, check_stages
 from zephon_nodes.integrations.torchtitan.lanes import LaneLoader
+from zephon_nodes.integrations.torchtitan.step_check import StepSetting
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 
-__all__ = ["ZephonDataLoader", "check_launch", "trainer_step_tokens"]
+__all__ = ["ZephonDataLoader", "check_launch"]
 
 logger = logging.getLogger("zephon_nodes.integrations.torchtitan")
 
@@ -118,30 +118,6 @@ def check_launch(
             f"--training.num-tokens-per-train-step {G * S}"
         )
     return rows
-
-
-def trainer_step_tokens() -> int | None:
-    """``num_tokens_per_train_step`` of the TorchTitan ``Trainer`` building this loader.
-
-    TorchTitan passes the loader only the micro-batch size; the optimizer step size is
-    known to the ``Trainer``, which has resolved it (``gradient_accumulation_steps``) before
-    it builds the loader. This finds the ``Trainer.__init__`` frame on the call stack;
-    None when the loader is built by other code (tests, your own loop).
-    """
-    frame = sys._getframe(1)
-    while frame is not None:
-        me = frame.f_locals.get("self")
-        accum = getattr(me, "gradient_accumulation_steps", None)
-        config = getattr(me, "config", None)
-        training = getattr(config, "training", None)
-        if frame.f_code.co_name == "__init__" and isinstance(accum, int) and training:
-            micro = int(training.num_tokens_per_microbatch_per_dp_rank)
-            pp = int(getattr(me, "num_pp_microbatches", 1) or 1)
-            dp = frame.f_locals.get("dp_degree")
-            if isinstance(dp, int):
-                return accum * micro * pp * dp
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
 
 
 class ZephonDataLoader(LaneLoader, BaseDataLoader):
@@ -248,7 +224,7 @@ class ZephonDataLoader(LaneLoader, BaseDataLoader):
         def __post_init__(self) -> None:
             check_config(self)
 
-    STEP_SETTING = _STEP
+    STEP = StepSetting(_STEP, "--training.num-tokens-per-train-step", tokens=True)
 
     def __init__(
         self,
@@ -273,7 +249,6 @@ class ZephonDataLoader(LaneLoader, BaseDataLoader):
             dp_rank=dp_rank,
             max_context_length=max_context_length,
             num_tokens_per_batch=num_tokens_per_batch,
-            num_tokens_per_train_step=trainer_step_tokens(),
         )
         self.num_tokens_per_batch = num_tokens_per_batch
         self._setup(
