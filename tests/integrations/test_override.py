@@ -41,7 +41,7 @@ def test_one_entry_switches_the_trainers_dataloader_only() -> None:
     cfg = job.dataloader  # type: ignore[attr-defined]
     assert isinstance(cfg, ZephonDataLoader.Config)
     assert (cfg.recipe, cfg.num_workers, cfg.prefetch) == ("/data/r.toml", 3, 2)
-    assert not cfg.dataset and not getattr(cfg, "dataset_path", None)
+    assert not getattr(cfg, "dataset", None) and not getattr(cfg, "dataset_path", None)
     assert job.validator.dataloader is validator_before  # type: ignore[attr-defined]
 
 

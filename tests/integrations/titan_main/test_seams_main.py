@@ -1,4 +1,5 @@
-"""The override seam and the optimizer-step check under TorchTitan main (the same tests).
+"""The override seam and the optimizer-step check under TorchTitan main (the same tests,
+the real Trainer's refusal included).
 
 ``tests/integrations/test_override.py`` and ``test_step_check.py`` run with the installed
 TorchTitan's adapter; ``make test-titan-main`` collects this folder only, so they are
