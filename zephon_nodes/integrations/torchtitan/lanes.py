@@ -101,12 +101,13 @@ class LaneLoader:
         self.dp_rank = dp_rank
         self.local_batch_size = local_batch_size
         settings: Settings = current()
-        if config.cache_limit:
-            settings = settings.replace(cache_limit=config.cache_limit)
-        if config.token_cache:
-            settings = settings.replace(token_cache=config.token_cache)
-        if config.token_cache_limit:
-            settings = settings.replace(token_cache_limit=config.token_cache_limit)
+        chosen = {
+            name: getattr(config, name)
+            for name in ("cache_limit", "token_cache", "token_cache_limit")
+            if getattr(config, name) is not None
+        }
+        if chosen:
+            settings = settings.replace(**chosen)
         with using(settings):
             self.pipeline = Pipeline(recipe, settings=settings)
             # The recipe the checkpoint to amend at load was written with (amend_from).
