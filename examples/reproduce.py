@@ -14,7 +14,7 @@
    spread (max - min) of the final held-out loss across dp sizes reported per loader.
 
 Everything runs on CPU with torchrun (gloo). The Trainer needs TorchTitan's CPU patches
-(``zephon_nodes.integrations.torchtitan_cpu``, opt-in, applied by the torchrun script
+(``zephon_nodes.integrations.torchtitan.cpu``, opt-in, applied by the torchrun script
 ``tests/integrations/scripts/tt_trainer.py``, reused here as is). The corpus is cut from
 Python's own stdlib sources (no network).
 
@@ -206,7 +206,7 @@ def trainer_args(
     if loader == "zephon":
         model = [
             "--module",
-            "zephon_nodes.integrations.torchtitan_configs",
+            "zephon_nodes.integrations.torchtitan.configs",
             "--config",
             "zephon_llama3_debugmodel",
             "--dataloader.recipe",

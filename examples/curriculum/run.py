@@ -16,7 +16,7 @@
 
 It exits 1 unless all batches are equal to the digest, all decision logs are equal, and the
 losses after the resume are within ``--loss-rtol`` of the uninterrupted run. On a CPU the
-Trainer runs through ``zephon_nodes.integrations.torchtitan_train`` (slow: small model).
+Trainer runs through ``zephon_nodes.integrations.torchtitan.train`` (slow: small model).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def train(work: Path, name: str, nproc: int, args: argparse.Namespace, *extra: s
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={nproc}",
-        "-m", "zephon_nodes.integrations.torchtitan_train",
+        "-m", "zephon_nodes.integrations.torchtitan.train",
         "--module", "examples.curriculum.trainer",
         "--config", "curriculum_debugmodel",
         "--dataloader.recipe", str(work / "recipe.toml"),

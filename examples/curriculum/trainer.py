@@ -21,7 +21,7 @@ Rank 0 writes one JSON line per step to ``<dump_folder>/curriculum.jsonl``: the 
 per-domain mean loss and token count of that step, the weights in force, and the decision
 made after it (``null`` when none). Run it as TorchTitan's ``--module``::
 
-    torchrun --nproc_per_node 2 -m zephon_nodes.integrations.torchtitan_train \
+    torchrun --nproc_per_node 2 -m zephon_nodes.integrations.torchtitan.train \
         --module examples.curriculum.trainer --config curriculum_debugmodel \
         --dataloader.recipe recipe.toml --hf-assets-path hf_assets --curriculum.every 4 ...
 
@@ -45,7 +45,7 @@ from torchtitan.trainer import Trainer
 
 from examples.curriculum.controller import ExpGradController, domain_sums
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader
-from zephon_nodes.integrations.torchtitan_configs import zephon_llama3_debugmodel
+from zephon_nodes.integrations.torchtitan.configs import zephon_llama3_debugmodel
 
 __all__ = ["CurriculumConfig", "CurriculumTrainer", "curriculum_debugmodel"]
 

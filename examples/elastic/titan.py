@@ -131,7 +131,7 @@ class TitanJob:
         self.run_dir = work / "run"
         self.agents: dict[str, Agent] = {}
         self.train_args = [
-            "--module", "zephon_nodes.integrations.torchtitan_configs",
+            "--module", "zephon_nodes.integrations.torchtitan.configs",
             "--config", "zephon_llama3_debugmodel",
             "--dataloader.recipe", str(work / "recipe.toml"),
             "--hf-assets-path", str(work / "hf_assets"),

@@ -1,6 +1,6 @@
 """One worker of the real-Trainer elastic job (launched by ``torchrun``; see ``titan.py``).
 
-It is ``zephon_nodes.integrations.torchtitan_train`` (TorchTitan's ``train``, with the CPU
+It is ``zephon_nodes.integrations.torchtitan.train`` (TorchTitan's ``train``, with the CPU
 patches when no GPU is visible) plus one thing the drill needs: each start of the worker group
 dumps its batches into a folder of its own, ``DUMP_ROOT/group-<world>-<master port>``, so that
 a step trained again after a restart (at another world size) does not mix its rank files with
@@ -21,7 +21,7 @@ def main() -> None:
     root = Path(sys.argv.pop(1))
     group = f"group-{os.environ['WORLD_SIZE']}-{os.environ['MASTER_PORT']}"
     sys.argv += ["--dataloader.dump-batches", str(root / group)]
-    from zephon_nodes.integrations.torchtitan_train import main as train
+    from zephon_nodes.integrations.torchtitan.train import main as train
 
     train()
 

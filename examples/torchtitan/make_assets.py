@@ -10,7 +10,7 @@ writes, offline (the text is Python's own documentation and sources):
 * ``work/hf_assets/``: the same vocabulary as TorchTitan's ``--hf_assets_path`` wants it.
 
 With your own data, keep the last two steps: write a recipe that names your shards and
-tokenizer, and make ``hf_assets`` with ``python -m zephon_nodes.integrations.hf_assets``
+tokenizer, and make ``hf_assets`` with ``python -m zephon_nodes.integrations.torchtitan.hf_assets``
 (or point both at one Hugging Face ``tokenizer.json``, see docs/torchtitan.md).
 """
 
@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from zephon_nodes.commands.demo_corpus import build_corpus, train_tokenizer
-from zephon_nodes.integrations.hf_assets import write_hf_assets
+from zephon_nodes.integrations.torchtitan.hf_assets import write_hf_assets
 
 RECIPE = """\
 # The walk-through's recipe (examples/torchtitan). Lanes: a common multiple of every dp size

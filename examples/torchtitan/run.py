@@ -13,7 +13,7 @@ runs the commands of examples/torchtitan/README.md one after another:
 
 It prints the per-step digests and losses side by side and exits 1 unless every job trained
 on exactly the batches ``zephon digest`` names. On a machine without a GPU the Trainer runs
-on the CPU through ``zephon_nodes.integrations.torchtitan_train`` (slow, small model only).
+on the CPU through ``zephon_nodes.integrations.torchtitan.train`` (slow, small model only).
 """
 
 from __future__ import annotations
@@ -49,16 +49,38 @@ def run(cmd: list[str], log: Path | None = None) -> str:
     return out
 
 
-def train(work: Path, name: str, nproc: int, steps: int, save_at: int, *extra: str) -> dict:
+OVERRIDE = "zephon_nodes.integrations.torchtitan.override.use_recipe"
+
+
+def loader_flags(work: Path, name: str, via: str) -> list[str]:
+    """TorchTitan's own debug-model job switched to the recipe: one ``--override.imports``
+    (``via="override"``), or the config module of this package (``via="module"``)."""
+    if via == "override":
+        settings = {
+            "recipe": str(work / "recipe.toml"),
+            "dump_batches": str(work / "batches" / name),
+        }
+        return [
+            "--module", "llama3", "--config", "llama3_debugmodel",
+            "--override.imports", f"{OVERRIDE}={json.dumps(settings)}",
+        ]  # fmt: skip
+    return [
+        "--module", "zephon_nodes.integrations.torchtitan.configs",
+        "--config", "zephon_llama3_debugmodel",
+        "--dataloader.recipe", str(work / "recipe.toml"),
+        "--dataloader.dump-batches", str(work / "batches" / name),
+    ]  # fmt: skip
+
+
+def train(
+    work: Path, name: str, nproc: int, steps: int, save_at: int, *extra: str, via: str = "override"
+) -> dict:
     """One torchrun job of the walk-through; returns its wall time and logged losses."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={nproc}",
-        "-m", "zephon_nodes.integrations.torchtitan_train",
-        "--module", "zephon_nodes.integrations.torchtitan_configs",
-        "--config", "zephon_llama3_debugmodel",
-        "--dataloader.recipe", str(work / "recipe.toml"),
-        "--dataloader.dump-batches", str(work / "batches" / name),
+        "-m", "zephon_nodes.integrations.torchtitan.train",
+        *loader_flags(work, name, via),
         "--hf-assets-path", str(work / "hf_assets"),
         *size_flags(),
         "--training.steps", str(steps),
@@ -117,6 +139,13 @@ def main() -> int:
     ap.add_argument("--save-at", type=int, default=3, help="checkpoint interval (resume point)")
     ap.add_argument("--json", type=Path, default=None, help="also write the summary here")
     ap.add_argument("--resume-on", default="1,4", help="dp sizes to resume on (comma-separated)")
+    ap.add_argument(
+        "--via",
+        choices=("override", "module"),
+        default="override",
+        help="switch TorchTitan's debug-model job to the recipe with --override.imports "
+        "(default) or run this package's config module",
+    )
     args = ap.parse_args()
     work = args.work.resolve()
     steps, save_at = args.steps, args.save_at
@@ -133,7 +162,7 @@ def main() -> int:
 
     run([sys.executable, str(HERE / "make_assets.py"), str(work), "--seq-len", str(SEQ_LEN),
          "--global-batch-size", str(GLOBAL_BATCH)])  # fmt: skip
-    jobs = {"dp2": train(work, "dp2", 2, steps, save_at)}
+    jobs = {"dp2": train(work, "dp2", 2, steps, save_at, via=args.via)}
     ckpt = work / "runs" / "dp2" / "checkpoint" / f"step-{save_at}"
     load = [
         "--checkpoint.initial-load-path", str(ckpt),
@@ -141,7 +170,7 @@ def main() -> int:
     ]  # fmt: skip
     resume_on = [int(x) for x in args.resume_on.split(",") if x]
     for world in resume_on:
-        jobs[f"dp{world}"] = train(work, f"dp{world}", world, steps, save_at, *load)
+        jobs[f"dp{world}"] = train(work, f"dp{world}", world, steps, save_at, *load, via=args.via)
 
     expected = digests(["digest", str(work / "recipe.toml"), "--steps", str(steps)])
     ok = True

@@ -163,11 +163,11 @@ def test_torchtitan_walkthrough_commands_as_written(tmp_path: Path) -> None:
     """
     pytest.importorskip("torchtitan")
     from zephon_nodes.integrations.torchtitan import API
-    from zephon_nodes.integrations.torchtitan_train import check_paths
+    from zephon_nodes.integrations.torchtitan.train import check_paths
 
     if API != "0.3":
         pytest.skip("the walk-through's step-by-step options are TorchTitan 0.3.0's")
-    from torchtitan.config import ConfigManager
+    from torchtitan.config import ConfigManager, apply_overrides
 
     from zephon_nodes import Recipe
 
@@ -191,9 +191,10 @@ def test_torchtitan_walkthrough_commands_as_written(tmp_path: Path) -> None:
     folders = []
     for line in commands[1:4]:  # 2. train on 2 ranks; 3. resume on 4, then on 1
         argv = _argv(line, tmp_path)
-        args = _trainer_args(argv, "zephon_nodes.integrations.torchtitan_train")
+        args = _trainer_args(argv, "zephon_nodes.integrations.torchtitan.train")
         assert check_paths(args) is None, line
         config = ConfigManager().parse_args(args)
+        apply_overrides(config.override, config)  # as the Trainer does, before any build
         assert Path(config.dataloader.recipe) == work / "recipe.toml"
         assert (Path(config.hf_assets_path) / "tokenizer.json").is_file()
         assert config.training.seq_len == recipe.seq_len

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.integrations.hf_assets import write_hf_assets
+from zephon_nodes.integrations.torchtitan.hf_assets import write_hf_assets
 
 __all__ = ["Assets", "build_assets", "write_hf_assets", "write_recipe"]
 

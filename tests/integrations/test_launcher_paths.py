@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zephon_nodes.integrations.torchtitan_train import check_paths
+from zephon_nodes.integrations.torchtitan.train import check_paths
 
 REPO = Path(__file__).parents[2]
 
@@ -39,7 +39,7 @@ def _launch(tmp_path: Path, *python_flags: str) -> subprocess.CompletedProcess[s
             sys.executable,
             *python_flags,
             "-m",
-            "zephon_nodes.integrations.torchtitan_train",
+            "zephon_nodes.integrations.torchtitan.train",
             "--checkpoint.initial-load-path",
             "runs/step-3",
         ],

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zephon_nodes.integrations import torchtitan_cpu as cpu_patches
+from zephon_nodes.integrations.torchtitan import cpu as cpu_patches
 
 cpu_patches.apply()
 

@@ -17,14 +17,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.integrations.torchtitan.common import check_config, check_stages
+from zephon_nodes.integrations.torchtitan.common import check_stages
 from zephon_nodes.integrations.torchtitan.lanes import LaneLoader
+from zephon_nodes.integrations.torchtitan.loader_config import LoaderConfig, check_config
+from zephon_nodes.integrations.torchtitan.step_check import StepSetting
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 
@@ -97,85 +99,20 @@ class ZephonDataLoader(LaneLoader, BaseDataLoader):
     """
 
     @dataclass(kw_only=True, slots=True)
-    class Config(BaseDataLoader.Config):
-        """Settings of :class:`ZephonDataLoader`: the recipe, then physical settings only."""
+    class Config(BaseDataLoader.Config, LoaderConfig):
+        """Settings of :class:`ZephonDataLoader`.
 
-        recipe: str = ""
-        """Path of the zephon-nodes recipe TOML that defines the data (required)."""
-
-        num_workers: int = 2
-        """Worker threads or processes shared by this rank's lanes (0 runs inline)."""
-
-        runner: Literal["thread", "process", "ray"] = "thread"
-        """Where operators run: threads (GIL-releasing tokenizers), spawned processes, or Ray
-        tasks on a Ray cluster (``RAY_ADDRESS``; needs the ``ray`` extra)."""
-
-        lookahead: int = 4
-        """Work items each lane submits to the workers ahead of the one it reads."""
-
-        operator_workers: str = ""
-        """Per-operator pools, e.g. ``"decode=process:6,tokenize=thread:2"`` (default: none,
-        every operator on the shared pool); created and closed by this loader."""
-
-        prefetch: int = 2
-        """Micro-batches prepared ahead in a background thread (0 disables prefetching)."""
-
-        worker_timeout_s: float = 300.0
-        """Longest wait for one work item before the loader raises WorkerError."""
-
-        check_tokenizer: bool = True
-        """Refuse a TorchTitan tokenizer whose vocab size or bos/eos ids differ."""
+        The shared :class:`LoaderConfig` (the recipe, physical settings, checkpoint
+        plumbing) and the switch TorchTitan's validator sets.
+        """
 
         infinite: bool = True
         """Set by TorchTitan's validator; False refuses an endless recipe (work.epochs='inf')."""
 
-        cache_limit: str = ""
-        """Node cache size shared by the node's ranks, e.g. "50G" (the settings' cache_limit;
-        empty: ZEPHON_CACHE_LIMIT, else the default share of the free disk). Physical."""
-
-        token_cache: str = ""
-        """Reuse tokenized work items across runs: "on" or "off" (empty: ZEPHON_TOKEN_CACHE,
-        else off). Physical: never changes a batch (docs/storage.md)."""
-
-        token_cache_limit: str = ""
-        """Token cache size, e.g. "16G" (empty: ZEPHON_TOKEN_CACHE_LIMIT, else 16G)."""
-
-        max_decisions: int = -1
-        """Room for set_mixture decisions in the checkpoint (fixed-shape DCP tensors); -1:
-        256 for a recipe of several datasets, 0 (no mixture keys) for one dataset."""
-
-        dump_batches: str = ""
-        """Folder for this rank's rows of every step (step-S.rank-R.npz; zephon digest-dump)."""
-
-        relane_from: int = 0
-        """Lane count of the checkpoint to re-lane at load (0: never; docs/lanes.md)."""
-
-        relaned: bool = False
-        """The checkpoint to load was written after a re-lane (it carries a lineage)."""
-
-        max_lineage_bytes: int = 65536
-        """Room for a re-lane's lineage in the checkpoint (about 12 bytes per old lane)."""
-
-        amended: bool = False
-        """The checkpoint to load was written after a recipe change (``zephon amend``, or a
-        stage of another recipe): it carries a stage section. A recipe with stages reserves
-        its keys without this."""
-
-        max_stage_bytes: int = 16384
-        """Room for a stage section's shared part in the checkpoint (its dataset names,
-        streams and amendments: about 40 bytes per dataset, 90 per amendment)."""
-
-        max_stage_datasets: int = 32
-        """Room per lane for the datasets a changing recipe has read (8 bytes each)."""
-
-        amend_from: str = ""
-        """Recipe TOML the checkpoint to load was written with, to amend it at load to this
-        job's recipe, as ``zephon amend`` does (empty: never; docs/changing-recipes.md)."""
-
         def __post_init__(self) -> None:
             check_config(self)
 
-    STEP_SETTING = "training.global_batch_size"
+    STEP = StepSetting("training.global_batch_size", "--training.global-batch-size", tokens=False)
 
     def __init__(
         self,

@@ -13,20 +13,15 @@ from typing import Any
 import torch
 
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.core.settings import parse_limit, parse_size
 from zephon_nodes.engine.checkpoint import FORMAT
 from zephon_nodes.engine.metrics import flatten_metrics
-from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe
-from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 from zephon_nodes.state.dcp import decode_dcp_state
 
 __all__ = [
     "check_agreement",
-    "check_config",
     "check_stages",
     "check_tokenizer",
     "from_dcp_state",
@@ -100,59 +95,6 @@ def resolve_max_decisions(max_decisions: int, recipe: Recipe) -> int:
     if max_decisions >= 0:
         return max_decisions
     return AUTO_DECISIONS if len(recipe.datasets) > 1 else 0
-
-
-def check_config(config: Any) -> None:
-    """Check the physical settings every adapter's ``Config`` shares (``__post_init__``).
-
-    Raises:
-        RecipeError: Naming the ``dataloader.*`` setting and its bound.
-    """
-    for name in ("num_workers", "lookahead", "prefetch", "worker_timeout_s"):
-        check_setting(f"dataloader.{name}", getattr(config, name), bound=SETTINGS[name])
-    if config.runner not in RUNNERS:
-        raise RecipeError(f"dataloader.runner={config.runner!r} must be one of {RUNNERS}")
-    if config.lookahead < 1:
-        raise RecipeError(f"dataloader.lookahead={config.lookahead} must be >= 1")
-    try:
-        parse_operator_workers(config.operator_workers)
-    except RecipeError as e:
-        raise RecipeError(f"dataloader.operator_workers: {e}") from None
-    if config.prefetch < 0:
-        raise RecipeError(f"dataloader.prefetch={config.prefetch} must be >= 0")
-    if config.cache_limit:
-        parse_limit(config.cache_limit, "dataloader.cache_limit")
-    if config.token_cache not in ("", "on", "off"):
-        raise RecipeError(
-            f"dataloader.token_cache={config.token_cache!r} must be 'on', 'off' or empty"
-        )
-    if config.token_cache_limit:
-        try:
-            parse_size(config.token_cache_limit)
-        except ValueError as e:
-            raise RecipeError(f"dataloader.token_cache_limit: {e}") from None
-    if config.max_decisions < -1:
-        raise RecipeError(
-            f"dataloader.max_decisions={config.max_decisions} must be >= 0 (or -1: automatic)"
-        )
-    if config.relane_from < 0 or config.max_lineage_bytes < 0:
-        raise RecipeError(
-            f"dataloader.relane_from={config.relane_from} and dataloader."
-            f"max_lineage_bytes={config.max_lineage_bytes} must be >= 0"
-        )
-    if config.amend_from and config.relane_from:
-        raise RecipeError(
-            f"dataloader.amend_from={config.amend_from!r} and dataloader.relane_from="
-            f"{config.relane_from} are both set: a run's recipe does not change across a "
-            f"re-lane yet; amend or re-lane, not both"
-        )
-    if config.max_stage_bytes < 1 or config.max_stage_datasets < 1:
-        raise RecipeError(
-            f"dataloader.max_stage_bytes={config.max_stage_bytes} and dataloader."
-            f"max_stage_datasets={config.max_stage_datasets} must be >= 1"
-        )
-    if not config.worker_timeout_s > 0:
-        raise RecipeError(f"dataloader.worker_timeout_s={config.worker_timeout_s} must be > 0")
 
 
 def check_stages(recipe: Recipe, job: str) -> None:

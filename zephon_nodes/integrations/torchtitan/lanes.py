@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -40,6 +41,7 @@ from zephon_nodes.integrations.torchtitan.common import (
     register_loader,
     resolve_max_decisions,
 )
+from zephon_nodes.integrations.torchtitan.step_check import StepCheck, StepSetting
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.dcp import to_dcp_state
 from zephon_nodes.state.schema import STAGE_KEY
@@ -58,8 +60,8 @@ class LaneLoader:
     """
 
     config: Any
-    STEP_SETTING = "TorchTitan's global batch"
-    """The TorchTitan setting that sets the optimizer step, for messages."""
+    STEP: StepSetting
+    """The TorchTitan setting that sets the optimizer step (checked by :class:`StepCheck`)."""
 
     def _setup(
         self,
@@ -99,12 +101,13 @@ class LaneLoader:
         self.dp_rank = dp_rank
         self.local_batch_size = local_batch_size
         settings: Settings = current()
-        if config.cache_limit:
-            settings = settings.replace(cache_limit=config.cache_limit)
-        if config.token_cache:
-            settings = settings.replace(token_cache=config.token_cache)
-        if config.token_cache_limit:
-            settings = settings.replace(token_cache_limit=config.token_cache_limit)
+        chosen = {
+            name: getattr(config, name)
+            for name in ("cache_limit", "token_cache", "token_cache_limit")
+            if getattr(config, name) is not None
+        }
+        if chosen:
+            settings = settings.replace(**chosen)
         with using(settings):
             self.pipeline = Pipeline(recipe, settings=settings)
             # The recipe the checkpoint to amend at load was written with (amend_from).
@@ -118,6 +121,16 @@ class LaneLoader:
             config.num_workers, config.runner, config.worker_timeout_s, settings=settings
         )
         self._build_node()
+        self.step_check = StepCheck(
+            self.STEP,
+            micro_per_step=self.multiplexer.micro_per_step,
+            rows=local_batch_size,
+            dp_world_size=dp_world_size,
+            global_batch_size=recipe.global_batch_size,
+            seq_len=recipe.seq_len,
+            recipe=config.recipe,
+        )
+        weakref.finalize(self, self.step_check.close)  # a loader dropped without close()
         self._dumper = (
             StepDumper(config.dump_batches, dp_rank, self.multiplexer.micro_per_step)
             if config.dump_batches
@@ -298,6 +311,7 @@ class LaneLoader:
                 step, micro = self._state["step"], self._state["micro"]
                 index = (micro - 1) % self.multiplexer.micro_per_step
                 self._dumper.add(step if micro == 0 else step + 1, index, batch)
+            self.step_check.took()
             yield batch
 
     def _count(self, batch: dict[str, torch.Tensor], wait_s: float) -> None:
@@ -403,7 +417,7 @@ class LaneLoader:
                 "multiple of the recipe's global_batch_size=%d, so this checkpoint resumes "
                 "only on the same dp size and micro-batch size",
                 state["micro"],
-                self.STEP_SETTING,
+                self.STEP.name,
                 self.pipeline.recipe.global_batch_size,
             )
         return to_dcp_state(
@@ -555,6 +569,7 @@ class LaneLoader:
 
     def close(self) -> None:
         """Stop the worker pools."""
+        self.step_check.close()
         self.multiplexer.close()
         self.pool.close()
 

@@ -9,7 +9,7 @@ recipe's tokenizer produces every token id), so only the vocabulary has to agree
 
 Command line::
 
-    python -m zephon_nodes.integrations.hf_assets tok.model hf_assets/
+    python -m zephon_nodes.integrations.torchtitan.hf_assets tok.model hf_assets/
 
 Needs ``sentencepiece`` and ``tokenizers`` (the ``torchtitan`` extra).
 """
@@ -78,9 +78,9 @@ def write_hf_assets(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m zephon_nodes.integrations.hf_assets MODEL FOLDER``."""
+    """Command line: ``python -m zephon_nodes.integrations.torchtitan.hf_assets MODEL FOLDER``."""
     parser = argparse.ArgumentParser(
-        prog="python -m zephon_nodes.integrations.hf_assets",
+        prog="python -m zephon_nodes.integrations.torchtitan.hf_assets",
         description="Write TorchTitan's --hf-assets-path folder for a sentencepiece model.",
     )
     parser.add_argument("model", help="sentencepiece .model file (the recipe's tokenizer)")

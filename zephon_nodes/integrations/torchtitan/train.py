@@ -2,12 +2,12 @@ r"""Run ``torchtitan.train`` on GPUs, or on a CPU with the CPU patches when no G
 
 Use it where the TorchTitan docs use ``-m torchtitan.train``; every argument is passed on::
 
-    torchrun --nproc_per_node 2 -m zephon_nodes.integrations.torchtitan_train \
-        --module zephon_nodes.integrations.torchtitan_configs \
+    torchrun --nproc_per_node 2 -m zephon_nodes.integrations.torchtitan.train \
+        --module zephon_nodes.integrations.torchtitan.configs \
         --config zephon_llama3_debugmodel --dataloader.recipe recipe.toml ...
 
 With a GPU it is exactly ``torchtitan.train``. Without one it first applies
-:mod:`zephon_nodes.integrations.torchtitan_cpu` and adds
+:mod:`zephon_nodes.integrations.torchtitan.cpu` and adds
 ``--parallelism.spmd-backend partial_dtensor`` unless the command line sets it: the CPU
 path is for trying a job and for tests, not for training a real model.
 """
@@ -53,7 +53,7 @@ def main() -> None:
     import torch  # after the path check: a wrong path is refused at once, not after ~5 s
 
     if not torch.cuda.is_available():
-        from zephon_nodes.integrations.torchtitan_cpu import apply
+        from zephon_nodes.integrations.torchtitan.cpu import apply
 
         apply()
         argv = sys.argv[1:]

@@ -6,7 +6,7 @@ whatever is in ``extra_metrics`` goes to every enabled logger (TensorBoard, W&B)
 loss. :class:`ZephonMetricsProcessor` adds :func:`~zephon_nodes.integrations.torchtitan.
 loader_metrics` there, so ``zephon/data_wait_s``, ``zephon/operators/<name>/busy_s``, ... show
 up on the dashboard with no code in the training script. The config registry
-(``torchtitan_configs``) uses it; in your own registry set
+(``zephon_nodes.integrations.torchtitan.configs``) uses it; in your own registry set
 ``config.metrics = ZephonMetricsProcessor.Config(...)``.
 """
 

@@ -4,7 +4,7 @@ Neither TorchTitan 0.3.0 nor main (b5bcd76) has a CPU training path; the same fo
 serve both (the patched names are the same on main). These patches make one, for trying a job, the
 walk-through in ``examples/torchtitan`` and tests on a machine without a GPU; a job on GPUs
 never needs them, and nothing in the library applies them on import. Use the launcher
-:mod:`zephon_nodes.integrations.torchtitan_train`, which applies them only when no GPU is
+:mod:`zephon_nodes.integrations.torchtitan.train`, which applies them only when no GPU is
 visible, or call :func:`apply` before any other torchtitan import (many of its modules copy
 ``device_type`` / ``device_module`` when they are imported). The four patches:
 

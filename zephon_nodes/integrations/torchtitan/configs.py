@@ -3,7 +3,7 @@ r"""Example TorchTitan config registry (0.3.0 and main): llama3's debug model, Z
 Use it as TorchTitan's ``--module``; every config function returns a ``Trainer.Config``::
 
     torchrun --nproc_per_node 2 -m torchtitan.train \
-        --module zephon_nodes.integrations.torchtitan_configs \
+        --module zephon_nodes.integrations.torchtitan.configs \
         --config zephon_llama3_debugmodel \
         --dataloader.recipe data/recipe.toml --hf-assets-path data/hf_assets \
         --training.seq-len 256 --training.local-batch-size 4 \
@@ -24,7 +24,7 @@ from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.trainer import Trainer
 
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader
-from zephon_nodes.integrations.torchtitan_metrics import with_zephon_metrics
+from zephon_nodes.integrations.torchtitan.metrics import with_zephon_metrics
 
 __all__ = ["zephon_llama3_debugmodel"]
 
