@@ -9,7 +9,10 @@ the first, then gives new lane ``l'``:
 1. the leftovers of the old lanes ``l = l', l' + L', l' + 2L', ...`` (in that order), one
    flush window each: old lane ``l``'s window ``w_l`` replayed exactly as the old lane ran
    it (same work items, same operator seeds ``(old lane, old window)``), its first ``c_l``
-   samples dropped; a window may be short or, once dropped, empty;
+   samples dropped; a window may be short or, once dropped, empty. When the old lanes were
+   themselves re-laned, an old lane's leftover windows past ``w_l`` follow it, each replayed
+   the same way with the drop of the earlier re-lane (their first samples were delivered
+   before it: they are never untouched);
 2. then the untouched items in their old global order ``g = i * L + l``, renumbered
    ``g' = 0, 1, 2, ...``: first a *catch-up* block per new lane, so that every new lane
    holds as many items (lane ``l'`` with ``A_l'`` leftover items takes the next
