@@ -363,7 +363,7 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
     )
     relaned = _source_for(pipeline_at(pipeline, num_lanes), lineage, num_lanes)  # checks all
     assert isinstance(relaned, RelanedWorkSource)
-    return {
+    out = {
         "format": state["format"],
         "fingerprint": fingerprint_at(pipeline, num_lanes),
         "recipe": summary_at(pipeline, num_lanes),
@@ -373,6 +373,10 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         "lanes": {str(i): [0, relaned.leftover_drop(i, 0)] for i in range(num_lanes)},
         LINEAGE_KEY: lineage.to_state(),
     }
+    from zephon_nodes.engine.timeline import check_resumes
+
+    check_resumes(pipeline_at(pipeline, num_lanes), out, f"the re-lane after step {lineage.step}")
+    return out
 
 
 def _refuse_stages_ahead(recipe: Any, state: Any) -> None:
