@@ -306,6 +306,19 @@ class RelanedWorkSource(WorkSource, LaneNodes):
             return x.lane, x.start + i - prefix[j]
         return self.untouched.locate(self.untouched_rank(lane, i - prefix[-1]))
 
+    def partly_delivered(self, lane: int, resume: int) -> list[int]:
+        """Positions of ``lane``'s leftover windows not entered at ``resume`` that were cut.
+
+        Such a window's first samples were delivered before the re-lane (its drop): its items
+        can be neither read again from their start nor skipped without losing the rest.
+        """
+        prefix = self._prefix[lane]
+        out: list[int] = []
+        for j, x in enumerate(self._windows[lane]):
+            if x.drop and prefix[j] >= resume:
+                out.extend(range(prefix[j], prefix[j + 1]))
+        return out
+
     def work(self, lane: int, i: int) -> WorkItem | None:
         """Return item ``i`` of new lane ``lane``, or None past its end."""
         got = self.old_position(lane, i)
