@@ -190,6 +190,7 @@ class Run:
 def check_chain(case: dict[str, Any]) -> None:
     """Run a drawn chain (see the module docstring); every accepted change must resume."""
     chain = case["chain"]
+    OUTCOMES["chains", "run"] += 1
     run = Run(case["lanes"], chain[0] if chain else None)
     for kind, steps, value, dp in chain:
         run.segment(steps, dp)
