@@ -98,7 +98,7 @@ test: lint
 # gives the example and fault tests their long sizes (20 kills, every dp size, more steps);
 # each test's docstring says what CI runs instead. About 13 minutes on 2 cores (their CI time
 # before the trim).
-LONG ?= tests/examples tests/fault/test_kill_resume.py
+LONG ?= tests/examples tests/fault/test_kill_resume.py tests/engine/test_timeline_property.py
 test-long: install-test
 	ZEPHON_FULL_SCENARIOS=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest --durations=25 $(LONG)
 

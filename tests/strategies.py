@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hypothesis import strategies as st
 
 from zephon_nodes import (
@@ -120,3 +122,35 @@ def operator_assignments(draw: st.DrawFn, pipeline: Pipeline, pools: dict[str, W
         if choice is not None:
             out[op.name] = pools[choice]
     return out
+
+
+#: The transitions of a run (engine/timeline.py): what a chain of changes is drawn from.
+TRANSITIONS = ("relane", "add", "remove", "seq_len", "mixture", "stage")
+
+
+@st.composite
+def transition_chains(draw: st.DrawFn, lanes: Sequence[int], max_len: int = 6) -> dict:
+    """A run's first lane count and a chain of up to ``max_len`` transitions.
+
+    Each transition is ``(kind, steps, value, dp)``: run ``steps`` steps (1-3) of the segment
+    before it at dp ``dp`` (an index into the segment's dp sizes), then make the change;
+    ``value`` picks the change's parameter (a lane count, a dataset, a seq_len, weights). A
+    planned stage is drawn only first (a stage cannot start after a re-lane).
+    """
+    n = draw(st.integers(0, max_len))
+    chain = []
+    for i in range(n):
+        kinds = TRANSITIONS if i == 0 else tuple(k for k in TRANSITIONS if k != "stage")
+        chain.append(
+            (
+                draw(st.sampled_from(kinds)),
+                draw(st.integers(1, 3)),
+                draw(st.integers(0, 5)),
+                draw(st.integers(0, 3)),
+            )
+        )
+    return {
+        "lanes": draw(st.sampled_from(list(lanes))),
+        "chain": chain,
+        "last_dp": draw(st.integers(0, 3)),
+    }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 from zephon_nodes.commands.inspect import add_checkpoint_arg, load_any
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     state = load_any(args.checkpoint)
     from zephon_nodes.engine.pipeline import Pipeline  # the engine imports torch: not for --help
     from zephon_nodes.engine.stages import amend_state
+    from zephon_nodes.engine.timeline import unreachable
 
     step = RankState.from_dict(state).step
     old = Pipeline(Recipe.from_toml(args.old_recipe))
@@ -81,6 +83,12 @@ def run(args: argparse.Namespace) -> int:
         "dropped_samples": sum(row[-2] for row in lanes),
         "dropped_tokens": sum(row[-1] for row in lanes),
     }
+    left = unreachable(new, amended)
+    if left is not None:
+        out["unreachable_work_items"] = left.items
+        warning = left.warning(f"the amendment after step {amended[STEP_KEY]}")
+        if warning is not None:
+            print(warning, file=sys.stderr)
     if args.json:
         print(json.dumps(out, sort_keys=True))
         return 0

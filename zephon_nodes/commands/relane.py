@@ -58,6 +58,15 @@ def run(args: argparse.Namespace) -> int:
         "relanes": _depth(lineage),
     }
     starved = starved_lanes(pipeline, new)
+    from zephon_nodes.engine.relane import pipeline_at
+    from zephon_nodes.engine.timeline import unreachable
+
+    left = unreachable(pipeline_at(pipeline, int(new["num_lanes"])), new)
+    if left is not None:
+        out["unreachable_work_items"] = left.items
+        warning = left.warning(f"the re-lane after step {new['step']}")
+        if warning is not None and not starved:
+            print(warning, file=sys.stderr)
     if starved:
         out["lanes_without_untouched_items"] = starved
         print(

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = [
     "amend_state",
     "check_stage_batches",
+    "continue_streams",
     "enter_next_stage",
     "enter_stage",
     "segment_for_state",
@@ -355,16 +356,7 @@ def enter_stage(
         names, streams = base_streams(p)
     retired = prev.retired if prev is not None else ()
     known = len(names)
-    for name, content in _recipe_streams(recipe):
-        if name in retired:
-            raise RecipeError(
-                f"dataset {name!r} was removed before a re-lane and is not read since: its "
-                f"stream cannot be continued without repeating documents; give it a new name "
-                f"to read it again from its beginning"
-            )
-        if name not in names:
-            names.append(name)
-            streams.append((added_stream_key(name), content))
+    renames = continue_streams(names, streams, retired, recipe)
     cuts: dict[int, _Cut] = {}
     for lane, (w, c) in node.positions.items():
         if c:
@@ -375,14 +367,14 @@ def enter_stage(
         from zephon_nodes.engine.unread import enter_after_relane
 
         out = enter_after_relane(node, cuts, index, amended, (names, streams, known), prev, lane_of)
-        gone = sorted({d.name for d in recipe.datasets} & set(out.retired))
+        gone = sorted(({d.name for d in recipe.datasets} | set(renames)) & set(out.retired))
         if gone:
             raise RecipeError(
                 f"dataset(s) {gone} were not read by the re-laned lanes and their streams "
                 f"before the re-lane are not known: give them new names to read them again "
                 f"from their beginning"
             )
-        return out
+        return _renamed(out, renames)
     own = [d.name for d in old.datasets]
     rows: dict[int, tuple[int, ...]] = {}
     for lane, cut in cuts.items():
@@ -399,7 +391,7 @@ def enter_stage(
         was = prev.dropped(lane) if prev is not None else (0, 0)
         row = [counts[n] if n in counts else before.get(n, 0) for n in names]
         rows[lane] = (*row, *head, was[0] + cut.samples, was[1] + cut.tokens)
-    return StageState(
+    out = StageState(
         index=index,
         step=node.step,
         names=tuple(names),
@@ -409,6 +401,74 @@ def enter_stage(
         unread=dict(prev.unread) if prev is not None else {},
         retired=retired,
         num_lanes=p.num_lanes,
+    )
+    return _renamed(out, renames)
+
+
+def continue_streams(
+    names: list[str], streams: list[tuple[int, str]], retired: Sequence[str], recipe: Recipe
+) -> dict[str, str]:
+    """Join ``recipe``'s datasets to the run's streams by content, not by name.
+
+    A dataset of a known name must be the data read under that name; a new name whose data
+    (content digest: files, their checksums and order, chunking) is a known stream's
+    continues that stream (a rename: returned as ``{old name: new name}``); any other new
+    name is added to ``names`` and ``streams`` (in place), read from its beginning.
+
+    Raises:
+        RecipeError: If a name changed its data, two datasets hold the same data, or the
+            stream to continue was retired after a re-lane.
+    """
+    wanted = _recipe_streams(recipe)
+    in_recipe = {name for name, _ in wanted}
+    renames: dict[str, str] = {}
+    first: dict[str, str] = {}
+    for name, content in wanted:
+        twin = first.setdefault(content, name)
+        if twin != name:
+            raise RecipeError(
+                f"datasets {twin!r} and {name!r} hold the same data (content {content}): each "
+                f"document would be read twice; keep one of them"
+            )
+        if name in retired:
+            raise RecipeError(
+                f"dataset {name!r} was removed before a re-lane and is not read since: its "
+                f"stream cannot be continued without repeating documents; give it a new name "
+                f"to read it again from its beginning"
+            )
+        if name in names:
+            was = streams[names.index(name)][1]
+            if was != content:
+                raise RecipeError(
+                    f"dataset {name!r} is not the data the run read under that name (content "
+                    f"{content} now, {was} before the change: other files, a subset, a "
+                    f"superset, another order or another chunk_size): a dataset keeps its "
+                    f"files for the whole run; give changed data a new name"
+                )
+            continue
+        same = [n for n, (_, c) in zip(names, streams, strict=True) if c == content]
+        if not same:
+            names.append(name)
+            streams.append((added_stream_key(name), content))
+            continue
+        if same[0] in in_recipe:
+            raise RecipeError(
+                f"dataset {name!r} holds the data of dataset {same[0]!r} (content {content}), "
+                f"which the new recipe also reads: each document would be read twice; remove "
+                f"{same[0]!r} to continue its stream under the name {name!r}"
+            )
+        renames[same[0]] = name
+    return renames
+
+
+def _renamed(stage: StageState, renames: Mapping[str, str]) -> StageState:
+    """``stage`` with datasets renamed (each keeps its stream, its rows and its unread set)."""
+    if not renames:
+        return stage
+    return dataclasses.replace(
+        stage,
+        names=tuple(renames.get(n, n) for n in stage.names),
+        unread={renames.get(n, n): u for n, u in stage.unread.items()},
     )
 
 
@@ -479,7 +539,11 @@ def amend_state(old: Pipeline, state: Mapping[str, Any], new: Pipeline) -> dict[
             stage = enter_stage(node, new.recipe.base, 0, amended)
         finally:
             node.close()
-    return stage_state_dict(new, step, stage)
+    out = stage_state_dict(new, step, stage)
+    from zephon_nodes.engine.timeline import check_resumes
+
+    check_resumes(new, out, f"the amendment after step {step}")
+    return out
 
 
 def enter_next_stage(node: Multiplexer) -> None:

@@ -167,6 +167,10 @@ def unread_sets(source: WorkSource, resume: Mapping[int, int]) -> UnreadState:
                 read.setdefault(key, set()).add(g)
                 inner.pending.discard((key, g))
         sets = {k: u.without(read.get(k, ())) for k, u in inner.sets.items()}
+        for lane, stop in resume.items():  # windows the re-lane cut, not replayed yet
+            inner.pending.update(
+                global_index(source, lane, i) for i in source.partly_delivered(lane, stop)
+            )
         return UnreadState(sets, inner.pending)
     if isinstance(source, StageWorkSource):
         return source.unread(resume)
@@ -260,8 +264,8 @@ def enter_after_relane(
     if got.pending:
         raise RecipeError(
             f"at step {node.step} a re-laned lane has not yet read the rest of a work item an "
-            f"earlier change cut in two; amend at a later step (once each lane is past its "
-            f"first flush window after the re-lane)"
+            f"earlier change or the re-lane cut in two; amend at a later step (once each lane "
+            f"is past the flush windows it took over from the old lanes)"
         )
     name_of = {key: names[i] for i, (key, _) in enumerate(streams)}
     unread = {}

@@ -121,6 +121,10 @@ class WorkSource(ABC):
         """Size of each of ``lane``'s items if the stream was dealt by size (default None)."""
         return None
 
+    def leftovers(self, lane: int) -> int:
+        """Leftover windows ``lane`` replays first (a re-laned pass; default 0)."""
+        return 0
+
     def leftover_drop(self, lane: int, window: int) -> int:
         """Samples a lane drops at the start of ``window`` (a re-laned leftover; default 0)."""
         return 0

@@ -9,7 +9,10 @@ the first, then gives new lane ``l'``:
 1. the leftovers of the old lanes ``l = l', l' + L', l' + 2L', ...`` (in that order), one
    flush window each: old lane ``l``'s window ``w_l`` replayed exactly as the old lane ran
    it (same work items, same operator seeds ``(old lane, old window)``), its first ``c_l``
-   samples dropped; a window may be short or, once dropped, empty;
+   samples dropped; a window may be short or, once dropped, empty. When the old lanes were
+   themselves re-laned, an old lane's leftover windows past ``w_l`` follow it, each replayed
+   the same way with the drop of the earlier re-lane (their first samples were delivered
+   before it: they are never untouched);
 2. then the untouched items in their old global order ``g = i * L + l``, renumbered
    ``g' = 0, 1, 2, ...``: first a *catch-up* block per new lane, so that every new lane
    holds as many items (lane ``l'`` with ``A_l'`` leftover items takes the next
@@ -360,7 +363,7 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
     )
     relaned = _source_for(pipeline_at(pipeline, num_lanes), lineage, num_lanes)  # checks all
     assert isinstance(relaned, RelanedWorkSource)
-    return {
+    out = {
         "format": state["format"],
         "fingerprint": fingerprint_at(pipeline, num_lanes),
         "recipe": summary_at(pipeline, num_lanes),
@@ -370,6 +373,10 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         "lanes": {str(i): [0, relaned.leftover_drop(i, 0)] for i in range(num_lanes)},
         LINEAGE_KEY: lineage.to_state(),
     }
+    from zephon_nodes.engine.timeline import check_resumes
+
+    check_resumes(pipeline_at(pipeline, num_lanes), out, f"the re-lane after step {lineage.step}")
+    return out
 
 
 def _refuse_stages_ahead(recipe: Any, state: Any) -> None:

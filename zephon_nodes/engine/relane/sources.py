@@ -29,6 +29,17 @@ _RELANE_TAG = 0x52454C4E  # "RELN"
 _ENDLESS = 1 << 62
 
 
+@dataclasses.dataclass(frozen=True)
+class _Leftover:
+    """An old lane's flush window a new lane replays: positions ``[start, stop)``, ``drop``."""
+
+    lane: int
+    window: int
+    start: int
+    stop: int
+    drop: int
+
+
 class _Untouched:
     """The untouched items of the old lanes in old global order, renumbered 0, 1, 2, ...
 
@@ -107,35 +118,43 @@ class RelanedWorkSource(WorkSource, LaneNodes):
             raise CheckpointError(f"lineage has num_lanes={lineage.num_lanes}, source has {L}")
         self.old, self.base, self.lineage = old, base, lineage
         self.flush_every, self.seed, self.base_pass = K, seed, base_pass
+        # Per old lane, the windows still to replay: its current window ``w`` (``c`` samples
+        # dropped), then, when the old stream is itself re-laned, its leftover windows past
+        # ``w`` (each with the drop of the re-lane before: some of their samples were
+        # delivered before it). Only what follows them is untouched.
+        held: list[list[_Leftover]] = []
         starts, stops, ends = [], [], []
-        for lane, (w, _) in enumerate(lineage.lanes):
-            n = old.lane_length(lane)
-            start, stop = old.window_bounds(lane, w, K)
+        for lane, (w, c) in enumerate(lineage.lanes):
             if w > 0 and not old.has_window(lane, w, K):
                 raise CheckpointError(
                     f"lineage lane {lane}: window {w} is beyond the end of the old lane's stream"
                 )
-            starts.append(start)
-            stops.append(stop)
-            ends.append(n)
+            windows = [_Leftover(lane, w, *old.window_bounds(lane, w, K), c)]
+            for v in range(w + 1, old.leftovers(lane)):
+                windows.append(
+                    _Leftover(lane, v, *old.window_bounds(lane, v, K), old.leftover_drop(lane, v))
+                )
+            held.append(windows)
+            starts.append(windows[0].start)
+            stops.append(windows[-1].stop)
+            ends.append(old.lane_length(lane))
         self._old_starts = starts
-        self._old_stops = stops
         self.untouched = _Untouched(stops, ends)
-        # Per new lane: the old lanes whose leftovers it replays, and the prefix positions.
-        self._olds: list[list[int]] = []
+        # Per new lane: the old lanes' windows it replays, and the prefix positions.
+        self._windows: list[list[_Leftover]] = []
         self._prefix: list[list[int]] = []
         for nl in range(Ln):
-            olds = list(range(nl, L, Ln))
+            windows = [x for ol in range(nl, L, Ln) for x in held[ol]]
             prefix = [0]
-            for ol in olds:
-                prefix.append(prefix[-1] + stops[ol] - starts[ol])
-            self._olds.append(olds)
+            for x in windows:
+                prefix.append(prefix[-1] + x.stop - x.start)
+            self._windows.append(windows)
             self._prefix.append(prefix)
         # Catch-up: lane l' first takes a block of ``M - A_l'`` untouched items (``A_l'``: its
         # leftover items, ``M`` their maximum), so every new lane holds as many items.
-        held = [prefix[-1] for prefix in self._prefix]
-        top = max(held, default=0)
-        self._catch = [top - a for a in held]
+        held_items = [prefix[-1] for prefix in self._prefix]
+        top = max(held_items, default=0)
+        self._catch = [top - a for a in held_items]
         self._catch_at = [0]
         for d in self._catch:
             self._catch_at.append(self._catch_at[-1] + d)
@@ -174,18 +193,15 @@ class RelanedWorkSource(WorkSource, LaneNodes):
         ranked = (np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64))[order]
         assert len(ranked) == self.untouched.total
         start = np.zeros(self.num_lanes, dtype=np.int64)
-        for nl, olds in enumerate(self._olds):
-            for ol in olds:
-                window = int(old_sizes[ol][self._old_starts[ol] : self._old_stops[ol]].sum())
-                start[nl] += max(0, window - self.lineage.lanes[ol][1] * sample_tokens)
+        for nl, windows in enumerate(self._windows):
+            for x in windows:
+                size = int(old_sizes[x.lane][x.start : x.stop].sum())
+                start[nl] += max(0, size - x.drop * sample_tokens)
         lane_of = deal(ranked, self.num_lanes, start=start)
         self._dealt = [np.flatnonzero(lane_of == nl) for nl in range(self.num_lanes)]
         self._sizes = [
-            np.concatenate(
-                [old_sizes[ol][self._old_starts[ol] : self._old_stops[ol]] for ol in olds]
-                + [ranked[dealt]]
-            )
-            for olds, dealt in zip(self._olds, self._dealt, strict=True)
+            np.concatenate([old_sizes[x.lane][x.start : x.stop] for x in windows] + [ranked[dealt]])
+            for windows, dealt in zip(self._windows, self._dealt, strict=True)
         ]
 
     # -- geometry ----------------------------------------------------------------------------
@@ -196,7 +212,7 @@ class RelanedWorkSource(WorkSource, LaneNodes):
 
     def leftovers(self, lane: int) -> int:
         """Number of leftover windows of new lane ``lane`` (``a``)."""
-        return len(self._olds[lane])
+        return len(self._windows[lane])
 
     def untouched_length(self, lane: int) -> int | None:
         """Untouched items of new lane ``lane`` (None: endless)."""
@@ -260,21 +276,19 @@ class RelanedWorkSource(WorkSource, LaneNodes):
 
     def leftover_drop(self, lane: int, window: int) -> int:
         """Samples dropped at the start of window ``window`` (the old lane's consumed)."""
-        olds = self._olds[lane]
-        if window < len(olds):
-            return self.lineage.lanes[olds[window]][1]
-        return 0
+        windows = self._windows[lane]
+        return windows[window].drop if window < len(windows) else 0
 
     def shuffle_parts(self, seed: int, lane: int, window: int) -> tuple[int, int, int]:
         """Seed parts of ``window``: the old lane's for a leftover, salted ones after.
 
         ``seed`` is the recipe's (the one this source was built with).
         """
-        olds = self._olds[lane]
-        if window < len(olds):
-            ol = olds[window]
-            return self.old.shuffle_parts(self.seed, ol, self.lineage.lanes[ol][0])
-        return self.salt, lane, window - len(olds)
+        windows = self._windows[lane]
+        if window < len(windows):
+            x = windows[window]
+            return self.old.shuffle_parts(self.seed, x.lane, x.window)
+        return self.salt, lane, window - len(windows)
 
     # -- the WorkSource ----------------------------------------------------------------------
 
@@ -288,9 +302,22 @@ class RelanedWorkSource(WorkSource, LaneNodes):
         prefix = self._prefix[lane]
         if i < prefix[-1]:
             j = bisect.bisect_right(prefix, i) - 1
-            ol = self._olds[lane][j]
-            return ol, self._old_starts[ol] + i - prefix[j]
+            x = self._windows[lane][j]
+            return x.lane, x.start + i - prefix[j]
         return self.untouched.locate(self.untouched_rank(lane, i - prefix[-1]))
+
+    def partly_delivered(self, lane: int, resume: int) -> list[int]:
+        """Positions of ``lane``'s leftover windows not entered at ``resume`` that were cut.
+
+        Such a window's first samples were delivered before the re-lane (its drop): its items
+        can be neither read again from their start nor skipped without losing the rest.
+        """
+        prefix = self._prefix[lane]
+        out: list[int] = []
+        for j, x in enumerate(self._windows[lane]):
+            if x.drop and prefix[j] >= resume:
+                out.extend(range(prefix[j], prefix[j + 1]))
+        return out
 
     def work(self, lane: int, i: int) -> WorkItem | None:
         """Return item ``i`` of new lane ``lane``, or None past its end."""

@@ -1,0 +1,102 @@
+"""A run as a timeline: segments joined by transitions, each change checked where it is made.
+
+A *segment* is a compiled recipe read by a lane count from a work source, each lane starting
+at a known position; a *transition* (a planned stage, an amendment, a re-lane, a new pass, a
+mixture update) turns the state at the end of one segment into the state the next one
+resumes. A transition made offline (``zephon amend``, ``zephon relane``, the TorchTitan
+adapters) must never write a state that the next resume refuses: :func:`check_resumes`
+resumes the produced state on every lane, as a run would, and refuses the change at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from zephon_nodes.core.errors import CheckpointError, RecipeError
+from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.relane import for_state
+from zephon_nodes.engine.stages import segment_for_state
+from zephon_nodes.state.schema import LANES_KEY
+
+__all__ = ["Unreachable", "check_resumes", "unreachable"]
+
+#: A transition warns when at least this share of the remaining work items is unreachable.
+WARN_SHARE = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class Unreachable:
+    """Work items of a finite run left past the end of its shortest lane, after a change.
+
+    A step takes samples from every lane: the data ends when the first lane runs out, and
+    what the other lanes still hold then is never used.
+
+    Attributes:
+        items: Work items past the shortest lane's end (summed over lanes).
+        remaining: Work items the lanes hold in all.
+    """
+
+    items: int
+    remaining: int
+
+    @property
+    def share(self) -> float:
+        """``items / remaining`` (0 when nothing remains)."""
+        return self.items / self.remaining if self.remaining else 0.0
+
+    def warning(self, change: str) -> str | None:
+        """One line for stderr when the share is at least :data:`WARN_SHARE` (else None)."""
+        if self.share < WARN_SHARE:
+            return None
+        return (
+            f"warning: after {change}, {self.items} of the {self.remaining} remaining work "
+            f"items ({self.share:.0%}) lie past the end of the shortest lane and go unused "
+            f"when the finite data ends; fewer lanes or an earlier checkpoint keeps more of "
+            f"the data"
+        )
+
+
+def check_resumes(pipeline: Any, state: Mapping[str, Any], change: str) -> None:
+    """Resume ``state`` on every lane of ``pipeline`` (validation and replay), then drop it.
+
+    Args:
+        pipeline: The pipeline of the recipe the state is to be resumed with.
+        state: The state a transition produced (plain data, every lane).
+        change: What produced it, for the message (``"the amendment"``).
+
+    Raises:
+        RecipeError: In one line, if a resume of the state would be refused.
+    """
+    try:
+        segment = for_state(pipeline, state)
+        with WorkerPool(1, "thread") as pool:
+            node = segment.rank_node(lanes=list(range(segment.num_lanes)), pool=pool)
+            try:
+                node.reset(dict(state))
+            finally:
+                node.close()
+    except CheckpointError as e:
+        raise RecipeError(f"{change} is refused: the state it writes would not resume: {e}") from e
+
+
+def unreachable(pipeline: Any, state: Mapping[str, Any]) -> Unreachable | None:
+    """What a state leaves unreachable before the end of finite data (None: endless data).
+
+    Counted in work items: per lane, the items from the start of its current flush window
+    to its end; what exceeds the shortest lane's count is unreachable.
+    """
+    segment = segment_for_state(for_state(pipeline, state), state)
+    source = segment.work_source
+    K = segment.recipe.flush_every
+    left = []
+    for key, position in state[LANES_KEY].items():
+        lane = int(key)
+        n = source.lane_length(lane)
+        if n is None:
+            return None
+        left.append(max(0, n - source.window_start(lane, int(position[0]), K)))
+    if not left:
+        return None
+    return Unreachable(sum(left) - min(left) * len(left), sum(left))
