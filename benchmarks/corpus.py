@@ -18,8 +18,7 @@ import random
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-
-import zstandard
+from typing import Any
 
 DOC_SOURCES = "/usr/share/doc/python3.11/html/_sources"
 # Test suites and codec tables are mostly data, not prose or typical code.
@@ -147,6 +146,8 @@ def build_corpus(
     random.Random(0).shuffle(docs)
     if log:
         print(f"corpus: {len(docs)} documents from {len(files)} files", file=sys.stderr)
+    import zstandard
+
     cctx = zstandard.ZstdCompressor(level=3)
     shards = []
     with open(out / "all.jsonl", "w", encoding="utf-8") as plain:
@@ -197,3 +198,155 @@ def _train_tokenizer(
             f"{time.perf_counter() - t0:.0f} s",
             file=sys.stderr,
         )
+
+
+HF_VOCAB = 128_256  # Llama 3's vocabulary size
+HF_BOS = "<|begin_of_text|>"
+HF_EOS = "<|end_of_text|>"
+
+
+def hf_tokenizer(
+    corpus: Corpus, vocab_size: int = HF_VOCAB, extra_bytes: int = 96 << 20, log: bool = True
+) -> Path:
+    """Train (once) a byte-level BPE ``tokenizer.json`` on the corpus; return its directory.
+
+    The tokenizer is the kind TorchTitan users load for Llama 3 (Hugging Face ``tokenizers``,
+    byte-level pre-tokenizer and decoder, ``<|begin_of_text|>`` / ``<|end_of_text|>``), trained
+    offline on the benchmark's own documents plus about ``extra_bytes`` of other Python sources
+    found on this machine (the installed packages': the corpus alone, 11 MB, has too few
+    distinct words for 128k entries, and a real tokenizer is trained on far more text than any
+    one job reads). The directory also holds the
+    ``tokenizer_config.json`` TorchTitan main's ``HuggingFaceTokenizer`` reads. Cached under
+    the corpus directory (never in git). A small corpus may end with fewer entries than asked
+    (BPE stops when no pair repeats); the vocabulary size is in ``meta.json`` there.
+    """
+    import sys
+    import time
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    out = corpus.root / f"hf-bpe-v{vocab_size}-x{extra_bytes >> 20}"
+    path = out / "tokenizer.json"
+    if path.is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=[HF_BOS, HF_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+
+    def texts() -> Any:
+        with open(corpus.jsonl, encoding="utf-8") as f:
+            for line in f:
+                yield json.loads(line)["text"]
+        yield from _extra_training_text(extra_bytes)
+
+    tok.train_from_iterator(texts(), trainer=trainer)
+    tmp = out / "tokenizer.json.tmp"
+    tok.save(str(tmp))
+    config = {"bos_token": HF_BOS, "eos_token": HF_EOS, "add_bos_token": True}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    got = tok.get_vocab_size(with_added_tokens=True)
+    (out / "meta.json").write_text(json.dumps({"vocab_size": got, "asked": vocab_size}))
+    tmp.rename(path)
+    if log:
+        print(
+            f"hf tokenizer: byte-level BPE, {got} entries (asked {vocab_size}), trained in "
+            f"{time.perf_counter() - t0:.0f} s",
+            file=sys.stderr,
+        )
+    return out
+
+
+def _extra_training_text(limit: int) -> Any:
+    """Yield Python sources of the installed packages (sorted paths) up to ``limit`` bytes."""
+    total = 0
+    site = Path(sysconfig.get_paths()["purelib"])
+    for p in sorted(site.rglob("*.py")):
+        if total >= limit:
+            return
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        total += len(text)
+        yield text
+
+
+def hf_dir(corpus: Corpus) -> str:
+    """Directory of the corpus's ``tokenizer.json`` (trained once, cached).
+
+    A tiny corpus (smoke runs, < 4 MB) gets a small tokenizer trained on it alone.
+    """
+    if corpus.num_bytes < 4 << 20:
+        return str(hf_tokenizer(corpus, vocab_size=4000, extra_bytes=0, log=False))
+    return str(hf_tokenizer(corpus))
+
+
+class BenchTokenizer:
+    """``encode(text, add_bos, add_eos)`` over either tokenizer; picklable (loads lazily)."""
+
+    def __init__(self, kind: str, path: str) -> None:
+        self.kind = kind
+        self.path = path
+        self._tok: Any = None
+        self.bos_id, self.eos_id = self._special()
+
+    def _load(self) -> Any:
+        if self._tok is None:
+            if self.kind == "hf":
+                from tokenizers import Tokenizer
+
+                self._tok = Tokenizer.from_file(os.path.join(self.path, "tokenizer.json"))
+            else:
+                import sentencepiece as spm
+
+                self._tok = spm.SentencePieceProcessor(model_file=self.path)
+        return self._tok
+
+    def _special(self) -> tuple[int, int]:
+        tok = self._load()
+        if self.kind == "hf":
+            from benchmarks.corpus import HF_BOS, HF_EOS
+
+            return int(tok.token_to_id(HF_BOS)), int(tok.token_to_id(HF_EOS))
+        return int(tok.bos_id()), int(tok.eos_id())
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Ids of each text, no specials (the raw limit: one call per group of documents)."""
+        tok = self._load()
+        if self.kind == "hf":
+            return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        return tok.encode(texts, out_type=int, num_threads=1)
+
+    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]:
+        """Ids of one text with bos/eos as asked."""
+        tok = self._load()
+        if self.kind == "hf":
+            ids = tok.encode(text, add_special_tokens=False).ids
+        else:
+            ids = tok.encode(text, out_type=int)
+        return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._load().decode(ids))
+
+    def get_vocab_size(self) -> int:
+        tok = self._load()
+        return int(tok.get_vocab_size() if self.kind == "hf" else tok.get_piece_size())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "_tok": None,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+        }

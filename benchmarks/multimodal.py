@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.corpus import default_root
-from benchmarks.pipelines import tree_cpu_s
+from benchmarks.timing import tree_cpu_s
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.io.formats.tar import TarShard, open_tar_shard

@@ -19,144 +19,34 @@ import os
 import pickle
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from benchmarks.corpus import Corpus
+from benchmarks.corpus import BenchTokenizer, Corpus, hf_dir
+from benchmarks.timing import BenchConfig, RunResult, timed
+
+__all__ = ["BenchConfig", "RunResult"]
 
 IGNORE_INDEX = -100
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """Shape of one run (the same for every pipeline)."""
-
-    seq_len: int = 2048
-    batch_size: int = 8
-    num_workers: int = 2
-    num_lanes: int = 8
-    shuffle_buffer: int = 64
-    chunk_size: int = 64
-    flush_every: int = 8
-    seconds: float = 4.0
-    warmup_s: float = 3.0
-    min_flush_periods: int = 2
-    runner: str = "thread"
-    python_filter: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        """Serialize (for a subprocess)."""
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> BenchConfig:
-        """Deserialize."""
-        return cls(**json.loads(text))
-
-
-@dataclass
-class RunResult:
-    """What one timed run measured."""
-
-    tokens: int
-    seconds: float
-    first_batch_s: float
-    batches: int
-    ckpt_bytes: int | None = None
-    padding_tokens: int = 0
-    cpu_s: float | None = None
-    flush_periods: int | None = None  # whole flush periods of every lane inside the window
-
-    @property
-    def tok_s(self) -> float:
-        """Tokens per second in steady state."""
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and all its descendants (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        total += stats.get(pid, (0, 0.0))[1]
-        todo.extend(children.get(pid, []))
-    return total
-
-
-def _timed(
-    batches: Iterator[Any],
-    count: Callable[[Any], tuple[int, int]],
-    cfg: BenchConfig,
-    windows: Callable[[], list[int]] | None = None,
-) -> RunResult:
-    """Pull batches; the clock starts ``warmup_s`` after the first one.
-
-    The warm-up drains what the pipeline computed ahead while it filled its buffers before
-    the first batch (a lane's look-ahead, a prefetch queue), so the timed window measures
-    steady state, not work done before the clock started. With ``windows`` (each lane's
-    current flush window), the clock also runs until every lane has passed
-    ``cfg.min_flush_periods`` whole flush periods.
-    """
-    t0 = time.perf_counter()
-    first = next(batches)
-    count(first)
-    t1 = time.perf_counter()
-    while time.perf_counter() < t1 + cfg.warmup_s:
-        count(next(batches))
-    first_s = t1 - t0
-    t1 = time.perf_counter()
-    c1 = tree_cpu_s()
-    tokens = pad = n = 0
-    deadline = t1 + cfg.seconds
-    start = windows() if windows is not None else []
-    periods = 0  # whole periods of every lane: a lane k windows further covered k - 1 whole
-
-    def covered() -> int:
-        return min(w - w0 for w, w0 in zip(windows(), start, strict=True)) - 1
-
-    now = t1
-    while now < deadline or (windows is not None and periods < cfg.min_flush_periods):
-        real, padding = count(next(batches))
-        tokens += real
-        pad += padding
-        n += 1
-        now = time.perf_counter()
-        if windows is not None:
-            periods = covered()
-    cpu = tree_cpu_s() - c1
-    return RunResult(
-        tokens,
-        now - t1,
-        first_s,
-        n,
-        padding_tokens=pad,
-        cpu_s=cpu,
-        flush_periods=periods if windows is not None else None,
-    )
 
 
 def _count_labels(labels: Any) -> tuple[int, int]:
     arr = labels.numpy() if hasattr(labels, "numpy") else np.asarray(labels)
     pad = int((arr == IGNORE_INDEX).sum())
     return int(arr.size) - pad, pad
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizers: the corpus's sentencepiece model ("sp") or its byte-level BPE tokenizer.json ("hf")
+
+
+def bench_tokenizer(corpus: Corpus, cfg: BenchConfig) -> BenchTokenizer:
+    """The run's tokenizer."""
+    if cfg.tokenizer == "hf":
+        return BenchTokenizer("hf", hf_dir(corpus))
+    return BenchTokenizer("sp", str(corpus.model))
 
 
 # ---------------------------------------------------------------------------------------
@@ -169,10 +59,14 @@ def zephon_recipe(corpus: Corpus, cfg: BenchConfig) -> Any:
 
     return Recipe(
         datasets=(DatasetSpec("bench", paths=(corpus.shard_glob,)),),
-        tokenizer=TokenizerSpec(kind="sentencepiece", path=corpus.model),
+        tokenizer=(
+            TokenizerSpec(kind="hf", path=os.path.join(hf_dir(corpus), "tokenizer.json"))
+            if cfg.tokenizer == "hf"
+            else TokenizerSpec(kind="sentencepiece", path=corpus.model)
+        ),
         seed=1,
         num_lanes=cfg.num_lanes,
-        global_batch_size=max(cfg.batch_size, cfg.num_lanes),
+        global_batch_size=max(cfg.batch_size * cfg.dp, cfg.num_lanes),
         seq_len=cfg.seq_len,
         flush_every=cfg.flush_every,
         work=WorkSpec(chunk_size=cfg.chunk_size, epochs=None),
@@ -213,7 +107,7 @@ def zephon_pipeline(corpus: Corpus, cfg: BenchConfig) -> tuple[Any, Any, Any]:
             [ParseJsonl(), PythonFilter(), Tokenize(pipeline.recipe.tokenizer)]
         )
     pool = WorkerPool(cfg.num_workers, cfg.runner)
-    node = pipeline.rank_node(1, 0, pool=pool, local_batch_size=cfg.batch_size)
+    node = pipeline.rank_node(cfg.dp, 0, pool=pool, local_batch_size=cfg.batch_size)
     return pipeline, node, pool
 
 
@@ -225,7 +119,7 @@ def run_zephon(corpus: Corpus, cfg: BenchConfig) -> RunResult:
         def windows() -> list[int]:
             return [int(w) for w, _ in node.state_dict()["lanes"].values()]
 
-        result = _timed(iter(node), lambda b: _count_labels(b["labels"]), cfg, windows)
+        result = timed(iter(node), lambda b: _count_labels(b["labels"]), cfg, windows)
         result.ckpt_bytes = len(json.dumps(node.state_dict()).encode())
     finally:
         pool.close()
@@ -243,15 +137,17 @@ def load_texts(corpus: Corpus) -> list[str]:
 
 
 def run_raw(corpus: Corpus, cfg: BenchConfig) -> RunResult:
-    """Raw sentencepiece encode of groups of documents on ``num_workers`` threads."""
-    import sentencepiece as spm
+    """Raw ``encode_batch`` of groups of documents on ``num_workers`` threads (the limit).
 
-    sp = spm.SentencePieceProcessor(model_file=str(corpus.model))
+    Sentencepiece's batch encode (one thread each) or Hugging Face ``tokenizers``'
+    ``encode_batch`` (``TOKENIZERS_PARALLELISM=false``: no Rust pool beside the threads).
+    """
+    tok = bench_tokenizer(corpus, cfg)
     texts = load_texts(corpus)
     groups = [texts[i : i + cfg.chunk_size] for i in range(0, len(texts), cfg.chunk_size)]
 
     def encode(group: list[str]) -> int:
-        ids = sp.encode(group, out_type=int, num_threads=1)
+        ids = tok.encode_batch(group)
         return sum(map(len, ids)) + len(ids)  # + eos: one more target per document
 
     def stream() -> Iterator[int]:
@@ -259,7 +155,7 @@ def run_raw(corpus: Corpus, cfg: BenchConfig) -> RunResult:
             while True:
                 yield from ex.map(encode, groups)
 
-    return _timed(stream(), lambda n: (n, 0), cfg)
+    return timed(stream(), lambda n: (n, 0), cfg)
 
 
 # ---------------------------------------------------------------------------------------
@@ -295,20 +191,12 @@ class JsonlSource:
 class SpEncode:
     """Grain map: text -> {"inputs", "targets"} (TorchTitan-style shift inside a document)."""
 
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self._sp: Any = None
+    def __init__(self, tok: BenchTokenizer) -> None:
+        self.tok = tok
 
     def __call__(self, text: str) -> dict[str, np.ndarray]:
-        if self._sp is None:
-            import sentencepiece as spm
-
-            self._sp = spm.SentencePieceProcessor(model_file=self.model)
-        ids = np.asarray(self._sp.encode(text, add_bos=True, add_eos=True), dtype=np.int32)
+        ids = np.asarray(self.tok.encode(text, add_bos=True, add_eos=True), dtype=np.int32)
         return {"inputs": ids[:-1], "targets": ids[1:]}
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"model": self.model, "_sp": None}
 
 
 def grain_iter(corpus: Corpus, cfg: BenchConfig, processes: bool) -> Any:
@@ -316,8 +204,9 @@ def grain_iter(corpus: Corpus, cfg: BenchConfig, processes: bool) -> Any:
     import grain
     from grain.experimental import ConcatThenSplitIterDataset
 
-    ds = grain.MapDataset.source(JsonlSource(str(corpus.jsonl))).shuffle(seed=1).repeat()
-    ds = ds.map(SpEncode(str(corpus.model)))
+    ds = grain.MapDataset.source(JsonlSource(str(corpus.jsonl))).shuffle(seed=1)
+    ds = ds[0 :: cfg.dp].repeat()  # rank 0 of dp
+    ds = ds.map(SpEncode(bench_tokenizer(corpus, cfg)))
     threads = 1 if processes else cfg.num_workers
     it = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads, prefetch_buffer_size=64))
     it = ConcatThenSplitIterDataset(
@@ -338,7 +227,7 @@ def _grain_count(batch: dict[str, np.ndarray]) -> tuple[int, int]:
 def run_grain(corpus: Corpus, cfg: BenchConfig, processes: bool = False) -> RunResult:
     """Grain 0.2.x with thread prefetch (or ``processes``: mp_prefetch workers)."""
     it = grain_iter(corpus, cfg, processes)
-    result = _timed(it, _grain_count, cfg)
+    result = timed(it, _grain_count, cfg)
     result.ckpt_bytes = len(json.dumps(it.get_state(), default=str).encode())
     close = getattr(it, "close", None)
     if callable(close):
@@ -348,27 +237,6 @@ def run_grain(corpus: Corpus, cfg: BenchConfig, processes: bool = False) -> RunR
 
 # ---------------------------------------------------------------------------------------
 # TorchTitan 0.3.0 default loader
-
-
-class TitanSpTokenizer:
-    """TorchTitan tokenizer interface over the sentencepiece model."""
-
-    def __init__(self, model: str) -> None:
-        import sentencepiece as spm
-
-        self.model = model
-        self.sp = spm.SentencePieceProcessor(model_file=model)
-        self.bos_id = self.sp.bos_id()
-        self.eos_id = self.sp.eos_id()
-
-    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True) -> list[int]:
-        return self.sp.encode(text, add_bos=add_bos, add_eos=add_eos)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.sp.decode(ids)
-
-    def get_vocab_size(self) -> int:
-        return self.sp.get_piece_size()
 
 
 def _text(sample: dict[str, Any]) -> str:
@@ -398,9 +266,9 @@ def titan_loader(corpus: Corpus, cfg: BenchConfig) -> Any:
     del load_dataset
     return td.HuggingFaceTextDataLoader(
         config,
-        dp_world_size=1,
+        dp_world_size=cfg.dp,
         dp_rank=0,
-        tokenizer=TitanSpTokenizer(str(corpus.model)),  # type: ignore[arg-type]
+        tokenizer=bench_tokenizer(corpus, cfg),  # type: ignore[arg-type]
         seq_len=cfg.seq_len,
         local_batch_size=cfg.batch_size,
     )
@@ -416,7 +284,7 @@ def run_titan(corpus: Corpus, cfg: BenchConfig) -> RunResult:
     """TorchTitan 0.3.0 ``HuggingFaceTextDataLoader`` with ``num_workers`` processes."""
     loader = titan_loader(corpus, cfg)
     it = iter(loader)
-    result = _timed(it, lambda b: _count_labels(b[1]), cfg)
+    result = timed(it, lambda b: _count_labels(b[1]), cfg)
     result.ckpt_bytes = len(pickle.dumps(loader.state_dict()))
     del it
     return result
@@ -468,37 +336,181 @@ class _PackNode(BaseNode[dict[str, np.ndarray]]):
         }
 
 
-def run_nodes(corpus: Corpus, cfg: BenchConfig) -> RunResult:
+def nodes_loader(corpus: Corpus, cfg: BenchConfig) -> Any:
     """torchdata.nodes: documents -> ParallelMapper(encode, threads) -> pack -> Batcher."""
-    import sentencepiece as spm
     import torch
     from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper, ParallelMapper
 
-    sp = spm.SentencePieceProcessor(model_file=str(corpus.model))
+    tok = bench_tokenizer(corpus, cfg)
     texts = load_texts(corpus)
-    order = np.random.default_rng(1).permutation(len(texts))
+    order = np.random.default_rng(1).permutation(len(texts))[0 :: cfg.dp]
 
-    def docs() -> Iterator[str]:
-        while True:
-            for i in order.tolist():
-                yield texts[i]
+    class Docs:  # re-iterable (IterableWrapper's resume restarts it and skips ahead)
+        def __iter__(self) -> Iterator[str]:
+            while True:
+                for i in order.tolist():
+                    yield texts[i]
 
     def encode(text: str) -> np.ndarray:
-        return np.asarray(sp.encode(text, add_bos=True, add_eos=True), dtype=np.int64)
+        return np.asarray(tok.encode(text, add_bos=True, add_eos=True), dtype=np.int64)
 
     def collate(rows: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in rows[0]}
 
     mapped = ParallelMapper(
-        IterableWrapper(docs()), encode, num_workers=cfg.num_workers, method="thread"
+        IterableWrapper(Docs()), encode, num_workers=cfg.num_workers, method="thread"
     )
     packed = _PackNode(mapped, cfg.seq_len)
     node = Mapper(Batcher(packed, cfg.batch_size), collate)
-    loader = Loader(node)
+    return Loader(node)
+
+
+def run_nodes(corpus: Corpus, cfg: BenchConfig) -> RunResult:
+    """torchdata.nodes: documents -> ParallelMapper(encode, threads) -> pack -> Batcher."""
+    loader = nodes_loader(corpus, cfg)
     it = iter(loader)
-    result = _timed(it, lambda b: _count_labels(b["labels"]), cfg)
+    result = timed(it, lambda b: _count_labels(b["labels"]), cfg)
     result.ckpt_bytes = len(pickle.dumps(loader.state_dict()))
     return result
+
+
+# ---------------------------------------------------------------------------------------
+# Time to the first batch, fresh or resumed: from building the pipeline (imports done) to
+# its first batch; a resume first runs ``steps`` batches on another instance and saves.
+
+
+def _clock_first(
+    build: Callable[[], Any],
+    first: Callable[[Any], Any],
+    close: Callable[[Any], None],
+    steps: int,
+    save: Callable[[Any], Any],
+    load: Callable[[Any, Any], None],
+) -> float:
+    state = None
+    if steps:
+        h = build()
+        try:
+            for _ in range(steps):
+                first(h)
+            state = save(h)
+        finally:
+            close(h)
+    t0 = time.perf_counter()
+    h = build()
+    try:
+        if state is not None:
+            load(h, state)
+        first(h)
+        return time.perf_counter() - t0
+    finally:
+        close(h)
+
+
+def first_zephon(corpus: Corpus, cfg: BenchConfig, steps: int) -> float:
+    """zephon-nodes: build the rank node, ``reset(state)`` (what ``load_state_dict`` does)."""
+    from zephon_nodes.operators import tokenize
+
+    tokenize._TOKENIZERS.clear()  # a restart loads its tokenizer again
+
+    def build() -> Any:
+        _, node, pool = zephon_pipeline(corpus, cfg)
+        return [node, pool, None]
+
+    def first(h: Any) -> Any:
+        if h[2] is None:
+            h[2] = iter(h[0])
+        return next(h[2])
+
+    def load(h: Any, state: Any) -> None:
+        h[0].reset(state)
+        h[2] = h[0]
+
+    def close(h: Any) -> None:
+        h[0].close() if hasattr(h[0], "close") else None
+        h[1].close()
+
+    return _clock_first(build, first, close, steps, lambda h: h[0].state_dict(), load)
+
+
+def first_grain(corpus: Corpus, cfg: BenchConfig, steps: int, processes: bool) -> float:
+    """Grain: build the iterator, ``set_state``."""
+
+    def close(it: Any) -> None:
+        c = getattr(it, "close", None)
+        if callable(c):
+            c()
+
+    return _clock_first(
+        lambda: grain_iter(corpus, cfg, processes),
+        next,
+        close,
+        steps,
+        lambda it: it.get_state(),
+        lambda it, st: it.set_state(st),
+    )
+
+
+def first_titan(corpus: Corpus, cfg: BenchConfig, steps: int) -> float:
+    """TorchTitan 0.3.0: build the loader, ``load_state_dict``."""
+
+    def build() -> Any:
+        return [titan_loader(corpus, cfg), None]
+
+    def first(h: Any) -> Any:
+        if h[1] is None:
+            h[1] = iter(h[0])
+        return next(h[1])
+
+    return _clock_first(
+        build,
+        first,
+        lambda h: None,
+        steps,
+        lambda h: h[0].state_dict(),
+        lambda h, st: h[0].load_state_dict(st),
+    )
+
+
+def first_nodes(corpus: Corpus, cfg: BenchConfig, steps: int) -> float:
+    """Plain torchdata.nodes: build the ``Loader``, ``load_state_dict``."""
+
+    def build() -> Any:
+        return [nodes_loader(corpus, cfg), None]
+
+    def first(h: Any) -> Any:
+        if h[1] is None:
+            h[1] = iter(h[0])
+        return next(h[1])
+
+    return _clock_first(
+        build,
+        first,
+        lambda h: None,
+        steps,
+        lambda h: h[0].state_dict(),
+        lambda h, st: h[0].load_state_dict(st),
+    )
+
+
+def first_raw(corpus: Corpus, cfg: BenchConfig, steps: int) -> float:
+    """Raw tokenizer: load it and the texts, encode the group (stateless: resume = fresh)."""
+    t0 = time.perf_counter()
+    tok = bench_tokenizer(corpus, cfg)
+    texts = load_texts(corpus)
+    k = steps * cfg.chunk_size % max(1, len(texts))
+    tok.encode_batch(texts[k : k + cfg.chunk_size])
+    return time.perf_counter() - t0
+
+
+FIRST: dict[str, Callable[[Corpus, BenchConfig, int], float]] = {
+    "zephon": first_zephon,
+    "grain": lambda c, cfg, n: first_grain(c, cfg, n, processes=False),
+    "grain_proc": lambda c, cfg, n: first_grain(c, cfg, n, processes=True),
+    "torchtitan": first_titan,
+    "nodes": first_nodes,
+    "raw": first_raw,
+}
 
 
 RUNNERS: dict[str, Callable[[Corpus, BenchConfig], RunResult]] = {

@@ -12,6 +12,13 @@ Suites:
   ``HuggingFaceTextDataLoader``, plain torchdata.nodes and the raw tokenizer on the same
   corpus, tokenizer and shape; each run in a fresh subprocess, pipelines alternating within a
   round (the order rotates every round), medians over rounds.
+  Both tokenizers by default (``--tokenizers sp,hf``): the corpus's sentencepiece model and
+  a byte-level BPE ``tokenizer.json`` (128k entries, Hugging Face ``tokenizers``); TorchTitan
+  main's ``GrainDataLoader`` runs under ``.venv-titan-main`` (see ``benchmarks/titan_main.py``).
+  Then the first-batch table (as the ``first`` suite).
+* ``first``: seconds from building each pipeline to its first batch, fresh and resumed
+  (after 20 batches), at dp 1 and dp 4 (rank 0), fresh process each, medians over
+  ``--first-rounds``; ``--peers`` picks pipelines.
 * ``scaling``: 1 vs 32 lanes, 1 vs 2 workers, thread vs process runner with a pure-Python
   operator (alternating pairs, medians).
 * ``checkpoint``: state size per lane and fixed header, ``state_dict()`` time, for several
@@ -40,18 +47,26 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.corpus import Corpus, build_corpus, default_root
-from benchmarks.pipelines import RUNNERS, BenchConfig, zephon_pipeline, zephon_recipe
+from benchmarks.pipelines import FIRST, RUNNERS, BenchConfig, zephon_pipeline, zephon_recipe
+from benchmarks.titan_main import titan_main_python
 
-SUITES = ("throughput", "scaling", "checkpoint", "resume", "memory")
-PEERS = ("zephon", "grain", "grain_proc", "torchtitan", "nodes", "raw")
+SUITES = ("throughput", "first", "scaling", "checkpoint", "resume", "memory")
+PEERS = ("zephon", "grain", "grain_proc", "torchtitan", "titan_main", "nodes", "raw")
 LABELS = {
     "zephon": "zephon-nodes (8 lanes, shuffle 64, 2 threads)",
     "grain": "Grain, thread prefetch, 2 threads",
     "grain_proc": "Grain, 2 processes (mp_prefetch)",
     "torchtitan": "TorchTitan 0.3.0 HuggingFaceTextDataLoader, 2 workers",
+    "titan_main": "TorchTitan main GrainDataLoader (b5bcd76), 2 read threads",
     "nodes": "plain torchdata.nodes (ParallelMapper, 2 threads)",
-    "raw": "raw sentencepiece encode, 2 threads",
+    "raw": "raw tokenizer encode_batch, 2 threads (the limit)",
 }
+TOKENIZERS = {
+    "sp": "sentencepiece BPE, 32k",
+    "hf": "Hugging Face tokenizers byte-level BPE, 128k (tokenizer.json)",
+}
+FIRST_STEPS = 20  # a resume saves after this many batches
+FIRST_DP = (1, 4)
 FLUSH_INTERVALS = (1, 2, 4, 8, 16, 32)
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,6 +103,9 @@ def measure_one(kind: str, corpus: Corpus, cfg: BenchConfig) -> dict[str, Any]:
             "tok_per_cpu_s": r.tokens / r.cpu_s if r.cpu_s else None,
             "peak_rss_mb": _peak_rss_mb(),
         }
+    if kind == "first":
+        peer, steps = cfg.extra["peer"], int(cfg.extra["steps"])
+        return {"first_batch_s": FIRST[peer](corpus, cfg, steps)}
     if kind == "resume":
         return _measure_resume(corpus, cfg)
     if kind == "memory":
@@ -158,21 +176,55 @@ def _measure_memory(corpus: Corpus, cfg: BenchConfig) -> dict[str, Any]:
     }
 
 
-def run_isolated(
-    kind: str, cfg: BenchConfig, corpus_args: dict[str, Any], timeout: float
-) -> dict[str, Any]:
-    """Run one measurement in a fresh Python process (clean threads, memory and caches)."""
-    cmd = [
-        sys.executable,
+def _titan_main_cmd(kind: str, cfg: BenchConfig, corpus_args: dict[str, Any]) -> list[str] | None:
+    python = titan_main_python()
+    if python is None:
+        return None
+    mode = "first" if kind == "first" else "throughput"
+    return [
+        python,
         "-m",
-        "benchmarks.run",
-        "--one",
-        kind,
+        "benchmarks.titan_main",
+        "--mode",
+        mode,
+        "--steps",
+        str(cfg.extra.get("steps", 0)),
         "--config",
         cfg.to_json(),
         "--corpus-args",
         json.dumps(corpus_args),
     ]
+
+
+def _is_titan_main(kind: str, cfg: BenchConfig) -> bool:
+    return kind == "titan_main" or (kind == "first" and cfg.extra.get("peer") == "titan_main")
+
+
+def run_isolated(
+    kind: str, cfg: BenchConfig, corpus_args: dict[str, Any], timeout: float
+) -> dict[str, Any]:
+    """Run one measurement in a fresh Python process (clean threads, memory and caches).
+
+    TorchTitan main's loader runs under its own venv's Python; where that venv is absent the
+    answer is ``{"absent": ...}``.
+    """
+    if _is_titan_main(kind, cfg):
+        titan = _titan_main_cmd(kind, cfg, corpus_args)
+        if titan is None:
+            return {"absent": "no .venv-titan-main (set ZEPHON_TITAN_MAIN_PYTHON)"}
+        cmd = titan
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.run",
+            "--one",
+            kind,
+            "--config",
+            cfg.to_json(),
+            "--corpus-args",
+            json.dumps(corpus_args),
+        ]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -214,23 +266,66 @@ def _alternate(
         for name in order:
             kind, cfg = variants[name]
             res = measure(kind, cfg)
+            if "absent" in res:
+                _log(f"  {name}: absent ({res['absent']})")
+                continue
             raw[name].append(res)
-            _log(f"  round {r + 1}/{rounds} {name}: {res.get(key, 0) / 1e6:.3f} M{key}")
-    return {n: _stats([x[key] for x in raw[n]]) for n in names}, raw
+            v = res.get(key, 0)
+            shown = f"{v:.3f} s" if key == "first_batch_s" else f"{v / 1e6:.3f} M{key}"
+            _log(f"  round {r + 1}/{rounds} {name}: {shown}")
+    return {n: _stats([x[key] for x in raw[n]]) for n in names if raw[n]}, raw
 
 
-def suite_throughput(base: BenchConfig, rounds: int, measure: Any) -> dict[str, Any]:
+def suite_throughput(
+    base: BenchConfig,
+    rounds: int,
+    measure: Any,
+    first_rounds: int = 3,
+    first_peers: Sequence[str] = PEERS,
+) -> dict[str, Any]:
+    """Every peer on one tokenizer (``base.tokenizer``), then its first batch table."""
     variants = {name: (name, base) for name in PEERS}
     stats, raw = _alternate(variants, rounds, measure)
-    ckpt = {n: raw[n][-1].get("ckpt_bytes") for n in PEERS}
-    first = {n: statistics.median([x["first_batch_s"] for x in raw[n]]) for n in PEERS}
+    ran = [n for n in PEERS if n in stats]
+    ckpt = {n: raw[n][-1].get("ckpt_bytes") for n in ran}
+    first = {n: statistics.median([x["first_batch_s"] for x in raw[n]]) for n in ran}
     cpu = {
         n: statistics.median([x["tok_per_cpu_s"] for x in raw[n]])
         if all(x.get("tok_per_cpu_s") for x in raw[n])
         else None
-        for n in PEERS
+        for n in ran
     }
-    return {"stats": stats, "ckpt_bytes": ckpt, "first_batch_s": first, "tok_per_cpu_s": cpu}
+    return {
+        "tokenizer": base.tokenizer,
+        "stats": stats,
+        "ckpt_bytes": ckpt,
+        "first_batch_s": first,
+        "tok_per_cpu_s": cpu,
+        "first": suite_first(base, first_rounds, measure, first_peers),
+    }
+
+
+def suite_first(
+    base: BenchConfig, rounds: int, measure: Any, peers: Sequence[str] = PEERS
+) -> dict[str, dict[str, float]]:
+    """Seconds from building each pipeline to its first batch: fresh and resumed, dp 1 and 4.
+
+    Each measurement in a fresh process (imports done before the clock), rounds alternating,
+    medians. A resume first runs :data:`FIRST_STEPS` batches and saves, then times a new
+    pipeline's build, state load and first batch.
+    """
+    variants: dict[str, tuple[str, BenchConfig]] = {}
+    for dp in FIRST_DP:
+        for steps, what in ((0, "fresh"), (FIRST_STEPS, "resumed")):
+            for peer in peers:
+                extra = {"peer": peer, "steps": steps}
+                variants[f"{peer}|{what}|dp{dp}"] = ("first", replace(base, dp=dp, extra=extra))
+    stats, _ = _alternate(variants, rounds, measure, key="first_batch_s")
+    out: dict[str, dict[str, float]] = {}
+    for name, st in stats.items():
+        peer, what, dp = name.split("|")
+        out.setdefault(peer, {})[f"{what}_{dp}"] = st["median"]
+    return out
 
 
 def suite_scaling(base: BenchConfig, rounds: int, measure: Any) -> dict[str, Any]:
@@ -425,15 +520,18 @@ def _machine() -> str:
 def summary(results: dict[str, Any]) -> dict[str, Any]:
     """The flat JSON the issue asks for (plus the detail under ``details``)."""
     out: dict[str, Any] = {}
-    tp = results.get("throughput")
-    if tp:
+    for tok, tp in results.get("throughput", {}).items():
         s = tp["stats"]
-        out["zephon_tok_s"] = s["zephon"]["median"]
-        out["grain_tok_s"] = max(s["grain"]["median"], s["grain_proc"]["median"])
-        out["torchtitan_tok_s"] = s["torchtitan"]["median"]
-        out["nodes_tok_s"] = s["nodes"]["median"]
-        out["raw_tok_s"] = s["raw"]["median"]
-        out["tok_per_cpu_s"] = tp["tok_per_cpu_s"]
+        sfx = "" if tok == "sp" else f"_{tok}"
+        out["zephon_tok_s" + sfx] = s["zephon"]["median"]
+        out["grain_tok_s" + sfx] = max(s["grain"]["median"], s["grain_proc"]["median"])
+        out["torchtitan_tok_s" + sfx] = s["torchtitan"]["median"]
+        if "titan_main" in s:
+            out["titan_main_tok_s" + sfx] = s["titan_main"]["median"]
+        out["nodes_tok_s" + sfx] = s["nodes"]["median"]
+        out["raw_tok_s" + sfx] = s["raw"]["median"]
+        out["tok_per_cpu_s" + sfx] = tp["tok_per_cpu_s"]
+        out["first_batch_s" + sfx] = tp["first"].get("zephon", {})
     ck = results.get("checkpoint")
     if ck:
         out["ckpt_bytes_per_lane"] = max(r["bytes_per_lane"] for r in ck["rows"])
@@ -460,28 +558,63 @@ def markdown(results: dict[str, Any]) -> str:
     """Render the results as Markdown tables."""
     lines = [f"Machine: {results['machine']}; date {results['date']}; rounds {results['rounds']}"]
     lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()))
-    tp = results.get("throughput")
-    if tp:
-        s = tp["stats"]
-        raw = s["raw"]["median"]
-        z = s["zephon"]["median"]
-        lines += [
-            "",
-            "| pipeline | Mtok/s median | min-max | vs raw | zephon vs it | first batch s "
-            "| ckpt bytes | Mtok per CPU-s | per CPU-s vs raw |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        cpu = tp["tok_per_cpu_s"]
-        for n in PEERS:
-            st = s[n]
-            lines.append(
-                f"| {LABELS[n]} | {st['median'] / 1e6:.3f} | {st['min'] / 1e6:.3f}-"
-                f"{st['max'] / 1e6:.3f} | {st['median'] / raw:.2f} | "
-                f"{z / st['median']:.2f}x | {tp['first_batch_s'][n]:.2f} | "
-                f"{tp['ckpt_bytes'][n] if tp['ckpt_bytes'][n] is not None else '-'} | "
-                f"{_fmt(cpu[n] / 1e6 if cpu[n] else None)} | "
-                f"{_fmt(cpu[n] / cpu['raw'] if cpu[n] and cpu['raw'] else None)} |"
-            )
+    for tok, tp in results.get("throughput", {}).items():
+        lines += _throughput_table(tok, tp)
+        lines += _first_table(tok, tp["first"])
+    for tok, first in results.get("first", {}).items():
+        lines += _first_table(tok, first)
+    lines += _other_tables(results)
+    return "\n".join(lines)
+
+
+def _first_table(tok: str, first: dict[str, dict[str, float]]) -> list[str]:
+    cols = [f"{w}_dp{dp}" for dp in FIRST_DP for w in ("fresh", "resumed")]
+    lines = [
+        "",
+        f"First batch, s ({TOKENIZERS[tok]}; resumed after {FIRST_STEPS} batches)",
+        "",
+        "| pipeline | " + " | ".join(c.replace("_", ", ") for c in cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for n in PEERS:
+        if n in first:
+            row = [_fmt(first[n].get(c)) for c in cols]
+            lines.append(f"| {LABELS[n]} | " + " | ".join(row) + " |")
+    return lines
+
+
+def _throughput_table(tok: str, tp: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    s = tp["stats"]
+    raw = s["raw"]["median"]
+    z = s["zephon"]["median"]
+    lines += [
+        "",
+        f"Throughput ({TOKENIZERS[tok]})",
+        "",
+        "| pipeline | Mtok/s median | min-max | vs raw | zephon vs it | first batch s "
+        "| ckpt bytes | Mtok per CPU-s | per CPU-s vs raw |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    cpu = tp["tok_per_cpu_s"]
+    for n in PEERS:
+        if n not in s:
+            lines.append(f"| {LABELS[n]} | absent | | | | | | | |")
+            continue
+        st = s[n]
+        lines.append(
+            f"| {LABELS[n]} | {st['median'] / 1e6:.3f} | {st['min'] / 1e6:.3f}-"
+            f"{st['max'] / 1e6:.3f} | {st['median'] / raw:.2f} | "
+            f"{z / st['median']:.2f}x | {tp['first_batch_s'][n]:.2f} | "
+            f"{tp['ckpt_bytes'][n] if tp['ckpt_bytes'][n] is not None else '-'} | "
+            f"{_fmt(cpu[n] / 1e6 if cpu[n] else None)} | "
+            f"{_fmt(cpu[n] / cpu['raw'] if cpu[n] and cpu['raw'] else None)} |"
+        )
+    return lines
+
+
+def _other_tables(results: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     sc = results.get("scaling")
     if sc:
         lines += [
@@ -551,7 +684,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{m['rss_after_first_mb']:.0f} | {m['rss_at_10pct_mb']:.0f} | "
                 f"{m['rss_at_50pct_mb']:.0f} | {m['rss_end_mb']:.0f} |"
             )
-    return "\n".join(lines)
+    return lines
 
 
 # ---------------------------------------------------------------------------------------
@@ -570,6 +703,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-steps", type=int, default=60, help="steps of the short memory run")
     p.add_argument("--flush-intervals", default=",".join(map(str, FLUSH_INTERVALS)))
     p.add_argument("--timeout", type=float, default=300.0, help="limit per measurement (s)")
+    p.add_argument(
+        "--tokenizers", default="sp,hf", help=f"throughput: comma list of {list(TOKENIZERS)}"
+    )
+    p.add_argument("--first-rounds", type=int, default=3, help="rounds of first-batch timings")
+    p.add_argument("--peers", default=",".join(PEERS), help="first-batch peers")
     p.add_argument(
         "--inprocess",
         action="store_true",
@@ -608,6 +746,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # abort the process when the interpreter finalizes under them.
         os._exit(0)
     suites = [s for s in args.suite.split(",") if s]
+    tokenizers = [t for t in args.tokenizers.split(",") if t]
+    if set(tokenizers) - set(TOKENIZERS):
+        raise SystemExit(f"unknown tokenizer(s) in {tokenizers}; choose from {list(TOKENIZERS)}")
+    fr = args.first_rounds
+    peers = [x for x in args.peers.split(",") if x]
+    if set(peers) - set(PEERS):
+        raise SystemExit(f"unknown peer(s) in {peers}; choose from {PEERS}")
     unknown = sorted(set(suites) - set(SUITES))
     if unknown:
         raise SystemExit(f"unknown suite(s) {unknown}; choose from {SUITES}")
@@ -622,7 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         memory_steps = min(memory_steps, 5)
 
     def measure(kind: str, cfg: BenchConfig) -> dict[str, Any]:
-        if args.inprocess:
+        if args.inprocess and not _is_titan_main(kind, cfg):
             return measure_one(kind, corpus, cfg)
         return run_isolated(kind, cfg, cargs, args.timeout)
 
@@ -643,7 +788,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for suite in suites:
         _log(f"suite {suite}")
         if suite == "throughput":
-            results["throughput"] = suite_throughput(base, args.rounds, measure)
+            results["throughput"] = {
+                tok: suite_throughput(replace(base, tokenizer=tok), args.rounds, measure, fr, peers)
+                for tok in tokenizers
+            }
+        elif suite == "first":
+            results["first"] = {
+                tok: suite_first(replace(base, tokenizer=tok), fr, measure, peers)
+                for tok in tokenizers
+            }
         elif suite == "scaling":
             results["scaling"] = suite_scaling(base, args.rounds, measure)
         elif suite == "checkpoint":

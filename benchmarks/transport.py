@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.corpus import default_root
-from benchmarks.pipelines import tree_cpu_s
+from benchmarks.timing import tree_cpu_s
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, ShuffleSpec, TokenizerSpec, WorkSpec
 from zephon_nodes.engine.pool import WorkerPool
 

@@ -16,6 +16,7 @@ from torchdata.nodes import BaseNode
 from zephon_nodes.core.errors import CheckpointError, DataError, RecipeError
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
+from zephon_nodes.engine.parallel_map import prime_lanes, reset_lanes
 from zephon_nodes.engine.replay_check import check_by_replay
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.operators.batch import collate
@@ -354,9 +355,13 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             check_by_replay(self, positions, step, pass_index, initial_state.get(LINEAGE_KEY))
         self._positions = {i: positions[i] for i in self.lanes}
         self._notify_positions()
-        for i, lane in self.lanes.items():
-            w, c = positions[i]
-            lane.reset({Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c, Lane.PASS_KEY: pass_index})
+        # The lanes replay their windows together (engine/parallel_map.py: reset_lanes).
+        reset_lanes(
+            [
+                (lane, {Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c, Lane.PASS_KEY: pass_index})
+                for lane, (w, c) in ((lane, positions[i]) for i, lane in self.lanes.items())
+            ]
+        )
         self._pass, self._used = pass_index, True
         self._positions = {i: positions[i] for i in self.lanes}
         self._step = step
@@ -408,6 +413,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             self._own_state = False
 
     def _build_step(self) -> None:
+        prime_lanes(self.lanes.values())  # every lane's work queued now (first step first)
         rows: list[dict[str, np.ndarray]] = []
         lane_ids: list[int] = []
         end: dict[int, tuple[int, int]] = {}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -16,7 +17,7 @@ from zephon_nodes.core.operator import operator_name
 from zephon_nodes.engine.metrics import OperatorClock, TimedCall
 from zephon_nodes.engine.pool import WorkerPool
 
-__all__ = ["OrderedParallelMap"]
+__all__ = ["OrderedParallelMap", "prime_lanes", "reset_lanes"]
 
 
 def _describe(item: Any) -> str:
@@ -71,6 +72,7 @@ class OrderedParallelMap(BaseNode[Any]):
         self._source_done = False
         self._error: BaseException | None = None
         self._next_state: dict[str, Any] | None = None
+        self._submitted = 0  # items submitted since the last reset: the next one's priority
         self._timed = TimedCall(fn)
         self.clock = OperatorClock()  # busy time per operator, queue depth, skipped records
 
@@ -81,6 +83,7 @@ class OrderedParallelMap(BaseNode[Any]):
             if isinstance(fut, cf.Future):
                 fut.cancel()
         self._queue.clear()
+        self._submitted = 0
         self._source_done = False
         self._error = None
         self.source.reset(initial_state[self.SOURCE_KEY] if initial_state else None)
@@ -99,11 +102,17 @@ class OrderedParallelMap(BaseNode[Any]):
                 self._queue.append((state, item, None))
             else:
                 try:
-                    fut = self.pool.submit(self._timed, item)
+                    fut = self.pool.submit(self._timed, item, priority=self._submitted)
+                    self._submitted += 1
                 except Exception as e:  # a broken or closed pool: raised in order, wrapped
                     fut = cf.Future()
                     fut.set_exception(e)
                 self._queue.append((state, item, fut))
+
+    def prime(self) -> None:
+        """Submit the look-ahead now (before the first ``next``): see :func:`prime_lanes`."""
+        if self._error is None:
+            self._fill()
 
     def in_flight(self) -> list[Any]:
         """Return the items submitted to the pool whose results are not ready yet, in order."""
@@ -163,3 +172,71 @@ class OrderedParallelMap(BaseNode[Any]):
     def state_at_window(self, window: int) -> dict[str, Any]:
         """Return the state that starts the stream at flush window ``window``."""
         return {self.SOURCE_KEY: self.source.state_at_window(window)}  # type: ignore[attr-defined]
+
+
+def _maps(node: BaseNode[Any]) -> list[OrderedParallelMap]:
+    """The OrderedParallelMaps ``node`` reads from (its public node attributes, recursively)."""
+    out, todo, seen = [], [node], 0
+    while todo and seen < 1024:
+        n = todo.pop()
+        seen += 1
+        if isinstance(n, OrderedParallelMap):
+            out.append(n)
+        todo.extend(
+            v for k, v in vars(n).items() if not k.startswith("_") and isinstance(v, BaseNode)
+        )
+    return out
+
+
+def prime_lanes(lanes: Iterable[BaseNode[Any]]) -> None:
+    """Submit every lane's look-ahead to the pool at once, before the first step is built.
+
+    A step is built lane after lane; without this, lane ``k`` submits nothing until lanes
+    ``0 .. k-1`` have delivered, and the pool spends the wait on their look-ahead. Primed,
+    every lane's work is queued up front, and the pool's priorities (work item ``k`` of a
+    lane at priority ``k``) run each lane's first items before anyone's look-ahead: the
+    first batch waits for the work it needs, in parallel over the lanes. A physical
+    setting: the items, their order in each lane and every output are unchanged. Call it
+    after a reset (fresh or restored), before the first ``next`` of the lanes; the
+    multiplexer's hook-up is one line at the start of building its first step.
+    """
+    for lane in lanes:
+        for m in _maps(lane):
+            if not _maps(m.source):  # the first stage only: a later one would wait for it
+                m.prime()
+
+
+def reset_lanes(resets: Sequence[tuple[BaseNode[Any], dict[str, Any] | None]]) -> None:
+    """Reset (restore) several lanes at once: each on its own short-lived thread.
+
+    A restored lane replays the consumed part of its flush window before it can deliver;
+    replayed one lane after another, the restore costs the sum of every lane's replay.
+    Here the replays run together, so the shared pool works on all lanes' work items at
+    once (lowest item first, see :func:`prime_lanes`). Each lane's nodes are touched by
+    its own thread only; the output is unchanged. The first error, in lane order, is raised
+    once every reset has ended (a failed restore leaves no thread behind).
+    """
+    if len(resets) <= 1:
+        for lane, state in resets:
+            lane.reset(state)
+        return
+    errors: list[BaseException | None] = [None] * len(resets)
+
+    def run(k: int) -> None:
+        lane, state = resets[k]
+        try:
+            lane.reset(state)
+        except BaseException as e:  # re-raised below, in the caller's thread
+            errors[k] = e
+
+    threads = [
+        threading.Thread(target=run, args=(k,), name=f"zephon-restore-{k}", daemon=True)
+        for k in range(len(resets))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e

@@ -65,16 +65,24 @@ def _watch_parent(parent: int, interval_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="zephon-parent-watch", daemon=True).start()
 
 
+# Priority of the stop sentinels: after every call queued before them.
+_LAST = float("inf")
+
+
 class _DaemonThreadExecutor(cf.Executor):
-    """A fixed set of daemon threads.
+    """A fixed set of daemon threads, taking queued calls lowest priority first.
 
     Unlike ``ThreadPoolExecutor`` (whose threads are joined at interpreter exit), an operator
     blocked forever cannot keep the process alive after the loader has raised its timeout
-    error: the job exits and can be restarted.
+    error: the job exits and can be restarted. Calls of equal priority run in submission
+    order; a lane's work item ``k`` has priority ``k`` (see
+    :class:`~zephon_nodes.engine.parallel_map.OrderedParallelMap`), so every lane's first
+    items run before any lane's look-ahead (the first step's work first).
     """
 
     def __init__(self, num_workers: int, prefix: str) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._queue: queue.PriorityQueue[Any] = queue.PriorityQueue()
+        self._order = itertools.count()
         self._lock = threading.Lock()
         self._shutdown = False
         self._threads = [
@@ -87,7 +95,7 @@ class _DaemonThreadExecutor(cf.Executor):
 
     def _work(self) -> None:
         while True:
-            task = self._queue.get()
+            task = self._queue.get()[2]
             if task is None:
                 return
             fut, fn, args, kwargs = task
@@ -103,12 +111,18 @@ class _DaemonThreadExecutor(cf.Executor):
             del task, fut
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
-        """Schedule ``fn(*args, **kwargs)``."""
+        """Schedule ``fn(*args, **kwargs)`` (priority 0)."""
+        return self.submit_at(0, fn, *args, **kwargs)
+
+    def submit_at(
+        self, priority: float, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> cf.Future[Any]:
+        """Schedule ``fn(*args, **kwargs)`` behind queued calls of lower or equal priority."""
         fut: cf.Future[Any] = cf.Future()
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new calls after the pool was closed")
-            self._queue.put((fut, fn, args, kwargs))
+            self._queue.put((priority, next(self._order), (fut, fn, args, kwargs)))
         return fut
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -118,13 +132,13 @@ class _DaemonThreadExecutor(cf.Executor):
             if cancel_futures:
                 while True:
                     try:
-                        task = self._queue.get_nowait()
+                        task = self._queue.get_nowait()[2]
                     except queue.Empty:
                         break
                     if task is not None:
                         task[0].cancel()
             for _ in self._threads:
-                self._queue.put(None)
+                self._queue.put((_LAST, next(self._order), None))
         if wait:
             for t in self._threads:
                 t.join()
@@ -261,10 +275,12 @@ class WorkerPool:
                 )
         return self._executor
 
-    def submit(self, fn: Callable[[Any], Any], arg: Any) -> cf.Future[Any]:
+    def submit(self, fn: Callable[[Any], Any], arg: Any, priority: int = 0) -> cf.Future[Any]:
         """Schedule ``fn(arg)``; inline pools run it now and return a finished future.
 
-        The call runs inside the pool's settings, else the caller's current ones.
+        The call runs inside the pool's settings, else the caller's current ones. The thread
+        runner takes queued calls lowest ``priority`` first (submission order among equals);
+        the other runners ignore it. A physical setting: it changes when, never what.
         """
         settings = self.settings or current()
         executor = self._get_executor()
@@ -280,6 +296,8 @@ class WorkerPool:
 
             assert isinstance(executor, RayExecutor)
             return executor.submit_in(settings, fn, arg)  # fn itself: cached per Ray worker
+        if isinstance(executor, _DaemonThreadExecutor):
+            return executor.submit_at(priority, InSettings(fn, settings), arg)
         if executor is not None:
             return executor.submit(InSettings(fn, settings), arg)
         fut: cf.Future[Any] = cf.Future()

@@ -1,0 +1,119 @@
+"""The first batch's work first: pool priorities, lanes primed together, restores in parallel.
+
+All three are physical settings: they change when work runs, never what comes out.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from torchdata.nodes import BaseNode
+
+from tests.core.helpers import texts_recipe
+from zephon_nodes import Pipeline
+from zephon_nodes.engine.parallel_map import OrderedParallelMap, prime_lanes, reset_lanes
+from zephon_nodes.engine.pool import WorkerPool
+
+
+def test_thread_pool_runs_lowest_priority_first_and_fifo_among_equals() -> None:
+    """Queued calls run by priority, submission order among equal priorities."""
+    pool = WorkerPool(1, "thread")
+    gate = threading.Event()
+    ran: list[str] = []
+    try:
+        blocker = pool.submit(lambda _: gate.wait(10), None)
+        futs = [
+            pool.submit(ran.append, name, priority=p)
+            for name, p in (("c3", 3), ("a1", 1), ("b2", 2), ("z0", 0), ("a1-second", 1))
+        ]
+        gate.set()
+        blocker.result(10)
+        for f in futs:
+            f.result(10)
+    finally:
+        pool.close()
+    assert ran == ["z0", "a1", "a1-second", "b2", "c3"]
+
+
+def _lane_maps(node: Any) -> list[OrderedParallelMap]:
+    out, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, OrderedParallelMap):
+            out.append(n)
+        todo.extend(v for v in vars(n).values() if isinstance(v, BaseNode))
+    return out
+
+
+def test_prime_lanes_queues_every_lanes_work_before_the_first_next() -> None:
+    """After prime_lanes, every lane has its look-ahead submitted; the output is unchanged."""
+    texts = [f"document {i} " * (3 + i % 5) for i in range(64)]
+    pipeline = Pipeline(texts_recipe(texts))
+    pool = WorkerPool(2, "thread")
+    try:
+        node = pipeline.rank_node(1, 0, pool=pool)
+        node.reset(None)
+        lanes = list(node.lanes.values())
+        assert all(len(m._queue) == 0 for lane in lanes for m in _lane_maps(lane))
+        prime_lanes(lanes)
+        for lane in lanes:
+            maps = _lane_maps(lane)
+            assert maps and all(len(m._queue) == m._depth for m in maps), lane
+        primed = [next(node)["input"].tolist() for _ in range(6)]
+    finally:
+        pool.close()
+    with Pipeline(texts_recipe(texts)).rank_node(1, 0, pool=WorkerPool(0)) as plain:
+        assert [next(plain)["input"].tolist() for _ in range(6)] == primed
+
+
+class _Resettable(BaseNode[int]):
+    def __init__(self, fail: str | None) -> None:
+        super().__init__()
+        self.fail = fail
+        self.got: Any = "never"
+        self.thread = ""
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        self.got = initial_state
+        self.thread = threading.current_thread().name
+        if self.fail:
+            raise ValueError(self.fail)
+
+    def next(self) -> int:
+        return 0
+
+    def get_state(self) -> dict[str, Any]:
+        return {}
+
+
+def test_reset_lanes_restores_each_lane_and_raises_the_first_error_in_lane_order() -> None:
+    """Every lane gets its own state (on its own thread); the lowest lane's error is raised."""
+    nodes = [_Resettable(None), _Resettable("lane 1 broke"), _Resettable("lane 2 broke")]
+    states = [{"w": 0}, {"w": 1}, None]
+    with pytest.raises(ValueError, match="lane 1 broke"):
+        reset_lanes(list(zip(nodes, states, strict=True)))
+    assert [n.got for n in nodes] == states
+    assert len({n.thread for n in nodes}) == 3
+    assert threading.current_thread().name not in {n.thread for n in nodes}
+
+
+def test_resume_with_parallel_restore_gives_the_uninterrupted_batches() -> None:
+    """A rank restored mid-window (lanes replayed together) continues the same batches."""
+    texts = [f"text {i} " * (2 + i % 7) for i in range(80)]
+    recipe = texts_recipe(texts)
+    pool = WorkerPool(2, "thread")
+    try:
+        node = Pipeline(recipe).rank_node(1, 0, pool=pool)
+        it = iter(node)
+        for _ in range(5):
+            next(it)
+        state = node.state_dict()
+        expected = [next(it)["input"].tolist() for _ in range(5)]
+        again = Pipeline(recipe).rank_node(1, 0, pool=pool)
+        again.reset(state)
+        got = [next(again)["input"].tolist() for _ in range(5)]
+    finally:
+        pool.close()
+    assert got == expected
