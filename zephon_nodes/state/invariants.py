@@ -25,6 +25,7 @@ import itertools
 from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
+from zephon_nodes.state.schema import STEP_KEY
 from zephon_nodes.state.stage import StageState
 
 __all__ = ["check_stage_invariants"]
@@ -73,7 +74,7 @@ def _check_head(stage: StageState, lane: int, row: tuple[int, ...]) -> None:
 
 
 def _check_amended(stage: StageState) -> None:
-    steps = [int(a["step"]) for a in stage.amended]
+    steps = [int(a[STEP_KEY]) for a in stage.amended]
     if any(a > b for a, b in itertools.pairwise(steps)):
         raise CheckpointError(f"{_WHERE}: the amendments' steps {steps} are not in order")
     if steps and steps[-1] > stage.step:
