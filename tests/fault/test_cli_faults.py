@@ -60,7 +60,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def zephon(tmp_path: Path, *argv: str, **popen: object) -> subprocess.CompletedProcess[str]:
     """Run ``python -m zephon_nodes.cli ARGV...`` in ``tmp_path``."""
-    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+    return subprocess.run(  # type: ignore[call-overload]
         [sys.executable, "-m", "zephon_nodes.cli", *argv],
         cwd=tmp_path,
         env=_env(tmp_path),

@@ -178,8 +178,9 @@ def run(args: argparse.Namespace) -> int:
         c = out["recipe_change"]
         print(
             f"recipe change: stage {c['stage']} in force since step {c['after_step']}"
-            f" ({c['amendments']} amendment(s)); dropped by the changes: "
-            f"{c['dropped_samples']} samples, {c['dropped_tokens']} tokens"
+            f" ({c['amendments']} amendment(s)); dropped by the changes, as recorded in the "
+            f"checkpoint (not verified): {c['dropped_samples']} samples, "
+            f"{c['dropped_tokens']} tokens"
         )
     for entry in out.get("mixture_log", []):
         print(f"mixture decision after step {entry.get('step')}: {entry.get('weights')}")

@@ -243,6 +243,8 @@ class Recipe:
             RecipeError: If the file is missing, is not valid TOML, or holds invalid fields.
         """
         p = Path(path)
+        if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO would block, /dev/zero
+            raise RecipeError(f"{p}: not a regular file (a recipe is a TOML file)")  # never end
         try:
             with open(p, "rb") as f:
                 data = tomllib.load(f)

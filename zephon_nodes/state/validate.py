@@ -16,6 +16,7 @@ from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.identity import fingerprint_pair, summary_diff
+from zephon_nodes.state.invariants import check_stage_invariants
 from zephon_nodes.state.schema import FINGERPRINT_KEY, RankState
 
 __all__ = ["check_positions", "check_recipe", "check_replayed", "validate_state"]
@@ -95,6 +96,8 @@ def validate_state(
     absent = sorted(set(lanes) - set(rank.lanes))
     if absent:
         raise CheckpointError(f"checkpoint has no state for lane(s) {absent} owned by this rank")
+    if rank.stage is not None:
+        check_stage_invariants(rank.stage, rank.num_lanes)
     if samples_per_lane is not None and rank.lineage is None:
         if rank.step < base_step:
             raise CheckpointError(

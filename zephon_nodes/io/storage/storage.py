@@ -38,6 +38,7 @@ from zephon_nodes.io.storage.checksum import build_memo
 from zephon_nodes.io.storage.pinned import ObjectChanged
 from zephon_nodes.io.storage.pinned import version_of as _version
 from zephon_nodes.io.storage.retry import RetryPolicy, is_transient, redact
+from zephon_nodes.io.storage.versions import check_backend
 
 _describe = retry.describe
 
@@ -149,7 +150,8 @@ def filesystem(uri: str) -> Any:
     """Return the fsspec filesystem for ``uri``'s scheme (one per process and scheme).
 
     Raises:
-        DataError: If the scheme is unknown or its backend package is not installed.
+        DataError: If the scheme is unknown, its backend package is not installed or is
+            older than the extra pins (:mod:`~zephon_nodes.io.storage.versions`).
     """
     sch = scheme(uri)
     if sch not in BACKENDS:
@@ -162,6 +164,7 @@ def filesystem(uri: str) -> Any:
     with _FS_LOCK:
         fs = _FS.get(key)
         if fs is None:
+            check_backend(extra, redact(uri))
             try:
                 import fsspec
 
