@@ -83,3 +83,32 @@ def test_a_skip_run_cached_does_not_let_a_raise_run_skip(
         digests(_recipe(tmp_path / "d", on_error="raise"))
     # The other items were served from the cache: only the bad one's key differs.
     assert token_store(str(cache), token_cache_settings()[1]).stats()["hits"] > 0
+
+
+def test_a_full_disk_warns_once_and_runs_uncached(
+    tmp_path: Path,
+    cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ENOSPC writing an entry (issue 35.5): one line on stderr, the cache-off digests."""
+    import errno
+
+    from zephon_nodes.io.nodecache import tokenstore
+
+    write_corpus(tmp_path / "d")
+    r = _recipe(tmp_path / "d")
+    off = digests(r)
+    monkeypatch.setenv(ENABLED_ENV, "on")
+
+    def full(f: object, entry: object, key: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tokenstore, "write_entry", full)
+    capsys.readouterr()
+    assert digests(r) == off
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "token cache" in line]
+    assert len(lines) == 1 and "No space left on device" in lines[0], err
+    assert not list((cache / "data").iterdir())  # nothing half-written left
+    assert token_store(str(cache), token_cache_settings()[1]).stats()["uncached"] > 0

@@ -35,6 +35,7 @@ import json
 import mmap
 import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -227,13 +228,18 @@ class TokenStore:
         self.cache = NodeCache(self.root, limit_bytes, policy or POLICY)
         self._lock = threading.Lock()
         self._counts = {"damaged": 0, "cpu_ns_saved": 0, "tokens_served": 0, "uncached": 0}
+        self.write_error: str | None = None  # set at the first failed write: stores no more
 
     def get(self, key: str, compute: Callable[[], Entry]) -> Entry:
         """Return the entry of ``key``, computing and storing it on a miss.
 
         A damaged entry is dropped, counted and recomputed; an entry larger than the whole
-        limit is computed and returned without being stored.
+        limit is computed and returned without being stored. A write that fails (a full or
+        read-only disk) warns once, in one line, and the store stores nothing more in this
+        process: the run goes on uncached.
         """
+        if self.write_error is not None:
+            return self._uncached(compute)
         for _ in range(2):
             made: list[Entry] = []
 
@@ -251,6 +257,9 @@ class TokenStore:
             except CacheFullError:
                 self._count("uncached", 1)
                 return made[0] if made else compute()
+            except OSError as e:
+                self._write_failed(e)
+                return made[0] if made else self._uncached(compute)
             except DamagedEntry:
                 self._count("damaged", 1)
                 self.cache.discard(key)
@@ -259,6 +268,23 @@ class TokenStore:
             return entry
         self._count("uncached", 1)
         return compute()  # damaged again (another reader holds it pinned): serve fresh ids
+
+    def _uncached(self, compute: Callable[[], Entry]) -> Entry:
+        self._count("uncached", 1)
+        return compute()
+
+    def _write_failed(self, error: OSError) -> None:
+        """Warn once (one line) that the store cannot be written; store nothing more."""
+        with self._lock:
+            if self.write_error is not None:
+                return
+            self.write_error = f"{error.strerror or error}"
+        print(
+            f"zephon: warning: token cache {self.root}: cannot write an entry "
+            f"({self.write_error}); this process goes on without storing tokenized items "
+            "(free space there or set ZEPHON_CACHE_DIR)",
+            file=sys.stderr,
+        )
 
     def lengths(self, key: str) -> Entry | None:
         """Return ``key``'s entry without its tokens (lengths and skips), or None if absent.
