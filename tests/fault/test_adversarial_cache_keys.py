@@ -216,4 +216,3 @@ def test_token_cache_entry_without_a_key_is_not_trusted(
     damaged = _token_stats(root)["damaged"]
     assert _digests(paths) == off
     assert _token_stats(root)["damaged"] == damaged + len(entries)
-
