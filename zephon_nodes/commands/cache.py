@@ -20,13 +20,14 @@ __all__ = ["add_parser", "add_token_cache_args", "settings_from_args", "run"]
 
 
 def add_token_cache_args(p: argparse.ArgumentParser) -> None:
-    """Add ``--token-cache on|off`` and ``--token-cache-limit SIZE`` to a command."""
+    """Add ``--token-cache on|off|URI`` and ``--token-cache-limit SIZE`` to a command."""
     p.add_argument(
         "--token-cache",
-        choices=("on", "off"),
         default=None,
+        metavar="on|off|URI",
         help="reuse tokenized work items across runs (default: $ZEPHON_TOKEN_CACHE, else off); "
-        "never changes a digest",
+        "a URI (s3://, gs://, az://, a shared folder) turns it on with a cache shared by a "
+        "cluster behind this node's ($ZEPHON_TOKEN_CACHE_SHARED); never changes a digest",
     )
     p.add_argument(
         "--token-cache-limit",

@@ -17,7 +17,7 @@ from typing import Any
 
 from zephon_nodes.core.errors import RecipeError
 
-__all__ = ["ENVIRONMENT", "EnvVar", "parse_bool", "parse_limit", "parse_size"]
+__all__ = ["ENVIRONMENT", "EnvVar", "is_location", "parse_bool", "parse_limit", "parse_size"]
 
 
 def parse_size(text: str | int) -> int:
@@ -53,6 +53,12 @@ def parse_limit(text: str | int, name: str) -> int | None:
         return parse_size(text)
     except ValueError as e:
         raise RecipeError(f"{name}={text!r}: {e} (or 'auto' for the default)") from None
+
+
+def is_location(text: str) -> bool:
+    """Whether a switch's text is a location instead (``s3://...``, ``/shared/tokens``)."""
+    low = text.strip()
+    return "://" in low or low.startswith(("/", "./", "~"))
 
 
 def parse_bool(text: str) -> bool:
@@ -147,6 +153,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     EnvVar("STORAGE_EMULATOR_HOST", "gcs_emulator_host", str, "a host:port URL", "none"),
     EnvVar(
         "ZEPHON_TOKEN_CACHE", "token_cache", parse_bool, "'on' or 'off' (1/0, true/false)", "off"
+    ),
+    EnvVar(
+        "ZEPHON_TOKEN_CACHE_SHARED",
+        "token_cache_shared",
+        str,
+        "a storage URI (s3://, gs://, az://) or a folder on a shared mount",
+        "none: node-local only",
     ),
     EnvVar(
         "ZEPHON_TOKEN_CACHE_LIMIT",

@@ -38,6 +38,7 @@ from zephon_nodes.core.bounds import PHYSICAL
 from zephon_nodes.core.environment import (
     ENVIRONMENT,
     EnvVar,
+    is_location,
     parse_bool,
     parse_limit,
     parse_size,
@@ -111,6 +112,10 @@ class Settings:
             variable Google's clients read); the plain JSON-API gcsfs class is used for it.
         token_cache_limit: Bytes the token cache may hold (``ZEPHON_TOKEN_CACHE_LIMIT`` /
             ``--token-cache-limit``, default 16 GiB).
+        token_cache_shared: A storage URI (``s3://``, ``gs://``, ``az://``, or a folder on a
+            shared mount) whose entries every node reads and the first writes, behind each
+            node's own token cache (``ZEPHON_TOKEN_CACHE_SHARED`` / ``--token-cache URI``,
+            which also turns the cache on); None: node-local only.
 
     Raises:
         RecipeError: A value of the wrong type or outside its bounds, naming the field, what
@@ -134,6 +139,7 @@ class Settings:
     token_cache: bool = False
     token_cache_limit: int = TOKEN_CACHE_LIMIT
     gcs_emulator_host: str | None = None
+    token_cache_shared: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -232,13 +238,20 @@ def _bytes_under(folder: Path) -> int:
 def _problem(name: str, value: Any) -> str | None:
     """Why ``value`` is refused for field ``name``, or None."""
     if (
-        name in ("cache_limit", "cache_free_bytes", "ray_address", "gcs_emulator_host")
+        name
+        in (
+            "cache_limit",
+            "cache_free_bytes",
+            "ray_address",
+            "gcs_emulator_host",
+            "token_cache_shared",
+        )
         and value is None
     ):
         return None
     if name in ("cache_dir",):
         return None if isinstance(value, str) and value else "must be a non-empty path"
-    if name in ("ray_address", "gcs_emulator_host"):
+    if name in ("ray_address", "gcs_emulator_host", "token_cache_shared"):
         return None if isinstance(value, str) else f"must be an address, got {value!r}"
     if name == "cache_policy":
         return None if value in ("belady", "lru") else "must be 'belady' or 'lru'"
@@ -259,10 +272,15 @@ def _text_values(changes: dict[str, Any]) -> None:
     """Turn the token cache's text values (``"on"``, ``"16G"``) into their types, in place."""
     if isinstance(changes.get("token_cache"), str):
         text = changes["token_cache"]
+        if is_location(text):  # a shared token cache: the cache is on, behind this node's
+            changes["token_cache"], changes["token_cache_shared"] = True, text.strip()
+            return _text_values(changes)
         try:
             changes["token_cache"] = parse_bool(text) if text.strip() else None
         except ValueError:
-            raise RecipeError(f"--token-cache should be 'on' or 'off', got {text!r}") from None
+            raise RecipeError(
+                f"--token-cache should be 'on', 'off' or a storage URI, got {text!r}"
+            ) from None
     if isinstance(changes.get("token_cache_limit"), str):
         try:
             changes["token_cache_limit"] = parse_size(changes["token_cache_limit"])

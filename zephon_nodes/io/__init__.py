@@ -13,7 +13,8 @@ call; the subpackages are their parts:
   globs, range reads and retries of transient errors (``storage``), remote shards fetched and
   indexed once (``remote``), the local cache directory (``cache``), content checksums
   (``checksum``);
-- ``formats/``: random access to a jsonl file's records (``shards``), ``parquet``, ``arrow``
+- ``formats/``: random access to a jsonl file's records (``shards``; their byte ranges
+  ``lines``), ``parquet``, ``arrow``
   and ``tar``, and shards rewritten as multi-frame ``.zst`` (``recompress``);
 - ``index/``: the dataset index written by ``zephon index`` (``index``), its columns read
   without opening shards (``table``) and the shards it stands for (``lazyshards``);
@@ -21,6 +22,7 @@ call; the subpackages are their parts:
   node's ranks (``cache``; its entries ``entries``, file locks ``locks``, the processes'
   plans ``plans``, eviction ``policies``, bytes held ``usage``, prefetcher ``prefetch``), fed
   with the exact future accesses (``future``), the whole decompressed shards it holds
-  (``wholeshard``), the token cache's entries (``tokenstore``) and its counters from process
+  (``wholeshard``), the token cache's entries (``tokenstore``; a folder shared by a cluster
+  behind it, ``sharedtokens``) and its counters from process
   workers (``workercounts``).
 """

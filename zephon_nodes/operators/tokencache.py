@@ -8,7 +8,8 @@ tokenizer's identity (its kind, the SHA-256 of its file, bos/eos, the version of
 that runs it) and the version of the parse and tokenize code. Seed, mixture weights, lanes,
 packing and shuffling are downstream and never part of it, so an ablation that changes only
 those hits the cache. Entries are kept by :mod:`zephon_nodes.io.nodecache.tokenstore` (one bounded
-directory per node, shared by all ranks and runs, each entry checked on every read).
+directory per node, shared by all ranks and runs, each entry checked on every read), optionally
+in front of a folder shared by a cluster (:mod:`zephon_nodes.io.nodecache.sharedtokens`).
 
 The cache sits in the stateless chain as two operators that replace parse and tokenize
 and keep their names (so per-operator pools name them as before):
@@ -26,10 +27,8 @@ custom tokenizer are never cached.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +37,9 @@ import numpy as np
 from zephon_nodes.core.errors import FILE_ERROR_KINDS
 from zephon_nodes.io.nodecache.tokenstore import (
     Entry,
+    default_root,
     now_cpu_ns,
+    shared_location,
     token_cache_settings,
     token_store,
 )
@@ -131,6 +132,7 @@ class CachedParse:
         identity: :func:`tokenizer_identity` of the recipe's tokenizer.
         root: The store's directory.
         limit_bytes: The store's size limit.
+        shared: A folder shared by a cluster behind the store (``""``: none).
     """
 
     parse: ParseJsonl
@@ -139,6 +141,7 @@ class CachedParse:
     root: str
     limit_bytes: int
     name: str = "parse"
+    shared: str = ""
 
     def key(self, item: Any) -> str | None:
         """The cache key of a work item (None: its shard has no content checksum)."""
@@ -162,10 +165,10 @@ class CachedParse:
         key = self.key(item)
         if key is None:
             return self.parse(item)
-        store = token_store(self.root, self.limit_bytes)
-        if store.cache.contains(key):
+        store = token_store(self.root, self.limit_bytes, self.shared or None)
+        if store.cache.contains(key) or store.pull(key):
             # Another process may evict it before it is pinned: then it is computed here.
-            entry = _stored(store, key, lambda: _compute(self.parse, self.tokenize, item))
+            entry = store.get(key, lambda: _compute(self.parse, self.tokenize, item))
             return DocBatch(entry.tokens, entry.lengths, item.dataset, entry.skipped)
         t0 = now_cpu_ns()
         text = self.parse(item)
@@ -180,30 +183,7 @@ class CachedParse:
         key = self.key(item)
         if key is None:
             return None
-        return token_store(self.root, self.limit_bytes).lengths(key)
-
-
-# A store whose file system is full (or read-only, or over a quota) is run around: the
-# tokens are computed uncached, with one warning per process.
-_FULL = frozenset((errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS))
-_warned_full: list[str] = []
-
-
-def _stored(store: Any, key: str, compute: Any) -> Entry:
-    """``store.get(key, compute)``, or ``compute()`` when the store's file system is full."""
-    try:
-        return store.get(key, compute)
-    except OSError as e:
-        if e.errno not in _FULL:
-            raise
-        if not _warned_full:
-            _warned_full.append(str(store.root))
-            logging.getLogger(__name__).warning(
-                "token cache %s: %s; running without the token cache",
-                store.root,
-                e.strerror or e,
-            )
-        return compute()
+        return token_store(self.root, self.limit_bytes, self.shared or None).lengths(key)
 
 
 def _compute(parse: ParseJsonl, tokenize: Tokenize, item: Any) -> Entry:
@@ -221,12 +201,14 @@ class CachedTokenize:
         tokenize: The tokenize it stands for.
         root: The store's directory.
         limit_bytes: The store's size limit.
+        shared: A folder shared by a cluster behind the store (``""``: none).
     """
 
     tokenize: Tokenize
     root: str
     limit_bytes: int
     name: str = "tokenize"
+    shared: str = ""
 
     def __call__(self, batch: Any) -> DocBatch:
         """Pass a cached batch through; tokenize (and store) a pending one."""
@@ -243,7 +225,8 @@ class CachedTokenize:
             made.append(docs)
             return Entry(docs.tokens, docs.lengths, docs.skipped, batch.cpu_ns + now_cpu_ns() - t0)
 
-        entry = _stored(token_store(self.root, self.limit_bytes), batch.key, compute)
+        store = token_store(self.root, self.limit_bytes, self.shared or None)
+        entry = store.get(batch.key, compute)
         if made:
             return made[0]
         return DocBatch(entry.tokens, entry.lengths, text.dataset, entry.skipped)
@@ -266,11 +249,9 @@ def cached_chain(ops: list[Any], recipe: Any) -> list[Any]:
     identity = tokenizer_identity(recipe.tokenizer)
     if identity is None:
         return ops
-    from zephon_nodes.io.nodecache.tokenstore import default_root
-
-    root = str(default_root())
-    first = CachedParse(parse, tokenize, identity, root, limit)
-    return [first, CachedTokenize(tokenize, root, limit), *ops[2:]]
+    root, shared = str(default_root()), shared_location() or ""
+    first = CachedParse(parse, tokenize, identity, root, limit, shared=shared)
+    return [first, CachedTokenize(tokenize, root, limit, shared=shared), *ops[2:]]
 
 
 def cached_item_pairs(chain: Any, item: Any) -> int | None:

@@ -33,6 +33,7 @@ import numpy as np
 import xxhash
 
 from zephon_nodes.core.errors import DataError
+from zephon_nodes.io.storage.cache import atomic_write
 
 __all__ = [
     "BLOCK",
@@ -104,8 +105,6 @@ def write_sums(
         index_path: Where the index is kept (``<key>.index.npy``: the key recorded).
         size: Bytes of the text indexed when there is no copy (recorded; 0 if unknown).
     """
-    from zephon_nodes.io.storage.cache import atomic_write
-
     blocks: list[int] = []
     total = 0
     if data_path is not None:

@@ -33,13 +33,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zstandard
 
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import current
+from zephon_nodes.io.formats import tar
 from zephon_nodes.io.formats.lines import LineCounter, decompress_to, index_file
+from zephon_nodes.io.formats.parquet import _pq
 from zephon_nodes.io.index.indexcheck import SEAL_KEY, check_entry, kind_of, parse_manifest, seal
 from zephon_nodes.io.storage import storage
-from zephon_nodes.io.storage.checksum import file_checksum
+from zephon_nodes.io.storage.cache import atomic_write
+from zephon_nodes.io.storage.checksum import build_memo, file_checksum
+from zephon_nodes.io.storage.remote import content_checksum, fetched, finish_progress
 
 __all__ = [
     "EVERY",
@@ -222,8 +227,6 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     Raises:
         DataError: If the index does not match the shard (naming it and the rebuild command).
     """
-    from zephon_nodes.io.storage.checksum import build_memo
-
     memo = build_memo()
     if memo is not None and ("index", str(uri)) in memo:
         hit: tuple[dict[str, Any], str] | None = memo[("index", str(uri))]
@@ -301,7 +304,6 @@ def _check(uri: str, entry: dict[str, Any], directory: str) -> None:
         # Another version tag (an index built on another copy: local files, another
         # bucket) or none at all: the entry holds for this copy only if its content is the
         # same. It is fetched and hashed once (remembered under its version tag).
-        from zephon_nodes.io.storage.remote import content_checksum
 
         if content_checksum(uri, st) != entry.get("checksum"):
             raise DataError(
@@ -335,8 +337,6 @@ _kind = kind_of
 
 def _frames(path: Path) -> list[list[int]]:
     """``[offset, compressed size, uncompressed size]`` of each zstd frame of a file."""
-    import zstandard
-
     data = path.read_bytes()
     dctx = zstandard.ZstdDecompressor()
     out = []
@@ -361,8 +361,6 @@ def _common_dir(dirs: Sequence[str]) -> str:
 
 
 def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
-    from zephon_nodes.io.formats import tar
-
     entry: dict[str, Any] = {"kind": kind}
     if kind in ("jsonl", "jsonl.zst"):
         if kind == "jsonl.zst":
@@ -379,8 +377,6 @@ def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
         entry["offsets"] = [int(x) for x in index[::every, 0].tolist()]
         entry["end"] = int(index[-1, 1]) if len(index) else 0
     elif kind == "parquet":
-        from zephon_nodes.io.formats.parquet import _pq
-
         f = _pq().ParquetFile(str(path))
         meta = f.metadata
         counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -404,8 +400,6 @@ def build_entry(uri: str, every: int = EVERY) -> dict[str, Any]:
     kind = _kind(uri)
     st = storage.stat(uri)
     if storage.is_remote(uri):
-        from zephon_nodes.io.storage.remote import fetched
-
         with fetched(uri, st) as (tmp, checksum):
             entry = _local_entry(tmp, kind, every)
     else:
@@ -471,8 +465,6 @@ def build_index(
             progress(1)
         return entry
 
-    from zephon_nodes.io.storage.remote import finish_progress
-
     try:
         with ThreadPoolExecutor(max(1, workers)) as pool:
             entries = list(pool.map(one, files))
@@ -510,8 +502,6 @@ def write_index(manifest: dict[str, Any], location: str, directory: str | None =
 
         storage.with_retries(put, location, what="write")
     else:
-        from zephon_nodes.io.storage.cache import atomic_write
-
         target = Path(storage.local_path(location))
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

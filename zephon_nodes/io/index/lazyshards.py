@@ -19,9 +19,15 @@ from typing import Any, overload
 import numpy as np
 
 from zephon_nodes.core.errors import DataError
-from zephon_nodes.io.index.table import KINDS, IndexedFiles
+from zephon_nodes.io.formats.parquet import indexed_parquet_shard
+from zephon_nodes.io.formats.shards import indexed_shard
+from zephon_nodes.io.formats.tar import indexed_tar_shard
+from zephon_nodes.io.index.index import _check, rebuild_hint
+from zephon_nodes.io.index.table import KINDS, IndexedFiles, verify_data
 from zephon_nodes.io.nodecache.wholeshard import NodeCachedShard
 from zephon_nodes.io.nodecache.wholeshard import read_whole as _whole
+from zephon_nodes.io.storage import storage
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = ["LazyShards"]
 
@@ -103,9 +109,6 @@ class LazyShards(Sequence[Any]):
         return int(sizes[k]), self.files.table.uri(int(self.files.rows[k]))
 
     def _open(self, k: int) -> Any:
-        from zephon_nodes.io.index.index import _check
-        from zephon_nodes.io.storage import storage
-
         table = self.files.table
         row = int(self.files.rows[k])
         uri = table.uri(row)
@@ -128,16 +131,10 @@ class LazyShards(Sequence[Any]):
 
 
 def _verify(uri: str) -> bool:
-    from zephon_nodes.io.index.table import verify_data
-    from zephon_nodes.io.storage import storage
-
     return verify_data() and not storage.is_remote(uri)
 
 
 def _verify_checksum(uri: str, entry: dict[str, Any], directory: str) -> None:
-    from zephon_nodes.io.index.index import rebuild_hint
-    from zephon_nodes.io.storage.checksum import file_checksum
-
     got = file_checksum(uri)
     if got != entry.get("checksum"):
         raise DataError(
@@ -149,13 +146,7 @@ def _verify_checksum(uri: str, entry: dict[str, Any], directory: str) -> None:
 def _from_entry(uri: str, entry: dict[str, Any], text_field: str, image_column: str | None) -> Any:
     """A shard from its index entry (as :func:`zephon_nodes.io.sources` opens one)."""
     if entry["kind"] == "parquet":
-        from zephon_nodes.io.formats.parquet import indexed_parquet_shard
-
         return indexed_parquet_shard(uri, entry, text_field, image_column)
     if entry["kind"] == "tar":
-        from zephon_nodes.io.formats.tar import indexed_tar_shard
-
         return indexed_tar_shard(uri, entry)
-    from zephon_nodes.io.formats.shards import indexed_shard
-
     return indexed_shard(uri, entry)

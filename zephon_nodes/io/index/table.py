@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -40,6 +41,8 @@ import numpy as np
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import current
 from zephon_nodes.io.formats.entrysums import count_bad
+from zephon_nodes.io.index.index import _candidates as shard_candidates
+from zephon_nodes.io.index.index import _manifest, announce, literal_dir, rebuild_hint
 from zephon_nodes.io.index.tablesums import (
     drop_table,
     sums_hold,
@@ -48,7 +51,8 @@ from zephon_nodes.io.index.tablesums import (
     write_table_sums,
 )
 from zephon_nodes.io.storage import storage
-from zephon_nodes.io.storage.cache import cache_dir
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir
+from zephon_nodes.io.storage.checksum import build_memo
 
 __all__ = ["IndexedFiles", "ShardTable", "load_table", "resolve_indexed", "verify_data"]
 
@@ -231,8 +235,6 @@ def _glob_regex(pattern: str) -> str:
 
 
 def _save(path: Path, array: np.ndarray) -> None:
-    from zephon_nodes.io.storage.cache import atomic_write
-
     atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
 
 
@@ -260,8 +262,6 @@ def _table_key(location: str) -> tuple[str, storage.FileStat] | None:
 
 def _build(location: str, folder: Path) -> None:
     """Parse the manifest at ``location`` once and write its columns into ``folder``."""
-    from zephon_nodes.io.index.index import _manifest
-
     found = _manifest(location)
     if found is None:
         raise DataError(f"{storage.redact(location)}: dataset index vanished while read")
@@ -328,8 +328,6 @@ def _build(location: str, folder: Path) -> None:
 
 
 def _hint(location: str) -> str:
-    from zephon_nodes.io.index.index import rebuild_hint
-
     directory = posixpath.dirname(location) if storage.is_remote(location) else None
     return rebuild_hint(directory or os.path.dirname(storage.local_path(location)))
 
@@ -421,8 +419,6 @@ class IndexedFiles:
 
 def _candidates(directory: str, named: str | None) -> list[str]:
     """Where the index of files under ``directory`` may be (as for a shard there)."""
-    from zephon_nodes.io.index.index import _candidates as shard_candidates
-
     return shard_candidates(storage.join(directory, "*"), named)
 
 
@@ -446,9 +442,6 @@ def resolve_indexed(spec: Any) -> IndexedFiles | None:
     Raises:
         DataError: An unreadable index, or (verify mode) a file the index lacks.
     """
-    from zephon_nodes.io.index.index import announce, literal_dir
-    from zephon_nodes.io.storage.checksum import build_memo
-
     if spec.records is not None or not current().use_index or not spec.paths:
         return None
     memo = build_memo()
@@ -512,8 +505,6 @@ def _verify_listing(spec: Any, files: IndexedFiles) -> None:
 
 def _list(spec: Any) -> Sequence[Any]:
     """The files the patterns match on disk or in the bucket (as without an index)."""
-    import glob
-
     out: list[str] = []
     for pattern in spec.paths:
         full = _absolute(spec, pattern)

@@ -35,6 +35,7 @@ import json
 import mmap
 import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,11 +46,14 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from zephon_nodes.core.environment import is_location
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import current, update
 from zephon_nodes.io.nodecache.cache import NodeCache
 from zephon_nodes.io.nodecache.entries import CacheFullError
 from zephon_nodes.io.nodecache.policies import Policy
+from zephon_nodes.io.nodecache.sharedtokens import SharedTokens
+from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import cache_dir
 
 __all__ = [
@@ -218,30 +222,56 @@ class TokenStore:
         limit_bytes: Most bytes its entries may take; the least recently used unpinned
             entries are evicted first.
         policy: The node cache's eviction policy (default :data:`POLICY`, ``"lru"``).
+        shared: A folder shared by a cluster, behind this one (see
+            :mod:`zephon_nodes.io.nodecache.sharedtokens`); None: node-local only.
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], limit_bytes: int, policy: Policy | None = None
+        self,
+        root: str | os.PathLike[str],
+        limit_bytes: int,
+        policy: Policy | None = None,
+        shared: str | None = None,
     ) -> None:
         self.root = Path(root)
         self.cache = NodeCache(self.root, limit_bytes, policy or POLICY)
+        self.shared = SharedTokens(shared) if shared else None
         self._lock = threading.Lock()
-        self._counts = {"damaged": 0, "cpu_ns_saved": 0, "tokens_served": 0, "uncached": 0}
+        self._counts = dict.fromkeys(
+            (
+                "damaged",
+                "cpu_ns_saved",
+                "tokens_served",
+                "uncached",
+                "shared_hits",
+                "shared_writes",
+            ),
+            0,
+        )
+        self.write_error: str | None = None  # set at the first failed write: stores no more
+        self._bad_shared: set[str] = set()  # keys whose shared entry was found damaged
 
     def get(self, key: str, compute: Callable[[], Entry]) -> Entry:
         """Return the entry of ``key``, computing and storing it on a miss.
 
         A damaged entry is dropped, counted and recomputed; an entry larger than the whole
-        limit is computed and returned without being stored.
+        limit is computed and returned without being stored. A write that fails (a full or
+        read-only disk) warns once, in one line, and the store stores nothing more in this
+        process: the run goes on uncached.
         """
+        if self.write_error is not None:
+            return self._uncached(compute)
         for _ in range(2):
             made: list[Entry] = []
 
             def fetch(dest: Path, made: list[Entry] = made) -> None:
+                if self._pull_into(key, dest):
+                    return
                 entry = compute()
                 made.append(entry)
                 with open(dest, "wb") as f:
                     write_entry(f, entry, key)
+                self._push(key, dest)
 
             try:
                 with self.cache.open(key, 0, fetch) as path:
@@ -251,6 +281,9 @@ class TokenStore:
             except CacheFullError:
                 self._count("uncached", 1)
                 return made[0] if made else compute()
+            except OSError as e:
+                self._write_failed(e)
+                return made[0] if made else self._uncached(compute)
             except DamagedEntry:
                 self._count("damaged", 1)
                 self.cache.discard(key)
@@ -259,6 +292,88 @@ class TokenStore:
             return entry
         self._count("uncached", 1)
         return compute()  # damaged again (another reader holds it pinned): serve fresh ids
+
+    def _uncached(self, compute: Callable[[], Entry]) -> Entry:
+        self._count("uncached", 1)
+        return compute()
+
+    def _write_failed(self, error: OSError) -> None:
+        """Warn once (one line) that the store cannot be written; store nothing more."""
+        with self._lock:
+            if self.write_error is not None:
+                return
+            self.write_error = f"{error.strerror or error}"
+        print(
+            f"zephon: warning: token cache {self.root}: cannot write an entry "
+            f"({self.write_error}); this process goes on without storing tokenized items "
+            "(free space there or set ZEPHON_CACHE_DIR)",
+            file=sys.stderr,
+        )
+
+    def pull(self, key: str) -> bool:
+        """Bring ``key``'s shared entry into this node's cache; whether it is there now.
+
+        False without a shared folder, when it lacks the key or its entry is damaged
+        (counted), and when this node's cache cannot take it.
+        """
+        if self.shared is None or self.write_error is not None:
+            return False
+
+        def fetch(dest: Path) -> None:
+            if not self._pull_into(key, dest):
+                raise _Absent
+
+        try:
+            with self.cache.open(key, 0, fetch):
+                return True
+        except (_Absent, CacheFullError):
+            return False
+        except OSError as e:
+            self._write_failed(e)
+            return False
+
+    def _pull_into(self, key: str, dest: Path) -> bool:
+        """Write the shared entry of ``key`` to ``dest`` once it is checked; whether it was."""
+        if key in self._bad_shared:
+            return False
+        blob = self._shared("read", key)
+        if blob is None:
+            return False
+        try:
+            _parse(blob, f"shared token-cache entry {key}", key, lengths_only=False)
+        except (DamagedEntry, KeyError, ValueError, TypeError, struct.error):
+            # Never served, and not read again by this process; computed here (the shared
+            # entry stays: a create-only store keeps the first write).
+            with self._lock:
+                self._bad_shared.add(key)
+            self._count("damaged", 1)
+            return False
+        with open(dest, "wb") as f:
+            f.write(blob)
+        self._count("shared_hits", 1)
+        return True
+
+    def _push(self, key: str, dest: Path) -> None:
+        """Offer a computed entry to the shared folder (kept only if it is the first)."""
+        if self.shared is not None and self._shared("write", key, dest.read_bytes()):
+            self._count("shared_writes", 1)
+
+    def _shared(self, action: str, *args: Any) -> Any:
+        """Call the shared folder; an error is said once and the node goes on alone."""
+        shared = self.shared
+        if shared is None:
+            return None
+        try:
+            return getattr(shared, action)(*args)
+        except Exception as e:  # an outage or permissions: the run never depends on it
+            self.shared = None
+            print(
+                f"zephon: warning: shared token cache {storage.redact(shared.location)}: "
+                f"cannot {action} ({type(e).__name__}: {e}); this process goes on with the "
+                "node's own token cache",
+                file=sys.stderr,
+            )
+            return None
 
     def lengths(self, key: str) -> Entry | None:
         """Return ``key``'s entry without its tokens (lengths and skips), or None if absent.
@@ -269,7 +384,7 @@ class TokenStore:
         def fetch(dest: Path) -> None:
             raise _Absent
 
-        if not self.cache.contains(key):
+        if not self.cache.contains(key) and not self.pull(key):
             return None
         try:
             with self.cache.open(key, 0, fetch) as path:
@@ -297,7 +412,8 @@ class TokenStore:
 
         Keys: hits, misses, bytes_read, bytes_written, evictions, damaged (entries dropped
         by their checksum), uncached (computed but not stored), tokens_served, cpu_ns_saved
-        (what the hits had cost to compute), limit_bytes.
+        (what the hits had cost to compute), shared_hits (entries taken from the shared
+        folder), shared_writes (entries this process wrote there first), limit_bytes.
         """
         node = self.cache.stats()
         with self._lock:
@@ -332,18 +448,28 @@ def token_cache_settings() -> tuple[bool, int]:
     return settings.token_cache, settings.token_cache_limit
 
 
+def shared_location() -> str | None:
+    """The shared folder behind this node's token cache, if any (``token_cache_shared``)."""
+    return current().token_cache_shared
+
+
 def set_token_cache(enabled: bool | str | None = None, limit: str | int | None = None) -> None:
     """Turn the token cache on or off and set its limit for this process and its workers.
 
     Args:
-        enabled: True/``"on"`` or False/``"off"``; None leaves it as it is.
+        enabled: True/``"on"``, False/``"off"``, or a shared folder's URI (on, with that
+            folder behind this node's cache); None leaves it as it is.
         limit: A byte size (``"16G"``, an int); None leaves it as it is.
 
     Raises:
         RecipeError: A value is not understood.
     """
-    if isinstance(enabled, str) and enabled.strip().lower() not in ("on", "off"):
-        raise RecipeError(f"--token-cache should be 'on' or 'off', got {enabled!r}")
+    if (
+        isinstance(enabled, str)
+        and enabled.strip().lower() not in ("on", "off")
+        and not is_location(enabled)
+    ):
+        raise RecipeError(f"--token-cache should be 'on', 'off' or a storage URI, got {enabled!r}")
     changes: dict[str, object] = {}
     if enabled is not None:
         changes["token_cache"] = enabled
@@ -358,21 +484,26 @@ def default_root() -> Path:
     return cache_dir() / "tokens"
 
 
-_STORES: dict[tuple[int, str, int], TokenStore] = {}
+_STORES: dict[tuple[int, str, int, str], TokenStore] = {}
 _STORES_LOCK = threading.Lock()
 
 
-def token_store(root: str | None = None, limit_bytes: int | None = None) -> TokenStore:
-    """This process's store for ``root`` and ``limit_bytes`` (defaults: the settings)."""
+def token_store(
+    root: str | None = None, limit_bytes: int | None = None, shared: str | None = None
+) -> TokenStore:
+    """This process's store for ``root``, ``limit_bytes`` and a ``shared`` folder.
+
+    Defaults: the settings' root and limit; no shared folder.
+    """
     if root is None:
         root = str(default_root())
     if limit_bytes is None:
         limit_bytes = token_cache_settings()[1]
-    key = (os.getpid(), root, int(limit_bytes))
+    key = (os.getpid(), root, int(limit_bytes), shared or "")
     with _STORES_LOCK:
         store = _STORES.get(key)
         if store is None:
-            store = TokenStore(root, int(limit_bytes))
+            store = TokenStore(root, int(limit_bytes), shared=shared)
             _STORES[key] = store
     return store
 

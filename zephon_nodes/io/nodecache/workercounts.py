@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_nodes.core.operator import operator_name
+from zephon_nodes.io.formats.entrysums import bad_entries
+from zephon_nodes.io.nodecache import nodecache, tokenstore
 
 __all__ = [
     "CountedCall",
@@ -51,9 +53,6 @@ TOKENS = "tokens."
 
 def _own() -> dict[str, int]:
     """The counters of this process's node caches and token stores, and its bad entries."""
-    from zephon_nodes.io.formats.entrysums import bad_entries
-    from zephon_nodes.io.nodecache import nodecache, tokenstore
-
     out: dict[str, int] = {"bad_cache_entries": bad_entries()}
     with nodecache._SHARED_LOCK:
         caches = [c for k, c in nodecache._SHARED.items() if k[0] == os.getpid()]
@@ -155,6 +154,4 @@ def merged(stats: Mapping[str, int]) -> dict[str, int]:
 
 def bad_cache_entries() -> int:
     """Damaged cache entries dropped and made again, by this process and its workers."""
-    from zephon_nodes.io.formats.entrysums import bad_entries
-
     return bad_entries() + worker_totals().get("bad_cache_entries", 0)

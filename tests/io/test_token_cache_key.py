@@ -1,0 +1,114 @@
+"""Each part of a token-cache key matters (issue 35.3): a mutation dropping one is caught.
+
+A work item's record range and its dataset's ``on_error`` policy decide its tokens; a warm
+cache read by a recipe that differs in exactly one of them must give what the cache off
+gives (never an entry stored for the other recipe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.io.test_token_cache import digests, write_corpus
+from zephon_nodes import DatasetSpec, Recipe, TokenizerSpec, WorkSpec
+from zephon_nodes.core.errors import DataError
+from zephon_nodes.io.nodecache.tokenstore import (
+    ENABLED_ENV,
+    LIMIT_ENV,
+    token_cache_settings,
+    token_store,
+)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private cache directory; returns the token cache's folder. Cache off at first."""
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zc"))
+    monkeypatch.setenv(ENABLED_ENV, "off")
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    yield tmp_path / "zc" / "tokens"
+
+
+def _recipe(root: Path, chunk_size: int = 4, on_error: str = "raise") -> Recipe:
+    return Recipe(
+        datasets=(DatasetSpec("web", paths=(str(root / "*.jsonl"),), on_error=on_error),),
+        tokenizer=TokenizerSpec(kind="bytes"),
+        seed=7,
+        num_lanes=4,
+        global_batch_size=8,
+        seq_len=24,
+        flush_every=2,
+        work=WorkSpec(chunk_size=chunk_size),
+    )
+
+
+def test_a_warm_cache_of_another_chunk_size(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Items of 4 records cached, then read with items of 5: the chunk-5 batches (cache off).
+
+    Shards of 20 records: the last item of a shard is [16, 20) at 4 and [15, 20) at 5, the
+    same end and another start.
+    """
+    write_corpus(tmp_path / "d")
+    off = digests(_recipe(tmp_path / "d", 5))
+    assert off != digests(_recipe(tmp_path / "d", 4))
+    monkeypatch.setenv(ENABLED_ENV, "on")
+    digests(_recipe(tmp_path / "d", 4))  # the cache holds the chunk-4 items
+    stored = len(list((cache / "data").iterdir()))
+    assert digests(_recipe(tmp_path / "d", 5)) == off
+    # Every chunk-5 item is an entry of its own (4 per shard of 20), none served from chunk 4.
+    assert len(list((cache / "data").iterdir())) == stored + 4 * 6
+
+
+def test_a_skip_run_cached_does_not_let_a_raise_run_skip(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``skip`` a bad record is dropped and the item cached; under ``raise`` it raises."""
+    write_corpus(tmp_path / "d")
+    part = tmp_path / "d" / "part-03.jsonl"
+    lines = part.read_text().splitlines()
+    lines[6] = '{"text": "a record cut in the middle'
+    part.write_text("\n".join(lines) + "\n")
+    skip = _recipe(tmp_path / "d", on_error="skip")
+    off = digests(skip)
+    monkeypatch.setenv(ENABLED_ENV, "on")
+    assert digests(skip) == off  # cold: stored, the bad record counted as skipped
+    skipped = [e for e in (cache / "data").iterdir() if b'"skipped": [["' in e.read_bytes()[:400]]
+    assert len(skipped) == 1  # the item holding the bad record, cached with its skip
+    with pytest.raises(DataError, match=r"part-03\.jsonl:7: invalid JSON"):
+        digests(_recipe(tmp_path / "d", on_error="raise"))
+    # The other items were served from the cache: only the bad one's key differs.
+    assert token_store(str(cache), token_cache_settings()[1]).stats()["hits"] > 0
+
+
+def test_a_full_disk_warns_once_and_runs_uncached(
+    tmp_path: Path,
+    cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ENOSPC writing an entry (issue 35.5): one line on stderr, the cache-off digests."""
+    import errno
+
+    from zephon_nodes.io.nodecache import tokenstore
+
+    write_corpus(tmp_path / "d")
+    r = _recipe(tmp_path / "d")
+    off = digests(r)
+    monkeypatch.setenv(ENABLED_ENV, "on")
+
+    def full(f: object, entry: object, key: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tokenstore, "write_entry", full)
+    capsys.readouterr()
+    assert digests(r) == off
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "token cache" in line]
+    assert len(lines) == 1 and "No space left on device" in lines[0], err
+    assert not list((cache / "data").iterdir())  # nothing half-written left
+    assert token_store(str(cache), token_cache_settings()[1]).stats()["uncached"] > 0
