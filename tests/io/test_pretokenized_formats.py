@@ -261,3 +261,10 @@ def test_a_stage_adds_a_corpus(tmp_path: Path) -> None:
 
     assert "doc " not in text(out[:2]) and "web " in text(out[:2])
     assert "doc " in text(out[2:])  # the corpus's documents from the stage on
+
+
+def test_process_runner(tmp_path: Path) -> None:
+    """Shards travel to worker processes: the process runner gives the thread runner's."""
+    _, path = _corpus("mds", tmp_path)
+    r = recipe((DatasetSpec("c", paths=(path,), base_dir=tmp_path),))
+    assert run(r, 2, runner="process", num_workers=2) == run(r, 1)
