@@ -221,3 +221,50 @@ def test_text_operator_on_tokens_refused(tmp_path: Path) -> None:
         r"pre-tokenized",
     ):
         Pipeline(r)
+
+
+def test_a_stage_adds_a_corpus(tmp_path: Path) -> None:
+    """A stage adds a Megatron corpus to a jsonl dataset: elastic and resumed across it."""
+    _, path = _corpus("megatron", tmp_path)
+    lines = [json.dumps({"text": t}) for t in pc.texts(3 * N, tag="web")]
+    (tmp_path / "web.jsonl").write_text("\n".join(lines) + "\n")
+    raw: dict[str, Any] = {
+        "tokenizer": {"kind": "bytes", "add_bos": False},
+        "seed": 3,
+        "num_lanes": 4,
+        "global_batch_size": 8,
+        "seq_len": 16,
+        "flush_every": 2,
+        "work": {"chunk_size": 2},
+        "datasets": [{"name": "web", "paths": ["web.jsonl"], "on_exhausted": "repeat"}],
+        "stages": [
+            {
+                "start_step": 2,
+                "seq_len": 24,
+                "datasets": [
+                    {"name": "c", "paths": [path], "on_exhausted": "repeat", "weight": 3.0}
+                ],
+            }
+        ],
+    }
+    r = Recipe.from_dict(raw, base_dir=tmp_path)
+    out = list(simulate(Pipeline(r), 1, STEPS, keep_batches=True))
+    reference = [x.digest for x, _ in out]
+    assert run(r, 4) == reference
+    saved: list[dict[str, Any]] = []
+    list(simulate(Pipeline(r), 2, 3, save_at=3, on_save=saved.append))
+    assert run(r, 4, STEPS - 3, resume_state=saved[0]) == reference[3:]
+
+    def text(steps: list[Any]) -> str:
+        ids = np.concatenate([b["input"].numpy().ravel() for _, bs in steps for b in bs or []])
+        return bytes(int(x) - 3 for x in ids if x >= 3).decode(errors="replace")
+
+    assert "doc " not in text(out[:2]) and "web " in text(out[:2])
+    assert "doc " in text(out[2:])  # the corpus's documents from the stage on
+
+
+def test_process_runner(tmp_path: Path) -> None:
+    """Shards travel to worker processes: the process runner gives the thread runner's."""
+    _, path = _corpus("mds", tmp_path)
+    r = recipe((DatasetSpec("c", paths=(path,), base_dir=tmp_path),))
+    assert run(r, 2, runner="process", num_workers=2) == run(r, 1)

@@ -165,6 +165,13 @@ def open_dataset(
 
     fmt = pretokenized_format(spec)
     if fmt is not None:
+        if image_column is not None:
+            from zephon_nodes.core.errors import RecipeError
+
+            raise RecipeError(
+                f"dataset {spec.name!r}: a pre-tokenized corpus ({fmt}) holds token ids, and "
+                f"an [image] recipe reads text and images: use it in a text recipe"
+            )
         return _open_pretokenized(spec, fmt, chunk_size)
     lazy = _open_indexed(spec, chunk_size, image_column)
     if lazy is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, ClassVar
 
 import numpy as np
@@ -96,8 +97,8 @@ class MegatronShard:
         if first == last:
             return [(start + k, np.empty(0, self.dtype)) for k in range(stop - start)]
         lengths = self._array(lengths_at, "<i4", first, last).astype(np.int64)
-        pointer = int(self._array(pointers_at, "<i8", first, first + 1)[0])
         pointers = self._array(pointers_at, "<i8", first, last)
+        pointer = int(pointers[0])
         item = self.dtype.itemsize
         # Sequences are contiguous in .bin (each pointer is the previous one plus its bytes).
         expected = pointer + np.concatenate([[0], np.cumsum(lengths[:-1] * item)])
@@ -106,16 +107,10 @@ class MegatronShard:
         total = int(lengths.sum())
         blob = self.bin.read(pointer, pointer + total * item)
         ids = np.frombuffer(blob, dtype=self.dtype.newbyteorder("<"))
-        ends = np.cumsum(lengths)
-        doc_ends = ends[bounds[1:] - first - 1] if last > first else np.zeros(0, np.int64)
-        out = []
-        lo = 0
-        for k in range(stop - start):
-            a, b = int(bounds[k]), int(bounds[k + 1])
-            hi = int(doc_ends[k]) if b > a else lo
-            out.append((start + k, ids[lo:hi]))
-            lo = hi
-        return out
+        # Document k ends where its last sequence does (an empty document where it starts).
+        ends = np.concatenate([[0], np.cumsum(lengths)])
+        cuts = ends[bounds - first].tolist()
+        return [(start + k, ids[a:b]) for k, (a, b) in enumerate(pairwise(cuts))]
 
     def _corrupt(self, what: str) -> DataError:
         return DataError(

@@ -12,6 +12,7 @@ decompressed in a small per-process cache.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -19,7 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from zephon_nodes.core.errors import CORRUPT_ZSTD, MISSING_FILE, TRUNCATED_FILE, DataError
+from zephon_nodes.core.errors import (
+    CORRUPT_ZSTD,
+    MISSING_FILE,
+    TRUNCATED_FILE,
+    DataError,
+    os_error_kind,
+)
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
 
@@ -29,6 +36,9 @@ __all__ = ["FileRef", "decompressed", "pin", "read_json", "sibling"]
 _KEEP = 4
 _CACHE: OrderedDict[str, bytes] = OrderedDict()
 _LOCK = threading.Lock()
+# Local files each thread keeps open for ``pread`` (one open per file, not per read).
+_OPEN = 32
+_THREAD = threading.local()
 
 
 @dataclass(frozen=True)
@@ -59,11 +69,53 @@ class FileRef:
                 f"of {self.size} bytes (a corrupt or truncated file)",
                 kind=TRUNCATED_FILE,
             )
-        return storage.read_range(self.uri, start, stop, tag=self.checksum, version=self.version)
+        if storage.is_remote(self.uri):
+            return storage.read_range(
+                self.uri, start, stop, tag=self.checksum, version=self.version
+            )
+        try:
+            blob = os.pread(_descriptor(self.uri, self.checksum), stop - start, start)
+        except OSError as e:
+            raise DataError(
+                f"{self.uri}: cannot read: {e.strerror}", kind=os_error_kind(e)
+            ) from None
+        if len(blob) != stop - start:
+            raise DataError(
+                f"{self.uri}: truncated since it was opened (bytes [{start}, {stop}) asked, "
+                f"{len(blob)} read)",
+                kind=TRUNCATED_FILE,
+            )
+        return blob
 
     def read_all(self) -> bytes:
         """The whole file."""
         return self.read(0, self.size)
+
+
+def _descriptor(path: str, checksum: str) -> int:
+    """A read-only descriptor of a local file at ``checksum``, kept open by this thread.
+
+    Each thread keeps its last :data:`_OPEN` files open (closing only its own, so a
+    descriptor is never closed under another thread's read); a file replaced since it was
+    opened is still read as it was.
+    """
+    fds: OrderedDict[str, int] | None = getattr(_THREAD, "fds", None)
+    if fds is None:
+        fds = _THREAD.fds = OrderedDict()
+    key = f"{os.getpid()}|{path}|{checksum}"
+    fd = fds.get(key)
+    if fd is not None:
+        fds.move_to_end(key)
+        return fd
+    try:
+        fd = os.open(storage.local_path(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror}", kind=os_error_kind(e)) from None
+    fds[key] = fd
+    while len(fds) > _OPEN:
+        _, old = fds.popitem(last=False)
+        os.close(old)
+    return fd
 
 
 def pin(uri: str) -> FileRef:
