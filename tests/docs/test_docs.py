@@ -252,3 +252,16 @@ def test_cli_page_documents_every_option(name: str) -> None:
             for flag in action.option_strings:
                 if flag.startswith("--") and flag != "--help":
                     assert f"`{flag}" in page, f"zephon {name} {flag}"
+
+
+# Command lines a user types from these pages, the README and the examples' READMEs.
+TYPED = [*PAGES, DOCS.parent / "README.md", *sorted(DOCS.parent.glob("examples/*/README.md"))]
+UNDERSCORE_OPTION = re.compile(r"(?<![\w-])--[a-z0-9]+_[a-z0-9_]+")
+
+
+def test_options_are_spelled_with_hyphens() -> None:
+    """One spelling for every option (argparse's, and torchrun's): ``--nproc-per-node``, never
+    ``--nproc_per_node`` (issue 36.4: pages used both)."""
+    for page in TYPED:
+        found = UNDERSCORE_OPTION.findall(page.read_text())
+        assert not found, f"{page.relative_to(DOCS.parent)}: {sorted(set(found))}"
