@@ -181,7 +181,9 @@ class TestVerify:
         captured = capsys.readouterr()
         err = captured.err.splitlines()
         assert "\r" not in captured.err
-        assert err[0].startswith("[reference] dp=1 inline: 2 steps")
+        assert err[0].startswith("zephon verify: a reference run, then 9 settings of 2 steps")
+        assert err[1].startswith("[reference] dp=1 inline: 2 steps")
+        assert "9 settings to go, about " in err[1]
         assert err[-1].startswith("[9/9] dp=4 workers=2 thread micro=1: identical")
         # The count in the progress lines is the count of the summary.
         assert "9/9 settings identical to the reference" in captured.out

@@ -19,7 +19,7 @@ from zephon_nodes import cli
 
 
 def help_of(name: str) -> str:
-    parser = cli.build_parser()
+    parser = cli.build_parser([name])  # that subcommand in full, as `zephon NAME --help`
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return " ".join(sub.choices[name].format_help().split())
 

@@ -4,7 +4,10 @@
   working directory (a page's blocks build on each other, like a notebook); a block whose
   fence reads ```` ```python no-run ```` (it needs a cluster, a GPU or a real job) is only
   compiled;
-- ``toml`` blocks must parse; those with a ``[[datasets]]`` table must be valid recipes;
+- ``toml`` blocks must parse, and run: a recipe gives its first global batch on files of the
+  formats it names (``tests/docs/toml_inputs.py`` makes those the page does not), a fragment
+  inside a small recipe; the few run by a walk-through or on a server instead are listed in
+  ``TOML_RUN_ELSEWHERE`` with the test that runs them;
 - ``console`` blocks: each ``$ zephon ...`` line must parse with the real argument parser;
 - relative links between pages must point at existing files.
 """
@@ -101,6 +104,66 @@ def test_toml_blocks_parse(page: Path, tmp_path: Path) -> None:
             assert recipe.global_batch_size % recipe.num_lanes == 0
 
 
+# TOML blocks run by another test, on the files their walk-through makes or on a server; each
+# names that test (checked to exist). Every other block runs in test_toml_blocks_run.
+TOML_RUN_ELSEWHERE = {
+    ("tokenizers.md", 0): "tests/docs/test_walkthroughs.py::"
+    "test_sft_recipe_runs_as_written_with_the_tokenizer_page",  # as text.toml, the page's files
+    ("sft.md", 0): "tests/docs/test_walkthroughs.py::"
+    "test_sft_recipe_runs_as_written_with_the_tokenizer_page",  # the tokenizer page's chat files
+    ("storage.md", 0): "tests/docs/test_quickstart_object_store.py::"
+    "test_quickstart_runs_as_typed",  # names a bucket and a web server: s3:// runs there
+}
+# A block with only a [tokenizer] table runs between these two halves of a small recipe.
+BASE_HEAD = "seed = 7\nnum_lanes = 4\nglobal_batch_size = 8\nseq_len = 64\n\n"
+BASE_TAIL = '\n[[datasets]]\nname = "docs"\npaths = ["docs/*.jsonl"]\n'
+
+
+def toml_blocks() -> list[tuple[Path, int]]:
+    return [(p, i) for p in PAGES for i, _ in enumerate(blocks(p, "toml"))]
+
+
+def test_toml_blocks_run_elsewhere_name_real_tests() -> None:
+    for (page, i), where in TOML_RUN_ELSEWHERE.items():
+        assert i < len(blocks(DOCS / page, "toml")), (page, i)
+        module, name = where.split("::")
+        mod = importlib.import_module(module.removesuffix(".py").replace("/", "."))
+        assert callable(getattr(mod, name, None)), where
+
+
+@pytest.mark.parametrize(
+    ("page", "index"),
+    [b for b in toml_blocks() if (b[0].name, b[1]) not in TOML_RUN_ELSEWHERE],
+    ids=lambda v: v.name if isinstance(v, Path) else str(v),
+)
+def test_toml_blocks_run(page: Path, index: int, tmp_path: Path) -> None:
+    """Every TOML block runs: a recipe gives its first global batch at dp 1, on the files the
+    page makes or, for those it only names, files of the named format
+    (``tests/docs/toml_inputs.py``); a fragment runs inside a small recipe, or (TorchTitan's
+    ``[dataloader]`` table) is parsed by the function the adapter reads it with."""
+    from tests.docs.toml_inputs import materialize
+    from zephon_nodes import Pipeline, Recipe, simulate
+
+    data = tomllib.loads(blocks(page, "toml")[index])
+    if "dataloader" in data:  # a TorchTitan job config table (docs/performance.md)
+        from zephon_nodes.engine.operator_pools import parse_operator_workers
+
+        assert set(data) == {"dataloader"} and set(data["dataloader"]) == {"operator_workers"}
+        assert parse_operator_workers(data["dataloader"]["operator_workers"])
+        return
+    code = blocks(page, "toml")[index]
+    if "datasets" not in data:
+        assert set(data) == {"tokenizer"}, f"{page.name}: a TOML fragment this test cannot run"
+        code = BASE_HEAD + code + BASE_TAIL
+    path = tmp_path / "recipe.toml"
+    path.write_text(code)
+    materialize(tomllib.loads(code), tmp_path)
+    with alarm(BLOCK_TIMEOUT_S):
+        recipe = Recipe.from_toml(path)
+        results = [r for r, _ in simulate(Pipeline(recipe), 1, 1, num_workers=1)]
+    assert [r.step for r in results] == [1], f"{page.name}: TOML block {index} gave no step 1"
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "console")], ids=lambda p: p.name)
 def test_console_commands_parse(page: Path) -> None:
     commands = [
@@ -189,3 +252,16 @@ def test_cli_page_documents_every_option(name: str) -> None:
             for flag in action.option_strings:
                 if flag.startswith("--") and flag != "--help":
                     assert f"`{flag}" in page, f"zephon {name} {flag}"
+
+
+# Command lines a user types from these pages, the README and the examples' READMEs.
+TYPED = [*PAGES, DOCS.parent / "README.md", *sorted(DOCS.parent.glob("examples/*/README.md"))]
+UNDERSCORE_OPTION = re.compile(r"(?<![\w-])--[a-z0-9]+_[a-z0-9_]+")
+
+
+def test_options_are_spelled_with_hyphens() -> None:
+    """One spelling for every option (argparse's, and torchrun's): ``--nproc-per-node``, never
+    ``--nproc_per_node`` (issue 36.4: pages used both)."""
+    for page in TYPED:
+        found = UNDERSCORE_OPTION.findall(page.read_text())
+        assert not found, f"{page.relative_to(DOCS.parent)}: {sorted(set(found))}"

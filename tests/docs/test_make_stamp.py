@@ -89,3 +89,25 @@ def test_missing_system_package_is_one_line(tmp_path: Path) -> None:
         assert len(errors) == 1, out.stderr
         assert "zephon-no-pkg" in errors[0] and "apt-get install -y zephon-no-pkg" in errors[0]
         assert "sh " not in errors[0].split("install -y")[1]  # only the missing one is named
+
+
+def test_missing_server_refuses_its_tests_in_one_line() -> None:
+    """Without nginx, the tests that need it are refused with one line naming the package and
+    the session fails; the others still run (issue 36.3: not one error per test)."""
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "tests.docs.missing_nginx_plugin"),
+            *("-p", "no:cacheprovider", "--collect-only", "tests/io/test_http_range.py"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    errors = [line for line in out.stdout.splitlines() if line.startswith("ERROR:")]
+    assert errors == [
+        "ERROR: 2 storage tests refused: nginx is not installed (the HTTP server of the storage "
+        "tests): `sudo apt-get install nginx`, or `make test`, which installs it"
+    ]
+    assert "4/6 tests collected (2 deselected)" in out.stdout

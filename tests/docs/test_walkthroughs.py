@@ -200,7 +200,7 @@ def test_torchtitan_walkthrough_commands_as_written(tmp_path: Path) -> None:
         assert config.training.seq_len == recipe.seq_len
         assert config.training.global_batch_size == recipe.global_batch_size
         assert config.checkpoint.interval == 3 and config.training.steps == 6
-        dp = argv[argv.index("--nproc_per_node") + 1]
+        dp = argv[argv.index("--nproc-per-node") + 1]
         folders.append((dp, config.dump_folder, config.dataloader.dump_batches))
         if line is not commands[1]:
             assert config.checkpoint.initial_load_path == str(work / "runs/dp2/checkpoint/step-3")

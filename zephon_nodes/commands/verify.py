@@ -169,7 +169,10 @@ class _Progress:
     def __call__(self, r: SettingResult) -> None:
         self.done += 1
         if self.done == 0:
-            line = f"[reference] {r.setting.name}: {len(r.digests)} steps, {r.seconds:.2f} s"
+            line = (
+                f"[reference] {r.setting.name}: {len(r.digests)} steps, {r.seconds:.2f} s; "
+                f"{self.total} settings to go, about {self.total * r.seconds:.0f} s or more"
+            )
         else:
             verdict = "identical" if r.identical else "DIFFERS"
             line = (
@@ -212,6 +215,13 @@ def _run(args: argparse.Namespace) -> int:
         checkpoint_step=args.checkpoint_step,
         micro_batch_sizes=[b for b in args.micro_batch_sizes if b != 0],
         global_batch_size=recipe.global_batch_size,
+    )
+    print(
+        f"zephon verify: a reference run, then {len(settings)} settings of {args.steps} steps "
+        "each, one line per setting (--dp, --workers, --runners, --no-resume and --steps "
+        "make fewer or shorter; decoding images makes each longer)",
+        file=sys.stderr,
+        flush=True,
     )
     progress = _Progress(len(settings), sys.stderr)
     try:
