@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("triton", reason="torchtitan.trainer imports triton")
 
-from zephon_nodes.integrations.torchtitan import API  # noqa: E402
+from zephon_nodes.integrations.torchtitan import API
 
 pytestmark = pytest.mark.slow
 
