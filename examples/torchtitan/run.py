@@ -50,6 +50,7 @@ def run(cmd: list[str], log: Path | None = None) -> str:
 
 
 OVERRIDE = "zephon_nodes.integrations.torchtitan.override.use_recipe"
+METRICS = "zephon_nodes.integrations.torchtitan.override.log_loader_metrics"
 
 
 def loader_flags(work: Path, name: str, via: str) -> list[str]:
@@ -62,7 +63,7 @@ def loader_flags(work: Path, name: str, via: str) -> list[str]:
         }
         return [
             "--module", "llama3", "--config", "llama3_debugmodel",
-            "--override.imports", f"{OVERRIDE}={json.dumps(settings)}",
+            "--override.imports", f"{OVERRIDE}={json.dumps(settings)}", METRICS,
         ]  # fmt: skip
     return [
         "--module", "zephon_nodes.integrations.torchtitan.configs",

@@ -112,6 +112,22 @@ def test_trainer_logs_loader_metrics(walk: Any) -> None:
     assert all(v >= 0 for v in values("zephon/queue_depth"))
 
 
+def test_each_rank_logs_its_checkpoint_and_restore(walk: Any) -> None:
+    """TorchTitan's log of each job holds one line per rank at the checkpoint and the restore."""
+    work, _, _ = walk
+    logs = {name: (work / "logs" / f"{name}.txt").read_text() for name in ("dp2", "dp1", "dp4")}
+    for rank in (0, 1):
+        line = f"zephon checkpoint: rank {rank} saved the state of step {SAVE_AT} at dp 2 "
+        assert logs["dp2"].count(line) == 1, (rank, logs["dp2"][-2000:])
+    for name, world in (("dp1", 1), ("dp4", 4)):
+        for rank in range(world):
+            line = (
+                f"zephon restore: rank {rank} restored the state of step {SAVE_AT} saved at "
+                f"dp 2, now at dp {world} "
+            )
+            assert logs[name].count(line) == 1, (name, rank, logs[name][-2000:])
+
+
 def test_run_refuses_a_used_working_folder(tmp_path: Path) -> None:
     """A folder with runs/ from an earlier walk-through is refused before any job: TorchTitan
     would resume the old checkpoints there and the old batch dumps would be compared."""

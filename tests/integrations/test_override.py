@@ -15,6 +15,7 @@ from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.integrations.torchtitan import ZephonDataLoader
 
 NAME = "zephon_nodes.integrations.torchtitan.override.use_recipe"
+METRICS = "zephon_nodes.integrations.torchtitan.override.log_loader_metrics"
 
 
 def debug_job() -> object:
@@ -67,3 +68,18 @@ def test_a_zephon_dataloader_keeps_its_settings() -> None:
 def test_bad_settings_are_refused_naming_them(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(RecipeError, match=match):
         apply((NAME, kwargs), debug_job())
+
+
+def test_a_second_target_logs_the_loaders_metrics() -> None:
+    from torchtitan.config.override import OverrideConfig, apply_overrides, parse_cli_imports
+
+    from zephon_nodes.integrations.torchtitan.metrics import ZephonMetricsProcessor
+
+    job = debug_job()
+    before = job.metrics  # type: ignore[attr-defined]
+    tokens = [f'{NAME}={{"recipe": "/r.toml"}}', METRICS]
+    apply_overrides(OverrideConfig(imports=parse_cli_imports(tokens)), job)  # type: ignore[arg-type]
+    after = job.metrics  # type: ignore[attr-defined]
+    assert isinstance(after, ZephonMetricsProcessor.Config) and after.zephon_metrics
+    assert after.log_freq == before.log_freq  # the job's own settings are kept
+    assert isinstance(job.dataloader, ZephonDataLoader.Config)  # type: ignore[attr-defined]

@@ -20,9 +20,10 @@ from zephon_nodes.integrations.torchtitan import API, ZephonDataLoader
 SEQ = 64  # the test recipe's seq_len (G=8, 4 lanes)
 
 
-def build(recipe: Path, world: int, rank: int, rows: int) -> Any:
+def build(recipe: Path, world: int, rank: int, rows: int, **settings: Any) -> Any:
     """Build the installed adapter as its Trainer does: ``rows`` samples per micro-batch."""
-    config = ZephonDataLoader.Config(recipe=str(recipe), num_workers=1)
+    settings.setdefault("num_workers", 1)
+    config = ZephonDataLoader.Config(recipe=str(recipe), **settings)
     if API == "main":
         sizes: dict[str, Any] = {"max_context_length": SEQ, "num_tokens_per_batch": rows * SEQ}
     else:

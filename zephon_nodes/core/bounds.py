@@ -95,5 +95,14 @@ PHYSICAL: dict[str, Bound] = {
     "storage_backoff_max_s": Bound(float, 0, 1e7, note="longest single backoff, in seconds"),
     "shm_arena_mb": Bound(float, 0, 1 << 20, note="megabytes per process worker"),
     "ray_max_retries": Bound(int, 0, 1000, note="re-runs of a task whose worker was lost"),
+    "token_cache_limit": Bound(int, 0, 2**62, note="bytes of the token cache"),
+    # the checkpoint's room (TorchTitan config; fixed-shape DCP tensors are allocated to it)
+    "max_decisions": Bound(
+        int, -1, 1 << 16, note="set_mixture decisions the checkpoint holds; -1: automatic"
+    ),
+    "relane_from": Bound(int, 0, _LANES, note="the lane count of the checkpoint; 0: none"),
+    "max_lineage_bytes": Bound(int, 0, 1 << 24, note="about 12 bytes per old lane"),
+    "max_stage_bytes": Bound(int, 1, 1 << 24, note="about 40 bytes per dataset"),
+    "max_stage_datasets": Bound(int, 1, 1 << 12, note="8 bytes per dataset and lane"),
 }
 """Bounds of the physical settings (never part of a fingerprint), by setting name."""

@@ -23,45 +23,72 @@ from zephon_nodes.integrations.torchtitan.api import (
     UnsupportedTorchTitanError,
     detect_api,
 )
-from zephon_nodes.integrations.torchtitan.common import (
-    check_agreement,
-    check_stages,
-    check_tokenizer,
-    from_dcp_state,
-    loader_metrics,
-)
-from zephon_nodes.state.dcp import (
-    DCP_FORMAT,
-    DCP_FORMAT_RELANED,
-    DCP_FORMAT_STAGED,
-    LANE_PREFIX,
-    MIXTURE_LANE_PREFIX,
-    RECIPE_PREFIX,
-    STAGE_LANE_PREFIX,
-    lane_check,
-    lane_key,
-    mixture_digest,
-    mixture_lane_key,
-    to_dcp_state,
-)
 
 if TYPE_CHECKING:  # the 0.3.0 names stand for both adapters' (the same interface)
     from torchtitan.components.dataloader import BaseDataLoader as TitanDataLoader
 
     from zephon_nodes.integrations.torchtitan.adapter_030 import ZephonDataLoader, check_launch
+    from zephon_nodes.integrations.torchtitan.common import (
+        check_agreement,
+        check_stages,
+        check_tokenizer,
+        from_dcp_state,
+        loader_metrics,
+    )
+    from zephon_nodes.state.dcp import (
+        DCP_FORMAT,
+        DCP_FORMAT_RELANED,
+        DCP_FORMAT_STAGED,
+        LANE_PREFIX,
+        MIXTURE_LANE_PREFIX,
+        RECIPE_PREFIX,
+        STAGE_LANE_PREFIX,
+        lane_check,
+        lane_key,
+        mixture_digest,
+        mixture_lane_key,
+        to_dcp_state,
+    )
 
     API: Api
     """The installed TorchTitan's data-loader API: ``"0.3"`` or ``"main"``."""
 
 _ADAPTER_NAMES = ("ZephonDataLoader", "check_launch", "TitanDataLoader", "API")
+_COMMON_NAMES = (
+    "check_agreement",
+    "check_stages",
+    "check_tokenizer",
+    "from_dcp_state",
+    "loader_metrics",
+)
+_DCP_NAMES = (
+    "DCP_FORMAT",
+    "DCP_FORMAT_RELANED",
+    "DCP_FORMAT_STAGED",
+    "LANE_PREFIX",
+    "MIXTURE_LANE_PREFIX",
+    "RECIPE_PREFIX",
+    "STAGE_LANE_PREFIX",
+    "lane_check",
+    "lane_key",
+    "mixture_digest",
+    "mixture_lane_key",
+    "to_dcp_state",
+)
 
 
 def __getattr__(name: str) -> Any:
     """Resolve the installed TorchTitan's adapter at first use (PEP 562).
 
-    Importing a module of this package (the CPU patches, ``hf_assets``) imports no
-    TorchTitan module: the CPU patches must run before TorchTitan's first import.
+    Importing a module of this package (the CPU patches, ``hf_assets``, the launcher) imports
+    neither TorchTitan nor torch: the CPU patches must run before TorchTitan's first import,
+    and the launcher refuses a bad path before torch's seconds of import.
     """
+    if name in _COMMON_NAMES or name in _DCP_NAMES:
+        where = f"{__name__}.common" if name in _COMMON_NAMES else "zephon_nodes.state.dcp"
+        value = getattr(importlib.import_module(where), name)
+        globals()[name] = value
+        return value
     if name not in _ADAPTER_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     api = detect_api()

@@ -23,7 +23,7 @@ import torch
 from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.integrations.torchtitan.common import check_stages
+from zephon_nodes.integrations.torchtitan.common import check_lanes, check_stages
 from zephon_nodes.integrations.torchtitan.lanes import LaneLoader
 from zephon_nodes.integrations.torchtitan.loader_config import LoaderConfig, check_config
 from zephon_nodes.integrations.torchtitan.step_check import StepSetting
@@ -43,22 +43,10 @@ def check_launch(
     Raises:
         RecipeError: Naming the TorchTitan option or recipe field to change.
     """
-    L, G = recipe.num_lanes, recipe.global_batch_size
-    check_setting("dp_world_size", dp_world_size)
+    G = recipe.global_batch_size
     check_setting("training.local_batch_size", local_batch_size, bound=SETTINGS["local_batch_size"])
     check_setting("training.seq_len", seq_len, bound=SETTINGS["seq_len"])
-    if dp_world_size < 1 or not 0 <= dp_rank < dp_world_size:
-        raise RecipeError(f"{dp_rank=} must be in [0, {dp_world_size=})")
-    if L % dp_world_size:
-        divisors = [d for d in range(1, L + 1) if L % d == 0]
-        raise RecipeError(
-            f"the recipe's num_lanes={L} must be a multiple of the data-parallel size "
-            f"{dp_world_size=} (dp_replicate x dp_shard): run at a dp size in {divisors}, or "
-            f"write a new recipe whose num_lanes is a common multiple of every dp size you "
-            f"plan to use (a new num_lanes is a new data stream)"
-        )
-    if G % L:
-        raise RecipeError(f"the recipe's global_batch_size={G} must be a multiple of num_lanes={L}")
+    check_lanes(recipe, dp_world_size, dp_rank)
     share = G // dp_world_size
     if local_batch_size < 1 or share % local_batch_size:
         ok = [b for b in range(1, share + 1) if share % b == 0]

@@ -29,7 +29,7 @@ from torchtitan.components.data.loader import BaseDataLoader, DataloaderExhauste
 from torchtitan.components.loss import IGNORE_INDEX
 
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.integrations.torchtitan.common import check_stages
+from zephon_nodes.integrations.torchtitan.common import check_lanes, check_stages
 from zephon_nodes.integrations.torchtitan.lanes import LaneLoader
 from zephon_nodes.integrations.torchtitan.loader_config import LoaderConfig, check_config
 from zephon_nodes.integrations.torchtitan.step_check import StepSetting
@@ -75,21 +75,9 @@ def check_launch(
     Raises:
         RecipeError: Naming the TorchTitan setting and the recipe field, both values.
     """
-    L, G, S = recipe.num_lanes, recipe.global_batch_size, recipe.seq_len
-    check_setting("dp_world_size", dp_world_size)
+    G, S = recipe.global_batch_size, recipe.seq_len
     check_setting(_CONTEXT, max_context_length, bound=SETTINGS["seq_len"])
-    if dp_world_size < 1 or not 0 <= dp_rank < dp_world_size:
-        raise RecipeError(f"{dp_rank=} must be in [0, {dp_world_size=})")
-    if L % dp_world_size:
-        divisors = [d for d in range(1, L + 1) if L % d == 0]
-        raise RecipeError(
-            f"the recipe's num_lanes={L} must be a multiple of the data-parallel size "
-            f"{dp_world_size=} (dp_replicate x dp_shard): run at a dp size in {divisors}, or "
-            f"write a new recipe whose num_lanes is a common multiple of every dp size you "
-            f"plan to use (a new num_lanes is a new data stream)"
-        )
-    if G % L:
-        raise RecipeError(f"the recipe's global_batch_size={G} must be a multiple of num_lanes={L}")
+    check_lanes(recipe, dp_world_size, dp_rank)
     if max_context_length < S:
         raise RecipeError(
             f"the recipe's seq_len={S} is longer than {_CONTEXT}={max_context_length}: set "

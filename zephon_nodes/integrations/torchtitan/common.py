@@ -18,10 +18,12 @@ from zephon_nodes.engine.metrics import flatten_metrics
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.state.dcp import decode_dcp_state
 
 __all__ = [
     "check_agreement",
+    "check_lanes",
     "check_stages",
     "check_tokenizer",
     "from_dcp_state",
@@ -95,6 +97,29 @@ def resolve_max_decisions(max_decisions: int, recipe: Recipe) -> int:
     if max_decisions >= 0:
         return max_decisions
     return AUTO_DECISIONS if len(recipe.datasets) > 1 else 0
+
+
+def check_lanes(recipe: Recipe, dp_world_size: int, dp_rank: int) -> None:
+    """The one check of a TorchTitan job's data-parallel layout against the recipe's lanes.
+
+    Raises:
+        RecipeError: Naming the dp size and the dp sizes the recipe's ``num_lanes`` allows
+            (or the rank, or the recipe's ``global_batch_size``).
+    """
+    L, G = recipe.num_lanes, recipe.global_batch_size
+    check_setting("dp_world_size", dp_world_size)
+    if not 0 <= dp_rank < dp_world_size:
+        raise RecipeError(f"{dp_rank=} must be in [0, {dp_world_size=})")
+    if L % dp_world_size:
+        divisors = [d for d in range(1, L + 1) if L % d == 0]
+        raise RecipeError(
+            f"the recipe's num_lanes={L} must be a multiple of the data-parallel size "
+            f"{dp_world_size=} (dp_replicate x dp_shard): run at a dp size in {divisors}, or "
+            f"write a new recipe whose num_lanes is a common multiple of every dp size you "
+            f"plan to use (a new num_lanes is a new data stream)"
+        )
+    if G % L:
+        raise RecipeError(f"the recipe's global_batch_size={G} must be a multiple of num_lanes={L}")
 
 
 def check_stages(recipe: Recipe, job: str) -> None:

@@ -20,19 +20,18 @@ from torchdata.nodes import BaseNode, Prefetcher
 
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.settings import Settings, current, using
-from zephon_nodes.engine.checkpoint import FORMAT, validate_state
+from zephon_nodes.engine.checkpoint import FORMAT
 from zephon_nodes.engine.end_of_data import all_ranks_continue
 from zephon_nodes.engine.metrics import StepMetrics
 from zephon_nodes.engine.mixture_log import (
     MIXTURE_KEY,
     normalize_weights,
-    parse_mixture_state,
     with_decision,
 )
-from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.restore_checks import check_rank_state
 from zephon_nodes.engine.stages import segment_for_state
 from zephon_nodes.integrations.torchtitan.common import (
     check_agreement,
@@ -41,9 +40,10 @@ from zephon_nodes.integrations.torchtitan.common import (
     register_loader,
     resolve_max_decisions,
 )
+from zephon_nodes.integrations.torchtitan.rank_node import child_rank_node
 from zephon_nodes.integrations.torchtitan.step_check import StepCheck, StepSetting
 from zephon_nodes.recipe import Recipe
-from zephon_nodes.state.dcp import to_dcp_state
+from zephon_nodes.state.dcp import DP_KEY, to_dcp_state
 from zephon_nodes.state.schema import STAGE_KEY
 from zephon_nodes.verification.dump import StepDumper
 
@@ -117,8 +117,14 @@ class LaneLoader:
                 else None
             )
         self.lanes = lanes_for_rank(recipe.num_lanes, dp_world_size, dp_rank)
-        self.pool = WorkerPool(
-            config.num_workers, config.runner, config.worker_timeout_s, settings=settings
+        self.settings = settings
+        # The thread engine's pool; the process engine's child builds its own.
+        self.pool: WorkerPool | None = (
+            WorkerPool(
+                config.num_workers, config.runner, config.worker_timeout_s, settings=settings
+            )
+            if config.engine == "thread"
+            else None
         )
         self._build_node()
         self.step_check = StepCheck(
@@ -140,6 +146,7 @@ class LaneLoader:
         self._restore: dict[str, Any] | None = None
         self._started = False
         self._loaded = False
+        self._saved_dp: int | None = None  # the dp size of a loaded checkpoint, until logged
         self._dataset_ids: list[torch.Tensor] = []
         # What the trainer got and how long it waited, per step (after the prefetcher).
         self._steps = StepMetrics()
@@ -154,9 +161,25 @@ class LaneLoader:
         self.serial = register_loader(self)
 
     def _build_node(self) -> None:
-        """Build this rank's multiplexer (and prefetcher) over ``self.pipeline``."""
+        """Build this rank's multiplexer (and prefetcher) over ``self.pipeline``.
+
+        With ``dataloader.engine = "process"`` the node is a ``ChildRankNode`` running the
+        same multiplexer in a child process (it prefetches there; no prefetcher here).
+        """
         config = self.config
-        self.multiplexer: Multiplexer = self.pipeline.rank_node(
+        if config.engine == "process":
+            self.multiplexer: Any = child_rank_node(
+                config,
+                self.settings,
+                dp_world_size=self.dp_world_size,
+                dp_rank=self.dp_rank,
+                local_batch_size=self.local_batch_size,
+                lanes=self.lanes,
+            )
+            self._node: BaseNode[dict[str, torch.Tensor]] = self.multiplexer
+            return
+        assert self.pool is not None
+        self.multiplexer = self.pipeline.rank_node(
             self.dp_world_size,
             self.dp_rank,
             local_batch_size=self.local_batch_size,
@@ -166,7 +189,7 @@ class LaneLoader:
             operator_pools=parse_operator_workers(config.operator_workers),
         )
         self.multiplexer.own([self.pool])  # a loader dropped without close() stops it too
-        self._node: BaseNode[dict[str, torch.Tensor]] = (
+        self._node = (
             Prefetcher(self.multiplexer, config.prefetch)
             if config.prefetch > 0
             else self.multiplexer
@@ -179,6 +202,12 @@ class LaneLoader:
         pipeline = for_state(self.pipeline, state)
         if pipeline is self.pipeline:
             return
+        if self.config.engine == "process":
+            raise CheckpointError(
+                "the checkpoint was written after a re-lane (it carries a lineage); "
+                "dataloader.engine='process' does not read re-laned streams yet: resume it "
+                "with dataloader.engine='thread'"
+            )
         old = self.multiplexer
         self.pipeline = pipeline
         self._build_node()
@@ -265,6 +294,7 @@ class LaneLoader:
                 f"loaded: there is nothing to amend (unset it to start afresh)"
             )
         state = self._restore
+        t0 = time.perf_counter()
         if isinstance(self._node, Prefetcher):
             snap = None if state is None else {"snapshot": state, "steps_since_snapshot": 0}
             self._node.reset(snap)
@@ -272,6 +302,27 @@ class LaneLoader:
             self._node.reset(state)
         self._restore = None
         self._started = True
+        if state is not None and self._saved_dp is not None:  # a load, not a set_mixture
+            self._log_restore(state, self._saved_dp, time.perf_counter() - t0)
+            self._saved_dp = None
+
+    def _lane_span(self) -> str:
+        return f"{self.lanes[0]}-{self.lanes[-1]}" if len(self.lanes) > 1 else f"{self.lanes[0]}"
+
+    def _log_restore(self, state: Mapping[str, Any], saved_dp: int, seconds: float) -> None:
+        """One line per rank: the restored step, the dp sizes, the samples replayed."""
+        replayed = sum(int(state["lanes"][str(i)][1]) for i in self.lanes)
+        logger.info(
+            "zephon restore: rank %d restored the state of step %d saved at dp %d, now at dp "
+            "%d (lanes %s): replayed %d sample(s) of the lanes' current flush windows in %.2f s",
+            self.dp_rank,
+            int(state["step"]),
+            saved_dp,
+            self.dp_world_size,
+            self._lane_span(),
+            replayed,
+            seconds,
+        )
 
     def _current_state(self) -> dict[str, Any]:
         if isinstance(self._node, Prefetcher):
@@ -420,7 +471,8 @@ class LaneLoader:
                 self.STEP.name,
                 self.pipeline.recipe.global_batch_size,
             )
-        return to_dcp_state(
+        t0 = time.perf_counter()
+        out = to_dcp_state(
             state,
             dp_world_size=self.dp_world_size,
             local_batch_size=self.local_batch_size,
@@ -429,6 +481,21 @@ class LaneLoader:
             lineage_bytes=self._lineage_room(state),
             stage_room=self._stage_room(state),
         )
+        # A loader that has not started and has nothing to restore is asked for the keys a
+        # checkpoint load fills: no checkpoint of its own.
+        level = logging.INFO if self._started or self._restore is not None else logging.DEBUG
+        logger.log(
+            level,
+            "zephon checkpoint: rank %d saved the state of step %d at dp %d (lanes %s, "
+            "%d key(s)) in %.3f s",
+            self.dp_rank,
+            int(state["step"]),
+            self.dp_world_size,
+            self._lane_span(),
+            len(out),
+            time.perf_counter() - t0,
+        )
+        return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from a checkpoint written at any dp size with the same recipe.
@@ -442,6 +509,8 @@ class LaneLoader:
         if not state_dict:
             return
         self._loaded = True
+        dp = state_dict.get(DP_KEY)
+        self._saved_dp = int(dp.reshape(-1)[0]) if isinstance(dp, torch.Tensor) else -1
         room = self.config.max_lineage_bytes if self.config.relaned else 0
         if self.config.relane_from:
             state = self._relane(state_dict, room)
@@ -459,25 +528,7 @@ class LaneLoader:
                 stage_room=self._stage_room(),
             )
             self._read_relaned(state)
-        p = self.pipeline
-        segment = segment_for_state(p, state)  # the stage the state is in (checked here)
-        validate_state(
-            state,
-            fingerprint=p.fingerprint,
-            summary=p.summary,
-            num_lanes=p.num_lanes,
-            lanes=self.lanes,
-            samples_per_lane=segment.recipe.samples_per_lane,
-            base_step=segment.base_step,
-        )
-        if segment.stage is not None:
-            segment.stage.require_lanes(self.lanes)
-        parse_mixture_state(
-            state.get(MIXTURE_KEY),
-            [d.name for d in p.recipe.datasets],
-            self.lanes,
-            int(state["step"]),
-        )
+        check_rank_state(self.pipeline, state, self.lanes)  # what the rank node checks
         self._restore = state
         self._state = state
 
@@ -571,7 +622,8 @@ class LaneLoader:
         """Stop the worker pools."""
         self.step_check.close()
         self.multiplexer.close()
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
 
 
 def _every_lane_at_start(pipeline: Any) -> dict[str, Any]:

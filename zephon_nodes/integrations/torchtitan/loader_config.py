@@ -12,6 +12,7 @@ here imports TorchTitan.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from zephon_nodes.core.environment import parse_bool, parse_limit, parse_size
@@ -143,18 +144,25 @@ def check_config(config: Any) -> None:
         RecipeError: Naming the ``dataloader.*`` setting, what it must be and what it is.
     """
     _typed(config)
+    if config.recipe and Path(config.recipe).is_dir():
+        raise RecipeError(
+            f"dataloader.recipe={config.recipe!r} is a directory; give the recipe's TOML file"
+        )
     for name in ("num_workers", "lookahead", "prefetch", "worker_timeout_s"):
         check_setting(f"dataloader.{name}", getattr(config, name), bound=SETTINGS[name])
-    if config.cache_limit is not None:
-        check_setting("dataloader.cache_limit", config.cache_limit, bound=SETTINGS["cache_limit"])
-    if config.token_cache_limit is not None and config.token_cache_limit < 1:
-        raise RecipeError(
-            f"dataloader.token_cache_limit={config.token_cache_limit} must be >= 1 (bytes)"
-        )
+    for name in ("cache_limit", "token_cache_limit"):  # None: the environment's or default
+        if getattr(config, name) is not None:
+            check_setting(f"dataloader.{name}", getattr(config, name), bound=SETTINGS[name])
     if config.runner not in RUNNERS:
         raise RecipeError(f"dataloader.runner={config.runner!r} must be one of {RUNNERS}")
     if config.engine not in ENGINES:
         raise RecipeError(f"dataloader.engine={config.engine!r} must be one of {ENGINES}")
+    if config.engine == "process" and (config.relane_from or config.relaned):
+        raise RecipeError(
+            "dataloader.engine='process' does not read re-laned streams yet "
+            f"(dataloader.relane_from={config.relane_from}, dataloader.relaned="
+            f"{config.relaned}): use dataloader.engine='thread'"
+        )
     try:
         parse_operator_workers(config.operator_workers)
     except RecipeError as e:
@@ -163,23 +171,24 @@ def check_config(config: Any) -> None:
 
 
 def _check_plumbing(config: CheckpointPlumbing) -> None:
-    if config.max_decisions < -1:
-        raise RecipeError(
-            f"dataloader.max_decisions={config.max_decisions} must be >= 0 (or -1: automatic)"
-        )
-    if config.relane_from < 0 or config.max_lineage_bytes < 0:
-        raise RecipeError(
-            f"dataloader.relane_from={config.relane_from} and dataloader."
-            f"max_lineage_bytes={config.max_lineage_bytes} must be >= 0"
-        )
+    """The checkpoint's room against the bounds table (DCP allocates tensors to it)."""
+    for name in (
+        "max_decisions",
+        "relane_from",
+        "max_lineage_bytes",
+        "max_stage_bytes",
+        "max_stage_datasets",
+    ):
+        check_setting(f"dataloader.{name}", getattr(config, name), bound=SETTINGS[name])
     if config.amend_from and config.relane_from:
         raise RecipeError(
             f"dataloader.amend_from={config.amend_from!r} and dataloader.relane_from="
             f"{config.relane_from} are both set: a run's recipe does not change across a "
             f"re-lane yet; amend or re-lane, not both"
         )
-    if config.max_stage_bytes < 1 or config.max_stage_datasets < 1:
+    if config.amend_from and not Path(config.amend_from).is_file():
+        what = "a directory" if Path(config.amend_from).is_dir() else "not found"
         raise RecipeError(
-            f"dataloader.max_stage_bytes={config.max_stage_bytes} and dataloader."
-            f"max_stage_datasets={config.max_stage_datasets} must be >= 1"
+            f"dataloader.amend_from={config.amend_from!r}: {what}; give the recipe TOML the "
+            f"checkpoint was written with"
         )

@@ -14,7 +14,12 @@ factory an ``--override.imports`` entry names (``torchtitan/config/override.py``
 The JSON object's keys are the loader's settings (``recipe`` and every physical field of
 ``ZephonDataLoader.Config``, typed as JSON: ``{"recipe": "r.toml", "num_workers": 4}``).
 No config module of your own is needed; the config-module path
-(:mod:`zephon_nodes.integrations.torchtitan.configs`) stays.
+(:mod:`zephon_nodes.integrations.torchtitan.configs`) stays. :func:`log_loader_metrics`, a
+second target of the same ``--override.imports`` argument, makes TorchTitan's metrics
+processor log the loader's metrics (``zephon/...``) with the loss::
+
+    --override.imports '...use_recipe={"recipe": "r.toml"}' \
+        zephon_nodes.integrations.torchtitan.override.log_loader_metrics
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.config import override
 
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.integrations.torchtitan import TitanDataLoader, ZephonDataLoader
+from zephon_nodes.integrations.torchtitan.metrics import with_zephon_metrics
 
-__all__ = ["use_recipe"]
+__all__ = ["log_loader_metrics", "use_recipe"]
 
 NAME = "zephon_nodes.integrations.torchtitan.override.use_recipe"
 """What ``--override.imports`` names."""
@@ -68,3 +75,13 @@ def use_recipe(cfg: Any, **settings: Any) -> Any:
             f'\'{NAME}={{"recipe": "/path/recipe.toml"}}\''
         )
     return new
+
+
+@override(
+    target=MetricsProcessor.Config,
+    fqns=["metrics"],
+    description="zephon-nodes: log the data loader's metrics (zephon/...) with the loss",
+)
+def log_loader_metrics(cfg: Any) -> Any:
+    """Return the job's metrics settings as a ``ZephonMetricsProcessor`` config."""
+    return with_zephon_metrics(cfg)
