@@ -35,6 +35,7 @@ from zephon_nodes.state.codec import decode_checked, encode_checked
 LONG_STEPS = 140  # 2 samples per lane per step: 280 > the 256 replayed at a restore
 KNOWN = {
     "plain state past 256 samples: step +1",
+    "plain state past 256 samples: step -1",
     "plain state past 256 samples: lane 0 consumed +1",
     "plain state past 256 samples: lanes 0 and 1 swapped",
     "plain state past 256 samples: every lane consumed +1",
@@ -161,8 +162,10 @@ def cli_cases(f: dict[str, Path]) -> dict[str, list[str]]:
     }
 
 
-def _resume(pipeline: Any, state: Any, steps: int) -> list[str]:
-    return [r.digest for r, _ in simulate(pipeline, 1, steps, pool=INLINE, resume_state=state)]
+def _resume(pipeline: Any, state: Any, steps: int) -> list[tuple[int, str]]:
+    """``(step, digest)`` of the next ``steps`` steps: a relabelled step is a change too."""
+    run = simulate(pipeline, 1, steps, pool=INLINE, resume_state=state)
+    return [(r.step, r.digest) for r, _ in run]
 
 
 def _resealed(state: dict[str, Any], edit: Callable[[dict[str, Any]], None]) -> Any:

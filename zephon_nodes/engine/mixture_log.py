@@ -19,6 +19,7 @@ the ``--mixture-updates`` file: its parsing and its agreement with a checkpoint'
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -88,6 +89,8 @@ def read_updates(path: str, names: Sequence[str]) -> list[tuple[int, dict]]:
                 seen.add(k)
         return out
 
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO, /dev/zero: never ends
+        raise RecipeError(f"--mixture-updates {path}: not a regular file")
     try:
         with open(path, encoding="utf-8") as f:
             raw = json.load(f, object_pairs_hook=unique)
