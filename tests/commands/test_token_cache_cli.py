@@ -119,3 +119,5 @@ def test_torchtitan_config_fields() -> None:
         ZephonDataLoader.Config(recipe="r.toml", token_cache_limit="big")
     with pytest.raises(RecipeError, match=r"dataloader\.token_cache='yes'"):
         ZephonDataLoader.Config(recipe="r.toml", token_cache="yes")
+    shared = ZephonDataLoader.Config(recipe="r.toml", token_cache="s3://bucket/tokens")
+    assert shared.token_cache == "s3://bucket/tokens"  # a token cache shared by the cluster

@@ -134,8 +134,9 @@ class ZephonDataLoader(LaneLoader, BaseDataLoader):
         empty: ZEPHON_CACHE_LIMIT, else the default share of the free disk). Physical."""
 
         token_cache: str = ""
-        """Reuse tokenized work items across runs: "on" or "off" (empty: ZEPHON_TOKEN_CACHE,
-        else off). Physical: never changes a batch (docs/storage.md)."""
+        """Reuse tokenized work items across runs: "on", "off", or a storage URI shared by the
+        cluster behind each node's cache (empty: ZEPHON_TOKEN_CACHE, else off). Physical:
+        never changes a batch (docs/storage.md)."""
 
         token_cache_limit: str = ""
         """Token cache size, e.g. "16G" (empty: ZEPHON_TOKEN_CACHE_LIMIT, else 16G)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from zephon_nodes.core.environment import is_location
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import parse_limit, parse_size
 from zephon_nodes.engine.checkpoint import FORMAT
@@ -122,9 +123,10 @@ def check_config(config: Any) -> None:
         raise RecipeError(f"dataloader.prefetch={config.prefetch} must be >= 0")
     if config.cache_limit:
         parse_limit(config.cache_limit, "dataloader.cache_limit")
-    if config.token_cache not in ("", "on", "off"):
+    if config.token_cache not in ("", "on", "off") and not is_location(config.token_cache):
         raise RecipeError(
-            f"dataloader.token_cache={config.token_cache!r} must be 'on', 'off' or empty"
+            f"dataloader.token_cache={config.token_cache!r} must be 'on', 'off', a storage "
+            "URI (a token cache shared by the cluster) or empty"
         )
     if config.token_cache_limit:
         try:
