@@ -114,8 +114,10 @@ def test_torchtitan_config_fields() -> None:
     from zephon_nodes.integrations.torchtitan import ZephonDataLoader
 
     c = ZephonDataLoader.Config(recipe="r.toml", token_cache="on", token_cache_limit="2G")
-    assert (c.token_cache, c.token_cache_limit) == ("on", "2G")
+    assert (c.token_cache, c.token_cache_limit) == (True, 2 * 1024**3)  # read as their types
     with pytest.raises(RecipeError, match=r"dataloader\.token_cache_limit.*'big'"):
         ZephonDataLoader.Config(recipe="r.toml", token_cache_limit="big")
-    with pytest.raises(RecipeError, match=r"dataloader\.token_cache='yes'"):
-        ZephonDataLoader.Config(recipe="r.toml", token_cache="yes")
+    with pytest.raises(RecipeError, match=r"dataloader\.token_cache='sometimes'"):
+        ZephonDataLoader.Config(recipe="r.toml", token_cache="sometimes")
+    shared = ZephonDataLoader.Config(recipe="r.toml", token_cache="s3://bucket/tokens")
+    assert shared.token_cache == "s3://bucket/tokens"  # a token cache shared by the cluster

@@ -155,3 +155,38 @@ def test_cold_cache(
         assert ("to read them whole" in err) == is_remote, err
     else:  # the index has what a fetch would have given: nothing is fetched whole
         assert fetches == []
+
+
+def test_inspect_and_resume_on_a_cold_cache(
+    s3_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """`inspect --recipe` and `digest --resume-from` over S3 single-frame .zst, cache empty."""
+    _write(tmp_path / "data", "zst1")
+    base = s3_env.put_tree("cold-cli", tmp_path / "data")
+    recipe_path = tmp_path / "r.toml"
+    recipe_path.write_text(
+        "seed = 5\nnum_lanes = 4\nglobal_batch_size = 8\nseq_len = 24\nflush_every = 2\n"
+        '[tokenizer]\nkind = "bytes"\n[[datasets]]\nname = "web"\n'
+        f'paths = ["{base}/*.jsonl.zst"]\n[work]\nchunk_size = 4\n'
+    )
+    ckpt = tmp_path / "ckpt"
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache-1"))
+    saved = ["--steps", "4", "--save-at", "2", "--checkpoint-dir", str(ckpt)]
+    try:
+        assert zephon("digest", str(recipe_path), *saved) == 0
+        whole = capsys.readouterr().out.splitlines()
+        assert len(whole) == 4
+        for k, argv in enumerate(
+            (
+                ["inspect", str(ckpt), "--recipe", str(recipe_path)],
+                ["digest", str(recipe_path), "--steps", "2", "--resume-from", str(ckpt)],
+            )
+        ):
+            monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / f"cold-{k}"))
+            remote.finish_progress()
+            assert zephon(*argv) == 0
+            got = capsys.readouterr()
+            assert "Traceback" not in got.err and "without a dataset index" in got.err
+        assert got.out.splitlines() == whole[2:]
+    finally:
+        remote.finish_progress()

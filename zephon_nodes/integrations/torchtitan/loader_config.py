@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from zephon_nodes.core.environment import parse_bool, parse_limit, parse_size
+from zephon_nodes.core.environment import is_location, parse_bool, parse_limit, parse_size
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pool import RUNNERS
@@ -99,9 +99,10 @@ class LoaderSettings:
     """Bytes of the node cache shared by the node's ranks (the settings' cache_limit; None:
     ZEPHON_CACHE_LIMIT, else the default share of the free disk). Physical."""
 
-    token_cache: bool | None = None
-    """Reuse tokenized work items across runs (None: ZEPHON_TOKEN_CACHE, else off).
-    Physical: never changes a batch (docs/storage.md)."""
+    token_cache: bool | str | None = None
+    """Reuse tokenized work items across runs: True/False, or a storage URI shared by the
+    cluster behind each node's cache (None: ZEPHON_TOKEN_CACHE, else off). Physical: never
+    changes a batch (docs/storage.md)."""
 
     token_cache_limit: int | None = None
     """Bytes the token cache may hold (None: ZEPHON_TOKEN_CACHE_LIMIT, else 16 GiB)."""
@@ -127,13 +128,14 @@ def _typed(config: Any) -> None:
             config.token_cache_limit = parse_size(config.token_cache_limit)
         except ValueError as e:
             raise RecipeError(f"dataloader.token_cache_limit: {e}") from None
-    if isinstance(config.token_cache, str):
+    if isinstance(config.token_cache, str) and not is_location(config.token_cache.strip()):
         text = config.token_cache.strip()
         try:
             config.token_cache = parse_bool(text) if text else None
         except ValueError:
             raise RecipeError(
-                f"dataloader.token_cache={config.token_cache!r} must be on/off (true/false)"
+                f"dataloader.token_cache={config.token_cache!r} must be on/off (true/false) "
+                "or a storage URI (a token cache shared by the cluster)"
             ) from None
 
 
