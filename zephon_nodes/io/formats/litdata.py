@@ -10,8 +10,8 @@ An item is one document: a tensor or 1-D array of integers, or a dict of them (t
 by the dataset's ``text_field``, else its only integer leaf). Leaf formats read:
 ``no_header_tensor:<k>``, ``no_header_numpy:<k>`` (what 1-D tensors and arrays are written
 as) and ``tensor``. ``zstd`` chunks (frames of items, LitData's default, or whole chunks)
-are fetched whole and decompressed once per process; ``TokensLoader`` chunks (a flat token stream without
-documents) are refused.
+are fetched whole and decompressed once per process; ``TokensLoader`` chunks (a flat token
+stream without documents) are refused.
 """
 
 from __future__ import annotations
