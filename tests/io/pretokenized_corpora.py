@@ -110,14 +110,16 @@ def read_mds(folder: Path) -> list[np.ndarray]:
         return [np.asarray(ds[i]["tokens"]) for i in range(ds.num_samples)]
 
 
-def write_litdata(folder: Path, docs: list[np.ndarray], chunk_bytes: int = 400) -> None:
+def write_litdata(
+    folder: Path, docs: list[np.ndarray], chunk_bytes: int = 400, compression: str | None = None
+) -> None:
     """LitData chunks by ``litdata``'s ``BinaryWriter`` (what ``optimize`` writes with)."""
     import torch
 
     with side():
         from litdata.streaming.writer import BinaryWriter
 
-        w = BinaryWriter(str(folder), chunk_bytes=chunk_bytes)
+        w = BinaryWriter(str(folder), chunk_bytes=chunk_bytes, compression=compression)
         for i, d in enumerate(docs):
             w[i] = {"input_ids": torch.from_numpy(d.astype(np.int32)), "n": len(d)}
         w.done()

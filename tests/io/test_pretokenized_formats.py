@@ -268,3 +268,19 @@ def test_process_runner(tmp_path: Path) -> None:
     _, path = _corpus("mds", tmp_path)
     r = recipe((DatasetSpec("c", paths=(path,), base_dir=tmp_path),))
     assert run(r, 2, runner="process", num_workers=2) == run(r, 1)
+
+
+def test_litdata_zstd_frames(tmp_path: Path) -> None:
+    """LitData's default zstd chunks (frames of items): the library's documents, elastic."""
+    docs = pc.documents(N)
+    pc.write_litdata(tmp_path / "lz", docs, compression="zstd")
+    index = json.loads((tmp_path / "lz" / "index.json").read_text())
+    assert index["config"]["compression_level"] == "batch"
+    ds = open_dataset(DatasetSpec("c", paths=("lz",), base_dir=tmp_path), 5).dataset
+    ours = [ids for s in ds.shards for _, ids in s.read(0, s.num_records)]
+    theirs = pc.read_litdata(tmp_path / "lz")
+    assert len(ours) == len(theirs) == N
+    for a, b, d in zip(ours, theirs, docs, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, d)
+    r = recipe((DatasetSpec("c", paths=("lz",), base_dir=tmp_path),))
+    assert run(r, 2) == run(r, 1)

@@ -9,9 +9,9 @@ for every leaf, then the leaves' bytes.
 An item is one document: a tensor or 1-D array of integers, or a dict of them (the leaf named
 by the dataset's ``text_field``, else its only integer leaf). Leaf formats read:
 ``no_header_tensor:<k>``, ``no_header_numpy:<k>`` (what 1-D tensors and arrays are written
-as) and ``tensor``. Chunks compressed whole (``compression = "zstd"``) are fetched whole and
-decompressed once per process; ``TokensLoader`` chunks (a flat token stream without
-documents) are refused.
+as) and ``tensor``. ``zstd`` chunks (frames of items, LitData's default, or whole chunks)
+are fetched whole and decompressed once per process; ``TokensLoader`` chunks (a flat token
+stream without documents) are refused.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from zephon_nodes.core.errors import TRUNCATED_FILE, DataError
+from zephon_nodes.core.errors import CORRUPT_ZSTD, TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import FileRef, decompressed, pin, sibling, uint32s
 from zephon_nodes.io.storage import storage
 
@@ -56,7 +56,8 @@ class LitDataShard:
         leaves: Leaves of an item.
         leaf: Index of the token leaf.
         dtype: The leaf's dtype (numpy string); ``""``: in the leaf (``tensor`` format).
-        compression: ``""`` or ``"zstd"`` (the whole chunk).
+        compression: ``""``, ``"zstd"`` (the whole chunk) or ``"batch"`` (zstd frames of
+            items, LitData's default for ``compression="zstd"``).
     """
 
     token_ids: ClassVar[bool] = True
@@ -86,7 +87,10 @@ class LitDataShard:
             raise DataError(f"{self.path}: items [{start}, {stop}) out of range")
         if start == stop:
             return []
-        blob = decompressed(self.file, "zstd") if self.compression else None
+        if self.compression == "batch":
+            blob: bytes | None = decompressed(self.file, "litdata-framed", unframe)
+        else:
+            blob = decompressed(self.file, "zstd") if self.compression else None
         offsets = uint32s(self._span(blob, 4 * (1 + start), 4 * (2 + stop)), self.path)
         if np.any(np.diff(offsets) < 0):
             raise DataError(f"{self.path}: corrupt item offsets", kind=TRUNCATED_FILE)
@@ -116,6 +120,44 @@ class LitDataShard:
     def where(self, record: int) -> str:
         """Describe an item's place for error messages."""
         return f"{self.path} item {record}"
+
+
+_FRAMED_MAGIC = b"LDFZ01\x00\x00"
+_PREFIX = struct.Struct("<8sHHIII")  # magic, version, flags, items, items per frame, frames
+_FRAME = struct.Struct("<IIQII")  # first item, items, offset, compressed, uncompressed bytes
+
+
+def unframe(raw: bytes, where: str) -> bytes:
+    """A chunk of zstd frames of items (``compression_level="batch"``) in the plain layout.
+
+    The framed chunk is the prefix, the items' offsets from the first item (uint32[n + 1]),
+    a table of frames and the frames; the plain one is ``n``, the items' file offsets and the
+    items, which :meth:`LitDataShard.read` reads.
+
+    Raises:
+        DataError: A chunk that is not framed, or a corrupt frame.
+    """
+    import zstandard
+
+    if len(raw) < _PREFIX.size or raw[:8] != _FRAMED_MAGIC:
+        raise DataError(f"{where}: not a framed zstd LitData chunk", kind=TRUNCATED_FILE)
+    _, version, _, n, _, frames = _PREFIX.unpack_from(raw, 0)
+    if version != 1:
+        raise DataError(f"{where}: framed chunk version {version} is not read (1 is)")
+    logical = np.frombuffer(raw, dtype="<u4", count=n + 1, offset=_PREFIX.size).astype(np.int64)
+    table = _PREFIX.size + 4 * (n + 1)
+    dctx = zstandard.ZstdDecompressor()
+    parts = []
+    for i in range(frames):
+        _, _, offset, size, plain = _FRAME.unpack_from(raw, table + i * _FRAME.size)
+        try:
+            part = dctx.decompress(raw[offset : offset + size], max_output_size=plain)
+        except zstandard.ZstdError as e:
+            raise DataError(f"{where}: corrupt zstd frame {i}: {e}", kind=CORRUPT_ZSTD) from None
+        parts.append(part)
+    header = 4 + 4 * (n + 1)
+    offsets = (logical + header).astype("<u4")
+    return struct.pack("<I", n) + offsets.tobytes() + b"".join(parts)
 
 
 def _leaf_names(spec_text: str) -> list[str | None]:
@@ -192,10 +234,10 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
         )
     compression = str(config.get("compression") or "")
     level = str(config.get("compression_level") or "chunk")
-    if compression and (not compression.startswith("zstd") or level != "chunk"):
+    if compression and (not compression.startswith("zstd") or level not in ("chunk", "batch")):
         raise DataError(
-            f"{where}: chunks compressed with {compression!r} at level {level!r} (whole "
-            f"zstd chunks are read)"
+            f"{where}: chunks compressed with {compression!r} at level {level!r} (zstd "
+            f"chunks, whole or framed by batches, are read)"
         )
     leaf, dtype = _token_leaf(config, field, where)
     leaves = len(config.get("data_format") or [])
@@ -210,7 +252,7 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
                 leaves=leaves,
                 leaf=leaf,
                 dtype=dtype,
-                compression="zstd" if compression else "",
+                compression=(level if level == "batch" else "zstd") if compression else "",
             )
         )
     return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,8 +167,13 @@ def read_json(uri: str) -> object:
         raise DataError(f"{storage.redact(uri)}: not a JSON file: {e}") from None
 
 
-def decompressed(ref: FileRef, codec: str) -> bytes:
+def decompressed(
+    ref: FileRef, codec: str, decode: Callable[[bytes, str], bytes] | None = None
+) -> bytes:
     """The whole of ``ref`` decompressed (``"zstd"`` or ``"gz"``), cached per process.
+
+    ``decode(raw, where)``, when given, decodes the file instead (a format's own framing;
+    ``codec`` then only names it in the cache).
 
     Raises:
         DataError: A corrupt or truncated stream, naming the file.
@@ -180,7 +186,9 @@ def decompressed(ref: FileRef, codec: str) -> bytes:
             return blob
     raw = ref.read_all()
     where = storage.redact(ref.uri)
-    if codec == "zstd":
+    if decode is not None:
+        blob = decode(raw, where)
+    elif codec == "zstd":
         import zstandard
 
         try:
