@@ -154,6 +154,9 @@ def _reap_resource_tracker() -> None:
     multiprocessing is imported, so it runs after multiprocessing's own exit handlers have
     released every semaphore (none is reported leaked).
     """
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None and not getattr(util, "_exiting", False):
+        return  # imported after multiprocessing: its exit handlers still release semaphores
     tracker = sys.modules.get("multiprocessing.resource_tracker")
     stop = getattr(getattr(tracker, "_resource_tracker", None), "_stop", None)
     if callable(stop):
