@@ -126,10 +126,13 @@ class LaneLoader:
             if config.engine == "thread"
             else None
         )
+        # Micro-batches of this rank per recipe step (from the recipe: asking a child
+        # process's node would start its stream, and a second start is a second pass).
+        self.micro_per_step = recipe.samples_per_lane * len(self.lanes) // local_batch_size
         self._build_node()
         self.step_check = StepCheck(
             self.STEP,
-            micro_per_step=self.multiplexer.micro_per_step,
+            micro_per_step=self.micro_per_step,
             rows=local_batch_size,
             dp_world_size=dp_world_size,
             global_batch_size=recipe.global_batch_size,
@@ -138,7 +141,7 @@ class LaneLoader:
         )
         weakref.finalize(self, self.step_check.close)  # a loader dropped without close()
         self._dumper = (
-            StepDumper(config.dump_batches, dp_rank, self.multiplexer.micro_per_step)
+            StepDumper(config.dump_batches, dp_rank, self.micro_per_step)
             if config.dump_batches
             else None
         )
@@ -360,7 +363,7 @@ class LaneLoader:
             self._count(batch, time.perf_counter() - t0)
             if self._dumper is not None:
                 step, micro = self._state["step"], self._state["micro"]
-                index = (micro - 1) % self.multiplexer.micro_per_step
+                index = (micro - 1) % self.micro_per_step
                 self._dumper.add(step if micro == 0 else step + 1, index, batch)
             self.step_check.took()
             yield batch
