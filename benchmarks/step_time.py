@@ -92,14 +92,15 @@ class Trainer:
 
 
 def calibrate(step_ms: float) -> int:
-    """Loop iterations of a ``step_ms`` step, measured here (median of a few runs)."""
+    """Loop iterations of a step of ``step_ms`` of CPU time, measured here (median of a few
+    runs; CPU time, not wall: on a loaded machine the wall clock also counts other processes)."""
     trainer = Trainer(200)
     tokens = torch.zeros(8, dtype=torch.int64)
     per_iter = []
     for _ in range(7):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         trainer.step(tokens)
-        per_iter.append((time.perf_counter() - t0) / trainer.iters)
+        per_iter.append((time.thread_time() - t0) / trainer.iters)
     return max(1, round(step_ms / 1e3 / statistics.median(per_iter)))
 
 
@@ -412,13 +413,14 @@ def _p95(xs: list[float]) -> float:
 def _series(rs: list[dict[str, Any]]) -> dict[str, list[float]]:
     """Per-step series of runs: the step as the trainer sees it (``next`` + compute), and
     the same without run-queue wait (``own``: what the machine's load does not explain)."""
-    out: dict[str, list[float]] = {"step": [], "own": [], "next": [], "cpu": []}
+    out: dict[str, list[float]] = {"step": [], "own": [], "next": [], "cpu": [], "gil": []}
     for r in rs:
         for n, w, c, q in zip(r["next_ms"], r["wall_ms"], r["cpu_ms"], r["runq_ms"], strict=True):
             out["step"].append(n + w)
             out["own"].append(n + w - q)
             out["next"].append(n)
             out["cpu"].append(c)
+            out["gil"].append(max(0.0, w - q - c))  # blocked in the compute: the GIL
     return out
 
 
@@ -431,7 +433,9 @@ def summarize(runs: list[dict[str, Any]], step_ms: float) -> dict[str, Any]:
 
     ``step``: wall time of a step (``next()`` + compute); ``own``: the same less the
     trainer thread's run-queue wait (time another process held the core: the machine's
-    load, not the loader's GIL); ``cpu``: the trainer thread's CPU time in the compute.
+    load, not the loader's GIL); ``cpu``: the trainer thread's CPU time in the compute;
+    ``gil``: the compute's wall time less its CPU time and run-queue wait (the thread was
+    blocked: waiting for the GIL).
     """
     by: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
@@ -453,6 +457,8 @@ def summarize(runs: list[dict[str, Any]], step_ms: float) -> dict[str, Any]:
             "load": [min(r["load"][0] for r in rs), max(r["load"][1] for r in rs)],
             "tok_s": tokens / sum(r["elapsed_s"] for r in rs),
             "next_median_ms": statistics.median(se["next"]),
+            "gil_wait_median_ms": statistics.median(se["gil"]),
+            "gil_wait_mean_ms": statistics.fmean(se["gil"]),
         }
         for key in ("step", "own", "cpu"):
             row[f"{key}_median_ms"] = statistics.median(se[key])
@@ -476,19 +482,19 @@ def table(summary: dict[str, Any], resume: dict[str, float]) -> str:
     """The Markdown tables of a summary."""
     lines = [
         "| loader | step ms median / p95 | inflation median / p95 | step less run-queue "
-        "wait ms median / p95 | its inflation median / p95 | next() ms median | step CPU "
-        "inflation | loader CPU s / 1k tok | tok/s | load |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "wait ms median / p95 | its inflation median / p95 | next() ms median | GIL wait ms "
+        "mean | step CPU inflation | loader CPU s / 1k tok | tok/s | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for peer, r in summary["configs"].items():
         if "error" in r:
-            lines.append(f"| {peer} | error: {r['error'][:160]} |" + " |" * 8)
+            lines.append(f"| {peer} | error: {r['error'][:160]} |" + " |" * 9)
             continue
         infl = functools.partial(_infl, r)
         lines.append(
             f"| {peer} | {r['step_median_ms']:.1f} / {r['step_p95_ms']:.1f} | {infl('step')} | "
             f"{r['own_median_ms']:.1f} / {r['own_p95_ms']:.1f} | {infl('own')} | "
-            f"{r['next_median_ms']:.2f} | "
+            f"{r['next_median_ms']:.2f} | {r['gil_wait_mean_ms']:.2f} | "
             f"{r.get('cpu_inflation_median_pct', float('nan')):+.1f}% | "
             f"{r['loader_cpu_s_per_1k_tok']:.4f} | {r['tok_s']:.0f} | "
             f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |"

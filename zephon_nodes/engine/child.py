@@ -429,6 +429,9 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
         self._ended = False
         self._failed: BaseException | None = None
         self._calls = itertools.count()
+        # torchdata may reset a node from a new iterator's thread while the old one's is
+        # still in next(): the pipe carries one conversation at a time.
+        self._driving = threading.RLock()
         self._start()  # the child builds its pipeline while the caller goes on
 
     def _start(self) -> _Process:
@@ -471,8 +474,9 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Restart the child's node from the beginning or at ``initial_state``."""
-        super().reset(initial_state)
-        self._restart_at(initial_state)
+        with self._driving:
+            super().reset(initial_state)
+            self._restart_at(initial_state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state`` (the same as ``reset(state)``)."""
@@ -480,6 +484,10 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
 
     def next(self) -> dict[str, torch.Tensor]:
         """Return the next micro-batch (copied out of shared memory)."""
+        with self._driving:
+            return self._next()
+
+    def _next(self) -> dict[str, torch.Tensor]:
         if self._failed is not None:
             raise self._failed
         if self._ended:
@@ -526,10 +534,15 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
 
     def set_mixture(self, weights: Mapping[str, float]) -> None:
         """Change the mixture after the current step (see ``Multiplexer.set_mixture``)."""
-        self._restart_at(self._state, dict(weights))
+        with self._driving:
+            self._restart_at(self._state, dict(weights))
 
     def metrics(self) -> dict[str, Any]:
         """The child node's metrics (as of what it has prepared, prefetch included)."""
+        with self._driving:
+            return self._metrics()
+
+    def _metrics(self) -> dict[str, Any]:
         proc = self._start()
         call_id = next(self._calls)
         proc.send(("call", call_id, "metrics"))
