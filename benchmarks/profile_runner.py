@@ -1,7 +1,8 @@
 """Where the thread runner's CPU goes: py-spy samples of a zephon-nodes run, by category.
 
-Runs the benchmark pipeline (thread runner) for ``--seconds`` under ``py-spy record``
-(sampling every thread, idle threads left out, so samples are CPU time), then sorts each
+Runs the benchmark pipeline (thread runner); after its warm-up ``py-spy record`` attaches for
+``--seconds`` (sampling every thread, idle threads left out, so samples are CPU time; waits
+py-spy does not see as idle are dropped too), then sorts each
 sample's stack into one category by the innermost frame it recognises:
 
 * ``tokenizer``: inside sentencepiece's or ``tokenizers``' encode (the raw limit's work)
@@ -64,9 +65,15 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+# Innermost frames of a thread that waits (py-spy's idle detection misses some under load).
+IDLE = ("Condition.wait", "Event.wait", "SimpleQueue.get", "Thread.join", "sleep (")
+
+
 def categorize(stack: str) -> str:
     """Category of one collapsed stack (``frame;frame;...``, outermost first)."""
     frames = stack.split(";")
+    if any(frames[-1].startswith(k) or k in frames[-1] for k in IDLE):
+        return "idle"
     for frame in reversed(frames):
         for name, keys in RULES:
             if any(k in frame for k in keys):
@@ -83,6 +90,8 @@ def summarize(raw: str) -> dict[str, float]:
         if not stack or not n.isdigit():
             continue
         c = categorize(stack)
+        if c == "idle":
+            continue
         counts[c] = counts.get(c, 0) + int(n)
         total += int(n)
     return {k: v / total for k, v in sorted(counts.items(), key=lambda kv: -kv[1])} if total else {}
@@ -106,8 +115,10 @@ def _workload(args: argparse.Namespace) -> None:
     end = time.perf_counter() + args.warmup
     while time.perf_counter() < end:
         next(it)
+    if args.ready:
+        Path(args.ready).write_text(str(os.getpid()))
     c0, t0, tokens = tree_cpu_s(), time.perf_counter(), 0
-    end = t0 + args.seconds
+    end = t0 + args.seconds + 1.0  # py-spy attaches and samples ``seconds`` meanwhile
     while time.perf_counter() < end:
         b = next(it)
         tokens += int((b["labels"] != -100).sum())
@@ -129,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--root", default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--raw", default=None, help="keep py-spy's collapsed stacks here")
     p.add_argument("--workload", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ready", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.workload:
         _workload(args)
@@ -137,25 +150,37 @@ def main(argv: list[str] | None = None) -> int:
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not os.access(pyspy, os.X_OK):
         raise SystemExit("py-spy not found: pip install py-spy")
-    passthrough = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--json"]
-    if args.json:
-        i = passthrough.index(args.json)
-        del passthrough[i]
+    passthrough = list(argv if argv is not None else sys.argv[1:])
+    for opt in ("--json", "--raw"):
+        if opt in passthrough:
+            i = passthrough.index(opt)
+            del passthrough[i : i + 2]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "raw.txt"
-        cmd = [pyspy, "record", "--format", "raw", "-r", str(args.rate), "-o", str(out)]
-        cmd += ["--", sys.executable, "-m", "benchmarks.profile_runner", "--workload"]
-        proc = subprocess.run(
-            cmd + passthrough, capture_output=True, text=True, env=env, cwd=str(REPO), check=False
+        out, ready = Path(tmp) / "raw.txt", Path(tmp) / "ready"
+        cmd = [sys.executable, "-m", "benchmarks.profile_runner", "--workload"]
+        work = subprocess.Popen(
+            [*cmd, *passthrough, "--ready", str(ready)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=str(REPO),
         )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        while not ready.exists() and work.poll() is None:
+            time.sleep(0.1)
+        spy = [pyspy, "record", "--format", "raw", "-r", str(args.rate), "-o", str(out)]
+        spy += ["-p", str(work.pid), "-d", str(max(1, int(args.seconds)))]
+        subprocess.run(spy, capture_output=True, text=True, check=False)
+        stdout, _ = work.communicate()
+        lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
         if not lines or not out.is_file():
-            raise SystemExit(f"profiled run failed:\n{proc.stderr[-3000:]}")
-        run: dict[str, Any] = json.loads(lines[-1])
+            raise SystemExit("profiled run failed (is py-spy allowed to attach? run as root)")
+        run: dict[str, Any] = json.JSONDecoder().raw_decode(lines[-1])[0]
         shares = summarize(out.read_text())
+        if args.raw:
+            shutil.copy(out, args.raw)
     load = os.getloadavg()[0]
     per_cpu = run["tokens"] / run["cpu_s"] / 1e6 if run["cpu_s"] else 0.0
     print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,13 +44,16 @@ def record_object(raw: Any) -> tuple[dict[str, Any] | None, str, str]:
     return record, "", ""
 
 
+# A \u escape of a surrogate, in either case (what ``line.lower()`` then ``\ud8``..``\udf`` found).
+_SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
+
+
 def _lone_surrogate(line: str, record: Any) -> bool:
     r"""Whether a decoded line holds a string that is not Unicode text (``"\ud800"``).
 
     Only lines with a ``\u`` escape of a surrogate (``\ud800`` to ``\udfff``) can.
     """
-    lower = line.lower()
-    if not any(f"\\ud{c}" in lower for c in "89abcdef"):
+    if _SURROGATE_ESCAPE.search(line) is None:  # one pass, no lower-cased copy
         return False
     try:
         json.dumps(record, ensure_ascii=False).encode("utf-8")
