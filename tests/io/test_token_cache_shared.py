@@ -175,3 +175,6 @@ def test_the_cli_takes_a_shared_folder(
     assert a["shared_writes"] > 0 and a["shared_hits"] == 0
     assert b["shared_hits"] - a["shared_hits"] == a["shared_writes"]
     assert b["shared_writes"] == a["shared_writes"]  # node b wrote nothing
+    monkeypatch.setenv("ZEPHON_TOKEN_CACHE_SHARED", shared)
+    assert main(["cache", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["shared"] == shared
