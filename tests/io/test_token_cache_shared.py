@@ -151,6 +151,7 @@ def test_the_cli_takes_a_shared_folder(
 
     from tests.commands.test_token_cache_cli import RECIPE, _counters
     from zephon_nodes.cli import main
+    from zephon_nodes.io.nodecache.tokenstore import process_stats
 
     monkeypatch.setenv(ENABLED_ENV, "off")
     monkeypatch.delenv(LIMIT_ENV, raising=False)
@@ -164,6 +165,7 @@ def test_the_cli_takes_a_shared_folder(
     assert main(argv) == 0
     off = capsys.readouterr().out
     shared = str(tmp_path / "mount" / "tokens")
+    before = process_stats()
     got = {}
     for node in ("node-a", "node-b"):
         monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / node))
@@ -171,7 +173,12 @@ def test_the_cli_takes_a_shared_folder(
         out = capsys.readouterr()
         assert out.out == off
         got[node] = _counters(out.err)
-    a, b = got["node-a"], got["node-b"]  # this process's counters: b's include a's
+    # The counters printed are this process's (every store it opened): b's include a's,
+    # a's those of earlier tests.
+    a = {k: got["node-a"][k] - before.get(k, 0) for k in ("shared_writes", "shared_hits")}
+    b = {k: got["node-b"][k] - got["node-a"][k] for k in ("shared_writes", "shared_hits")}
     assert a["shared_writes"] > 0 and a["shared_hits"] == 0
-    assert b["shared_hits"] - a["shared_hits"] == a["shared_writes"]
-    assert b["shared_writes"] == a["shared_writes"]  # node b wrote nothing
+    assert b["shared_hits"] == a["shared_writes"] and b["shared_writes"] == 0
+    monkeypatch.setenv("ZEPHON_TOKEN_CACHE_SHARED", shared)
+    assert main(["cache", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["shared"] == shared

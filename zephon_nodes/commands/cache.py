@@ -13,6 +13,7 @@ from zephon_nodes.io.nodecache.tokenstore import (
     clear,
     default_root,
     set_token_cache,
+    shared_location,
     token_cache_settings,
 )
 
@@ -62,7 +63,9 @@ def add_parser(sub: Any) -> None:
         help="show or clear the token cache",
         description=(
             "Show the token cache of this node ($ZEPHON_CACHE_DIR/tokens): its entries, bytes "
-            "and limit; or clear it (entries in use by a running job are kept)."
+            "and limit, and the folder shared by the cluster behind it "
+            "($ZEPHON_TOKEN_CACHE_SHARED) if any; or clear it (entries in use by a running job "
+            "are kept; a shared folder is never cleared from here)."
         ),
     )
     p.add_argument(
@@ -109,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         "entries": entries,
         "bytes": used,
         "limit_bytes": limit,
+        "shared": shared_location(),  # a folder shared by the cluster behind it, or None
     }
     if args.action == "clear":
         out["removed"] = removed
@@ -116,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, sort_keys=True))
         return 0
     state = "on" if enabled else "off"
+    shared = f", in front of the shared {out['shared']}" if out["shared"] else ""
     print(
-        f"token cache {root} ({state}): {entries} entries, {used} bytes of a {limit} byte limit"
-        + (f"; removed {removed}" if args.action == "clear" else "")
+        f"token cache {root} ({state}{shared}): {entries} entries, {used} bytes of a {limit} "
+        "byte limit" + (f"; removed {removed}" if args.action == "clear" else "")
     )
     return 0
