@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from zephon_nodes.engine.unread import lane_suffixes
-from zephon_nodes.state.stage import Unread
+from zephon_nodes.state.stage import Unread, lane_suffixes
 
 
 def test_lane_suffixes() -> None:

@@ -55,6 +55,7 @@ from zephon_nodes.engine.mixture_plan import (
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource, pass_epoch_offset
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.recipe.schedule import WeightSchedule
+from zephon_nodes.state.stage import UnreadState, lane_suffixes
 
 __all__ = ["MixingWorkSource", "estimate_tokens_per_record"]
 
@@ -98,7 +99,7 @@ class MixingWorkSource(WorkSource):
         self.schedule = schedule
         self.epochs = epochs
         self.on_exhausted = list(on_exhausted)
-        self.tokens_per_item = [float(c) for c in tokens_per_item]
+        self.tokens_per_item: list[float] = [float(c) for c in tokens_per_item]
         self.sources = [
             DatasetWorkSource(ds, seed, num_lanes, None, dataset_index=d)
             for d, ds in enumerate(self.datasets)
@@ -360,6 +361,22 @@ class MixingWorkSource(WorkSource):
         labels, ks = self._block(lane, j, seg)
         d = int(labels[r])
         return d, int(ks[r]) + self._segment_bases(lane)[j][d]
+
+    def global_index(self, lane: int, i: int) -> tuple[int, int]:
+        """``(dataset, global item)``: a lane's ``t``-th item of a dataset is its ``t * L + l``."""
+        d, t = self.locate(i, lane)
+        return d, t * self.num_lanes + lane
+
+    def unread_sets(self, resume: Mapping[int, int]) -> UnreadState:
+        """Per dataset, its items past each lane's count (see :meth:`WorkSource.unread_sets`)."""
+        per_lane = {lane: self.counts(lane, n) for lane, n in resume.items()}
+        return UnreadState(
+            {
+                d: lane_suffixes({lane: c[d] for lane, c in per_lane.items()}, self.num_lanes)
+                for d in range(len(self.datasets))
+            },
+            set(),
+        )
 
     # -- end of the stream ------------------------------------------------------------------
 

@@ -7,12 +7,9 @@ left among the first ``n`` are ``floor(X / 2**32)`` with ``X`` accumulating ``n 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from zephon_nodes.engine.mixing import MixingWorkSource
 
 __all__ = ["ONE", "ScheduledLanePlan", "StaticPlan", "counts", "ratios", "split"]
 
@@ -88,6 +85,20 @@ class StaticPlan:
         return self.weights[d] > 0
 
 
+class SchedulePhases(Protocol):
+    """What a lane's plan reads of its scheduled mixture (a ``MixingWorkSource``)."""
+
+    @property
+    def datasets(self) -> Sequence[Any]: ...
+
+    @property
+    def block(self) -> int: ...
+
+    def state(self, seg: int) -> tuple[tuple[int, ...], list[int]]: ...
+
+    def uses(self, d: int) -> bool: ...
+
+
 class ScheduledLanePlan:
     """A lane's view of the schedule plan (shared, precomputed for every lane).
 
@@ -98,7 +109,7 @@ class ScheduledLanePlan:
     ideal count per dataset).
     """
 
-    def __init__(self, base: MixingWorkSource, carry: int) -> None:
+    def __init__(self, base: SchedulePhases, carry: int) -> None:
         self.base = base
         self.carry = carry if len(base.datasets) == 2 else 0
 

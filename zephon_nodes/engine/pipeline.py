@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -199,6 +200,43 @@ class Pipeline:
         self.base_step = 0
         self.next_change: int | None = recipe.stages[0].start_step if recipe.stages else None
 
+    #: The fields :meth:`derive` may replace: a segment's identity, data plan and place in a run.
+    DERIVED = frozenset(
+        (
+            "recipe",
+            "canonical",
+            "fingerprint",
+            "summary",
+            "lineage",
+            "work_source",
+            "datasets",
+            "run",
+            "segments",
+            "stage",
+            "base_step",
+            "next_change",
+        )
+    )
+
+    def derive(self, **fields: Any) -> Pipeline:
+        """A pipeline of the same compiled recipe with ``fields`` replaced (see :data:`DERIVED`).
+
+        Everything else (the opened datasets, the operator chains, the settings) is shared; the
+        node-cache feed, which follows the work source, is rebuilt on demand. This pipeline is
+        left unchanged: a segment of a run (a stage, a re-laned stream) is always derived.
+
+        Raises:
+            TypeError: If a field is not one a segment may replace.
+        """
+        unknown = sorted(set(fields) - self.DERIVED)
+        if unknown:
+            raise TypeError(f"Pipeline.derive cannot replace {unknown}")
+        out = copy.copy(self)
+        for name, value in fields.items():
+            setattr(out, name, value)
+        out._cache_feed = None
+        return out
+
     def check_produces(self) -> None:
         """Refuse, cheaply and before any lane is built, a recipe that can produce no batch.
 
@@ -301,6 +339,35 @@ class Pipeline:
             self._bound[id(fn)] = hit
         return hit[1]
 
+    def stage_segment(self, key: int) -> Pipeline:
+        """The pipeline of stage ``key``'s own recipe (its datasets opened once per run; cached).
+
+        Called on the run's pipeline (``self.run``); stage 0 is the run itself.
+        """
+        seg = self.segments.get(key)
+        if seg is None:
+            if key == 0:
+                seg = self
+            else:
+                seg = Pipeline(
+                    self.recipe.stage_recipe(key),
+                    provenance=self.provenance,
+                    stages=self.stages,
+                    settings=self.settings,
+                    trace=self.trace,
+                )
+            self.segments[key] = seg
+        return seg
+
+    def for_state(self, state: Mapping[str, Any] | None) -> Pipeline:
+        """The pipeline that resumes ``state``: this one, or its re-laned copy.
+
+        See :func:`zephon_nodes.engine.relane.for_state`.
+        """
+        from zephon_nodes.engine.relane import for_state
+
+        return for_state(self, state)
+
     def rank_node(
         self,
         dp_world_size: int = 1,
@@ -365,16 +432,16 @@ class Pipeline:
             return segment.build_lane(lane, pool, lookahead)
 
         # Each rank node gets its own copy of a mixing work source (its decisions are per
-        # node); build_lane (which subclasses override) reads it as ``self.work_source``.
-        shared = self.work_source
-        ws = shared.fork()
-        self.work_source = ws
+        # node): its lanes are built by a pipeline derived with it (build_lane, which
+        # subclasses override, reads it as ``self.work_source``); this one is left as it is.
+        ws = self.work_source.fork()
+        own = self.derive(work_source=ws)
         try:
             # Without per-operator pools, the call a subclass overriding build_lane expects.
             built = {
-                lane: self.build_lane(lane, pool, lookahead)
+                lane: own.build_lane(lane, pool, lookahead)
                 if chain_stages is None
-                else self.build_lane(lane, pool, lookahead, chain_stages=chain_stages)
+                else own.build_lane(lane, pool, lookahead, chain_stages=chain_stages)
                 for lane in lanes
             }
             node = Multiplexer(
@@ -388,8 +455,6 @@ class Pipeline:
             for p in owned:
                 p.close()
             raise
-        finally:
-            self.work_source = shared
         node.own(owned)
         feed = self.cache_feed()
         if feed is not None:

@@ -7,15 +7,12 @@ the change its positions count from) to the saved step proves the position is re
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.lane import Lane
 from zephon_nodes.state.schema import STEP_KEY
 from zephon_nodes.state.validate import check_replayed
-
-if TYPE_CHECKING:
-    from zephon_nodes.engine.multiplexer import Multiplexer
 
 __all__ = ["REPLAY_CHECK_SAMPLES", "check_by_replay"]
 
@@ -26,7 +23,7 @@ position is checked against the step's bounds only; see ``docs/checkpoint.md``).
 
 
 def check_by_replay(
-    node: Multiplexer,
+    node: Any,
     positions: Mapping[int, tuple[int, int]],
     step: int,
     pass_index: int,

@@ -25,17 +25,11 @@ from collections.abc import Mapping, Sequence
 
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.mixing import MixingWorkSource
-from zephon_nodes.engine.unread import (
-    Unread,
-    UnreadState,
-    UnreadStream,
-    item_at,
-    lane_suffixes,
-    stream_global,
-)
+from zephon_nodes.engine.unread import UnreadStream, item_at, stream_global
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.recipe.schedule import WeightSchedule
+from zephon_nodes.state.stage import Unread, UnreadState, lane_suffixes
 
 __all__ = ["StageWorkSource", "added_stream_key", "dataset_counts"]
 
@@ -251,7 +245,7 @@ class StageWorkSource(WorkSource):
         stream = self.streams[d].source
         return self.keys[d], stream_global(stream, lane, self._offset(d, lane) + t)
 
-    def unread(self, resume: Mapping[int, int]) -> UnreadState:
+    def unread_sets(self, resume: Mapping[int, int]) -> UnreadState:
         """Per stream key, the items not read with each lane ``l`` at position ``resume[l]``.
 
         A lane still at position 0 has not read its head: the head is *pending*.

@@ -31,18 +31,18 @@ re-lane continues those streams like any other.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.flush import is_flush
 from zephon_nodes.core.seeding import derive_seed
+from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.stage_source import StageWorkSource, added_stream_key, dataset_counts
-from zephon_nodes.engine.unread import previous_stage
+from zephon_nodes.engine.unread import enter_after_relane, previous_stage
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.canonical import canonical_sha256
 from zephon_nodes.recipe.stages import fixed_differences
@@ -60,12 +60,14 @@ from zephon_nodes.state.schema import (
 )
 from zephon_nodes.state.stage import StageState
 
-if TYPE_CHECKING:
-    from zephon_nodes.engine.multiplexer import Multiplexer
-    from zephon_nodes.engine.pipeline import Pipeline
+# A pipeline (engine/pipeline.py) and a rank node (engine/multiplexer.py) are passed in: both
+# build on this module, which never imports them.
+Pipeline = Any
+Multiplexer = Any
 
 __all__ = [
     "amend_state",
+    "check_resumes",
     "check_stage_batches",
     "continue_streams",
     "enter_next_stage",
@@ -118,7 +120,7 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
         )
     if not stage.index and not stage.amended:
         raise CheckpointError("checkpoint 'stage': stage 0 of a recipe that was never amended")
-    seg = stage_segment(run, stage.index)
+    seg = run.stage_segment(stage.index)
     recipe = seg.recipe
     keys: list[int] = []
     for d, canon in zip(recipe.datasets, seg.canonical["datasets"], strict=True):
@@ -166,40 +168,20 @@ def stage_pipeline(run: Pipeline, stage: StageState) -> Pipeline:
         heads,
         unread,
     )
-    out = copy.copy(seg)
-    out.work_source = source
-    out.fingerprint, out.summary = run.fingerprint, run.summary
-    out.run, out.stage, out.base_step = run, stage, stage.step
-    out.next_change = stages[stage.index].start_step if stage.index < len(stages) else None
-    out._cache_feed = None
-    return out
-
-
-def stage_segment(run: Pipeline, key: int) -> Pipeline:
-    """The pipeline of stage ``key``'s own recipe (its datasets opened once per run; cached)."""
-    from zephon_nodes.engine.pipeline import Pipeline
-
-    seg = run.segments.get(key)
-    if seg is None:
-        if key == 0:
-            seg = run
-        else:
-            seg = Pipeline(
-                run.recipe.stage_recipe(key),
-                provenance=run.provenance,
-                stages=run.stages,
-                settings=run.settings,
-                trace=run.trace,
-            )
-        run.segments[key] = seg
-    return seg
+    return seg.derive(
+        work_source=source,
+        fingerprint=run.fingerprint,
+        summary=run.summary,
+        run=run,
+        stage=stage,
+        base_step=stage.step,
+        next_change=stages[stage.index].start_step if stage.index < len(stages) else None,
+    )
 
 
 def _planned_tokens(plan: Any, count: int) -> list[float]:
     """Tokens per work item of each dataset, as the recipe's own mixture planned them."""
-    from zephon_nodes.engine.mixing import MixingWorkSource
-
-    if isinstance(plan, MixingWorkSource):
+    if plan.tokens_per_item is not None:
         return list(plan.tokens_per_item)
     return [1.0] * count
 
@@ -335,8 +317,6 @@ def enter_stage(
     Raises:
         RecipeError: If the change is not one a run can make (fixed fields, streams).
     """
-    from zephon_nodes.engine.relane.sources import RelanedWorkSource
-
     p: Any = node.pipeline
     old = p.recipe
     differs = fixed_differences(old, recipe)
@@ -348,7 +328,7 @@ def enter_stage(
             f"{node.micro} of step {node.step + 1}"
         )
     source = node.work_source
-    relaned = isinstance(source, RelanedWorkSource)
+    relaned = source.relaned
     prev, lane_of = previous_stage(p) if relaned else (p.stage, None)
     if prev is not None:
         names, streams = list(prev.names), list(prev.streams)
@@ -364,8 +344,6 @@ def enter_stage(
         else:
             cuts[lane] = _Cut(source.window_start(lane, w, old.flush_every), None, 0, 0)
     if relaned:
-        from zephon_nodes.engine.unread import enter_after_relane
-
         out = enter_after_relane(node, cuts, index, amended, (names, streams, known), prev, lane_of)
         gone = sorted(({d.name for d in recipe.datasets} | set(renames)) & set(out.retired))
         if gone:
@@ -512,8 +490,6 @@ def amend_state(old: Pipeline, state: Mapping[str, Any], new: Pipeline) -> dict[
         CheckpointError: If the state does not fit ``old``.
         RecipeError: If the change cannot be made (a fixed field differs, ...).
     """
-    from zephon_nodes.engine.pool import WorkerPool
-
     step = int(state[STEP_KEY])
     early = [s.start_step for s in new.recipe.stages if s.start_step <= step]
     if early:
@@ -526,9 +502,7 @@ def amend_state(old: Pipeline, state: Mapping[str, Any], new: Pipeline) -> dict[
             'the new recipe must deal its work items round-robin (work.deal = "round_robin") '
             "to continue the run's streams"
         )
-    from zephon_nodes.engine.relane import for_state
-
-    old = for_state(old, state)  # a re-laned checkpoint's streams
+    old = old.for_state(state)  # a re-laned checkpoint's streams
     with WorkerPool(1, "thread") as pool:
         node = old.rank_node(1, 0, pool=pool)
         try:
@@ -540,10 +514,34 @@ def amend_state(old: Pipeline, state: Mapping[str, Any], new: Pipeline) -> dict[
         finally:
             node.close()
     out = stage_state_dict(new, step, stage)
-    from zephon_nodes.engine.timeline import check_resumes
-
     check_resumes(new, out, f"the amendment after step {step}")
     return out
+
+
+def check_resumes(pipeline: Pipeline, state: Mapping[str, Any], change: str) -> None:
+    """Resume ``state`` on every lane of ``pipeline`` (validation and replay), then drop it.
+
+    A change made offline (``zephon amend``, ``zephon relane``, the TorchTitan adapters) must
+    never write a state the next resume refuses: it is refused here, at the change.
+
+    Args:
+        pipeline: The pipeline of the recipe the state is to be resumed with.
+        state: The state a change produced (plain data, every lane).
+        change: What produced it, for the message (``"the amendment after step 4"``).
+
+    Raises:
+        RecipeError: In one line, if a resume of the state would be refused.
+    """
+    try:
+        segment = pipeline.for_state(state)
+        with WorkerPool(1, "thread") as pool:
+            node = segment.rank_node(lanes=list(range(segment.num_lanes)), pool=pool)
+            try:
+                node.reset(dict(state))
+            finally:
+                node.close()
+    except CheckpointError as e:
+        raise RecipeError(f"{change} is refused: the state it writes would not resume: {e}") from e
 
 
 def enter_next_stage(node: Multiplexer) -> None:

@@ -4,8 +4,10 @@ A *segment* is a compiled recipe read by a lane count from a work source, each l
 at a known position; a *transition* (a planned stage, an amendment, a re-lane, a new pass, a
 mixture update) turns the state at the end of one segment into the state the next one
 resumes. A transition made offline (``zephon amend``, ``zephon relane``, the TorchTitan
-adapters) must never write a state that the next resume refuses: :func:`check_resumes`
-resumes the produced state on every lane, as a run would, and refuses the change at once.
+adapters) must never write a state that the next resume refuses:
+:func:`~zephon_nodes.engine.stages.check_resumes` resumes the produced state on every lane, as
+a run would, and refuses the change at once; :func:`unreachable` reports, for every change the
+same way, what a finite run can no longer reach after it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from zephon_nodes.core.errors import CheckpointError, RecipeError
-from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.relane import for_state
 from zephon_nodes.engine.stages import segment_for_state
 from zephon_nodes.state.schema import LANES_KEY
 
-__all__ = ["Unreachable", "check_resumes", "unreachable"]
+__all__ = ["Unreachable", "unreachable"]
 
 #: A transition warns when at least this share of the remaining work items is unreachable.
 WARN_SHARE = 0.1
@@ -56,29 +56,6 @@ class Unreachable:
             f"when the finite data ends; fewer lanes or an earlier checkpoint keeps more of "
             f"the data"
         )
-
-
-def check_resumes(pipeline: Any, state: Mapping[str, Any], change: str) -> None:
-    """Resume ``state`` on every lane of ``pipeline`` (validation and replay), then drop it.
-
-    Args:
-        pipeline: The pipeline of the recipe the state is to be resumed with.
-        state: The state a transition produced (plain data, every lane).
-        change: What produced it, for the message (``"the amendment"``).
-
-    Raises:
-        RecipeError: In one line, if a resume of the state would be refused.
-    """
-    try:
-        segment = for_state(pipeline, state)
-        with WorkerPool(1, "thread") as pool:
-            node = segment.rank_node(lanes=list(range(segment.num_lanes)), pool=pool)
-            try:
-                node.reset(dict(state))
-            finally:
-                node.close()
-    except CheckpointError as e:
-        raise RecipeError(f"{change} is refused: the state it writes would not resume: {e}") from e
 
 
 def unreachable(pipeline: Any, state: Mapping[str, Any]) -> Unreachable | None:

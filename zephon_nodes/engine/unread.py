@@ -26,31 +26,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
-from zephon_nodes.state.stage import MAX_UNREAD_ITEMS, StageState, Unread
-
-if TYPE_CHECKING:
-    from zephon_nodes.engine.multiplexer import Multiplexer
+from zephon_nodes.state.stage import MAX_UNREAD_ITEMS, StageState, Unread, lane_suffixes
 
 __all__ = [
     "MAX_UNREAD_ITEMS",
     "Unread",
     "UnreadStream",
     "enter_after_relane",
-    "global_index",
     "previous_stage",
-    "unread_sets",
 ]
-
-
-def lane_suffixes(counts: Mapping[int, int], num_lanes: int) -> Unread:
-    """Items ``t * L + l`` with ``t >= counts[l]``, over every lane ``l`` of ``L``."""
-    top = max(counts.values(), default=0)
-    items = sorted(t * num_lanes + lane for lane, c in counts.items() for t in range(c, top))
-    return Unread(top * num_lanes, tuple(items))
 
 
 class UnreadStream(WorkSource):
@@ -102,95 +90,6 @@ def stream_global(stream: WorkSource, lane: int, t: int) -> int:
     return t * stream.num_lanes + lane
 
 
-def global_index(source: WorkSource, lane: int, i: int) -> tuple[int, int]:
-    """``(stream key, global item)`` of item ``i`` of ``lane`` of ``source``.
-
-    Raises:
-        RecipeError: If the source's items are not per-dataset streams at bottom.
-    """
-    from zephon_nodes.engine.mixing import MixingWorkSource
-    from zephon_nodes.engine.relane.sources import RelanedWorkSource
-    from zephon_nodes.engine.stage_source import StageWorkSource
-
-    if isinstance(source, StageWorkSource):
-        return source.global_index(lane, i)
-    if isinstance(source, RelanedWorkSource):
-        old = source.old_position(lane, i)
-        if old is None:
-            raise RecipeError(f"re-laned lane {lane} has no work item {i}")
-        return global_index(source.old, *old)
-    if isinstance(source, MixingWorkSource):
-        d, t = source.locate(i, lane)
-        return d, t * source.num_lanes + lane
-    if type(source) is DatasetWorkSource:
-        return source.dataset_index, i * source.num_lanes + lane
-    raise RecipeError(_REFUSE.format(kind=type(source).__name__))
-
-
-_REFUSE = (
-    "a recipe change needs lanes that read each dataset's own stream (dealt round-robin); "
-    "this run's streams are {kind} (dealt by size or wrapped at the end of data), which a "
-    "change cannot continue"
-)
-
-
-@dataclasses.dataclass
-class UnreadState:
-    """What a source had not read at some lane positions: per stream key, its set.
-
-    ``pending`` holds the ``(key, g)`` of items a change cut in two whose rest was still to
-    be read (a later reader must have read them before the next change).
-    """
-
-    sets: dict[int, Unread]
-    pending: set[tuple[int, int]]
-
-
-def unread_sets(source: WorkSource, resume: Mapping[int, int]) -> UnreadState:
-    """Per stream key, the global items ``source`` has not read at lane positions ``resume``.
-
-    ``resume`` holds every lane of the source: lane ``l`` has read its first ``resume[l]``.
-
-    Raises:
-        RecipeError: If the source's items cannot be traced to per-dataset streams.
-    """
-    from zephon_nodes.engine.mixing import MixingWorkSource
-    from zephon_nodes.engine.relane.sources import RelanedWorkSource
-    from zephon_nodes.engine.stage_source import StageWorkSource
-
-    if isinstance(source, RelanedWorkSource):
-        inner = unread_sets(source.old, dict(enumerate(source.old_starts)))
-        read: dict[int, set[int]] = {}
-        for lane, stop in resume.items():
-            for i in range(stop):
-                key, g = global_index(source, lane, i)
-                read.setdefault(key, set()).add(g)
-                inner.pending.discard((key, g))
-        sets = {k: u.without(read.get(k, ())) for k, u in inner.sets.items()}
-        for lane, stop in resume.items():  # windows the re-lane cut, not replayed yet
-            inner.pending.update(
-                global_index(source, lane, i) for i in source.partly_delivered(lane, stop)
-            )
-        return UnreadState(sets, inner.pending)
-    if isinstance(source, StageWorkSource):
-        return source.unread(resume)
-    if isinstance(source, MixingWorkSource):
-        L = source.num_lanes
-        per_lane = {lane: source.counts(lane, n) for lane, n in resume.items()}
-        return UnreadState(
-            {
-                d: lane_suffixes({lane: c[d] for lane, c in per_lane.items()}, L)
-                for d in range(len(source.datasets))
-            },
-            set(),
-        )
-    if type(source) is DatasetWorkSource:
-        return UnreadState(
-            {source.dataset_index: lane_suffixes(dict(resume), source.num_lanes)}, set()
-        )
-    raise RecipeError(_REFUSE.format(kind=type(source).__name__))
-
-
 def previous_stage(pipeline: Any) -> tuple[StageState | None, Callable[[int], int] | None]:
     """The stage section a re-laned pipeline's streams were in, and its lanes' new lanes.
 
@@ -221,7 +120,7 @@ def previous_stage(pipeline: Any) -> tuple[StageState | None, Callable[[int], in
 
 
 def enter_after_relane(
-    node: Multiplexer,
+    node: Any,
     cuts: Mapping[int, Any],
     index: int,
     amended: tuple[Mapping[str, Any], ...],
@@ -260,7 +159,7 @@ def enter_after_relane(
             "a recipe change after a re-lane made past the first pass is not supported; "
             "amend before the re-lane"
         )
-    got = unread_sets(source, {lane: cut.resume for lane, cut in cuts.items()})
+    got = source.unread_sets({lane: cut.resume for lane, cut in cuts.items()})
     if got.pending:
         raise RecipeError(
             f"at step {node.step} a re-laned lane has not yet read the rest of a work item an "
@@ -299,7 +198,7 @@ def enter_after_relane(
         head = (0, 0, 0)
         if cut.head is not None:
             at, record = cut.head
-            key, g = global_index(source, lane, at)
+            key, g = source.global_index(lane, at)
             head = (width + 1 + names.index(name_of[key]), g, record)
         rows[lane] = (
             *([0] * width),

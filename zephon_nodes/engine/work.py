@@ -9,9 +9,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.seeding import permutation
 from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.state.stage import UnreadState, lane_suffixes
 
 __all__ = ["DatasetWorkSource", "WorkItem", "WorkSource", "lane_length", "probe_lane_length"]
 
@@ -157,6 +159,38 @@ class WorkSource(ABC):
         """Return the copy one rank node reads (its decisions are its own; default ``self``)."""
         return self
 
+    # -- where items are in their datasets' streams (a recipe change continues them) ---------
+
+    #: Whether this is a re-laned pass (its lanes read the old lanes' leftovers first).
+    relaned = False
+    #: Estimated tokens per work item of each dataset, where a mixing plan was made with them.
+    tokens_per_item: Sequence[float] | None = None
+
+    def global_index(self, lane: int, i: int) -> tuple[int, int]:
+        """``(stream key, global item)`` of item ``i`` of ``lane``: where a change continues.
+
+        Raises:
+            RecipeError: If this source's items are not per-dataset streams (default).
+        """
+        raise RecipeError(REFUSE_CHANGE.format(kind=type(self).__name__))
+
+    def unread_sets(self, resume: Mapping[int, int]) -> UnreadState:
+        """Per stream key, the global items not read with each lane ``l`` at ``resume[l]``.
+
+        ``resume`` holds every lane of the source.
+
+        Raises:
+            RecipeError: If this source's items are not per-dataset streams (default).
+        """
+        raise RecipeError(REFUSE_CHANGE.format(kind=type(self).__name__))
+
+
+REFUSE_CHANGE = (
+    "a recipe change needs lanes that read each dataset's own stream (dealt round-robin); "
+    "this run's streams are {kind} (dealt by size or wrapped at the end of data), which a "
+    "change cannot continue"
+)
+
 
 class DatasetWorkSource(WorkSource):
     """Work items of one dataset: a seeded permutation per epoch, dealt round-robin to lanes.
@@ -258,6 +292,14 @@ class DatasetWorkSource(WorkSource):
             position=i,
             shard_index=shard,
         )
+
+    def global_index(self, lane: int, i: int) -> tuple[int, int]:
+        """``(stream key, global item)``: lane ``l`` of ``L`` reads ``g = i * L + l``."""
+        return self.dataset_index, i * self.num_lanes + lane
+
+    def unread_sets(self, resume: Mapping[int, int]) -> UnreadState:
+        """The stream's items past each lane's position (see :meth:`WorkSource.unread_sets`)."""
+        return UnreadState({self.dataset_index: lane_suffixes(dict(resume), self.num_lanes)}, set())
 
 
 def lane_length(source: WorkSource, lane: int) -> int | None:

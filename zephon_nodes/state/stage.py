@@ -45,7 +45,15 @@ from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 
-__all__ = ["MAX_UNREAD_ITEMS", "StageState", "Unread", "merge_stage_sections", "summarize_changes"]
+__all__ = [
+    "MAX_UNREAD_ITEMS",
+    "StageState",
+    "Unread",
+    "UnreadState",
+    "lane_suffixes",
+    "merge_stage_sections",
+    "summarize_changes",
+]
 
 _KEYS = ("index", "step", "names", "streams", "lanes")
 _ALLOWED = frozenset((*_KEYS, "amended", "unread", "retired"))
@@ -108,6 +116,25 @@ class Unread:
         else:
             start = outer.start + (self.start - n)
         return Unread(start, tuple(items))
+
+
+@dataclasses.dataclass
+class UnreadState:
+    """What a work source had not read at some lane positions: per stream key, its set.
+
+    ``pending`` holds the ``(key, g)`` of items a change (or a re-lane) cut in two whose
+    rest was still to be read (a later reader must have read them before the next change).
+    """
+
+    sets: dict[int, Unread]
+    pending: set[tuple[int, int]]
+
+
+def lane_suffixes(counts: Mapping[int, int], num_lanes: int) -> Unread:
+    """Items ``t * L + l`` with ``t >= counts[l]``, over every lane ``l`` of ``L``."""
+    top = max(counts.values(), default=0)
+    items = sorted(t * num_lanes + lane for lane, c in counts.items() for t in range(c, top))
+    return Unread(top * num_lanes, tuple(items))
 
 
 def _is_int(x: Any) -> bool:

@@ -10,7 +10,6 @@ fetch appends the shard's key to ``fetch_log``, from any process).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import shutil
@@ -122,22 +121,20 @@ def through_node_cache(
     The shards go through the node cache of the pipeline's settings (its ``cache_limit``,
     else the default limit); the fingerprint and every output byte are the pipeline's own.
     """
-    out = copy.copy(pipeline)
     log = os.fspath(fetch_log)
-    out.datasets = []
+    datasets = []
     for d in pipeline.datasets:
         shards: tuple[Any, ...] = tuple(_wrap(s, log, latency_s) for s in d.shards)
-        out.datasets.append(Dataset(d.name, d.text_field, shards, d.chunk_size))
+        datasets.append(Dataset(d.name, d.text_field, shards, d.chunk_size))
     src = pipeline.work_source
     if isinstance(src, BalancedWorkSource):
         # The same records, so the same item sizes: reuse them rather than read every item
         # through the cache again when the pipeline is built (before any limit is set).
         inner = src.inner
         same = DatasetWorkSource(
-            out.datasets[0], inner.seed, inner.num_lanes, inner.epochs, inner.dataset_index
+            datasets[0], inner.seed, inner.num_lanes, inner.epochs, inner.dataset_index
         )
-        out.work_source = BalancedWorkSource(same, src.item_sizes, src.measure)
+        source: Any = BalancedWorkSource(same, src.item_sizes, src.measure)
     else:
-        out.work_source, _ = work_source(pipeline.recipe, out.datasets, pipeline.stateless)
-    out._cache_feed = None
-    return out
+        source, _ = work_source(pipeline.recipe, datasets, pipeline.stateless)
+    return pipeline.derive(datasets=datasets, work_source=source)

@@ -57,12 +57,18 @@ from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.plain import is_int
+from zephon_nodes.engine.assembly import work_source
 from zephon_nodes.engine.relane.nodes import RelanedLane, RelanedWorkItemNode
 from zephon_nodes.engine.relane.sources import RelanedWorkSource
+from zephon_nodes.engine.stages import check_resumes, segment_for_state
 from zephon_nodes.engine.work import WorkSource
+from zephon_nodes.recipe.canonical import canonical_sha256
+from zephon_nodes.state.identity import fingerprint_pair, recipe_summary
 from zephon_nodes.state.lineage import LINEAGE_KEY, Lineage, describe_lineage
 from zephon_nodes.state.lineage import check_lineage as _check_lineage
+from zephon_nodes.state.mixture import parse_mixture_state
 from zephon_nodes.state.schema import FINGERPRINT_KEY, STAGE_KEY, STEP_KEY
+from zephon_nodes.state.validate import validate_state
 
 __all__ = [
     "LINEAGE_KEY",
@@ -91,8 +97,6 @@ def _canonical_at(pipeline: Any, num_lanes: int) -> dict[str, Any]:
 
 def _fingerprint_of(canonical: Mapping[str, Any]) -> str:
     # An indexed dataset's file list is lazy (recipe/canonical.py): same hash, no dict per file.
-    from zephon_nodes.recipe.canonical import canonical_sha256
-
     return canonical_sha256(canonical)
 
 
@@ -103,8 +107,6 @@ def fingerprint_at(pipeline: Any, num_lanes: int) -> str:
 
 def summary_at(pipeline: Any, num_lanes: int) -> dict[str, Any]:
     """The checkpoint recipe summary of the pipeline's recipe with ``num_lanes`` lanes."""
-    from zephon_nodes.engine.checkpoint import recipe_summary
-
     summary = recipe_summary(_canonical_at(pipeline, num_lanes))
     if "contents" in pipeline.summary:
         summary["contents"] = pipeline.summary["contents"]
@@ -127,8 +129,6 @@ def _base_source(pipeline: Any, num_lanes: int) -> WorkSource:
     """The recipe's own work source at ``num_lanes`` lanes (same data, same estimate)."""
     if num_lanes == pipeline.num_lanes and not pipeline.lineage:
         return pipeline.work_source  # type: ignore[no-any-return,unused-ignore]
-    from zephon_nodes.engine.assembly import work_source
-
     recipe = pipeline.recipe
     try:
         changed = recipe_at(recipe, num_lanes)
@@ -151,16 +151,20 @@ def pipeline_at(pipeline: Any, num_lanes: int) -> Any:
     """
     if pipeline.num_lanes == num_lanes and pipeline.lineage is None:
         return pipeline
-    out = copy.copy(pipeline)
-    out.recipe = recipe_at(pipeline.recipe, num_lanes)
-    out.canonical = _canonical_at(pipeline, num_lanes)
-    out.fingerprint = _fingerprint_of(out.canonical)
-    out.summary = summary_at(pipeline, num_lanes)
-    out.lineage = None
-    out.work_source = _base_source(pipeline, num_lanes)
-    out._cache_feed = None
+    canonical = _canonical_at(pipeline, num_lanes)
+    out = pipeline.derive(
+        recipe=recipe_at(pipeline.recipe, num_lanes),
+        canonical=canonical,
+        fingerprint=_fingerprint_of(canonical),
+        summary=summary_at(pipeline, num_lanes),
+        lineage=None,
+        work_source=_base_source(pipeline, num_lanes),
+        segments={},
+        stage=None,
+        base_step=0,
+    )
     # The copy is a run of its own (a recipe change of it is rebuilt from it, at its lanes).
-    out.run, out.segments, out.stage, out.base_step = out, {}, None, 0
+    out.run = out
     return out
 
 
@@ -168,8 +172,6 @@ def _install_mixture(source: WorkSource, lineage: Lineage, pipeline: Any) -> Non
     """Install the old checkpoint's decision log into the old work source (all lanes)."""
     if lineage.mixture is None:
         return
-    from zephon_nodes.engine.mixture_log import parse_mixture_state
-
     names = [d.name for d in pipeline.recipe.datasets]
     log = parse_mixture_state(lineage.mixture, names, range(lineage.num_lanes), lineage.step)
     if not source.takes_decisions:
@@ -190,8 +192,6 @@ def _source_for(pipeline: Any, lineage: Lineage | None, num_lanes: int) -> WorkS
         return base
     got = fingerprint_at(pipeline, lineage.num_lanes)
     if got != lineage.fingerprint:
-        from zephon_nodes.engine.checkpoint import fingerprint_pair
-
         raise CheckpointError(
             f"the checkpoint's lineage does not match this recipe: it was re-laned after step "
             f"{lineage.step} from a recipe with num_lanes={lineage.num_lanes} and fingerprint "
@@ -224,8 +224,6 @@ def _source_for(pipeline: Any, lineage: Lineage | None, num_lanes: int) -> WorkS
 
 def _stage_source(pipeline: Any, lineage: Lineage) -> WorkSource:
     """The work source of the stage the old checkpoint was in, at its lanes (all of them)."""
-    from zephon_nodes.engine.stages import segment_for_state
-
     old = pipeline_at(pipeline, lineage.num_lanes)
     state = {FINGERPRINT_KEY: lineage.fingerprint, STAGE_KEY: lineage.stage, STEP_KEY: lineage.step}
     return segment_for_state(old, state).work_source
@@ -262,17 +260,17 @@ def for_state(pipeline: Any, state: Mapping[str, Any] | None) -> Any:
     source = _source_for(pipeline, lineage, pipeline.num_lanes)
     k = _stage_in_force(lineage)
     if k:  # the run is in stage k of its recipe (every stage started before the re-lane)
-        from zephon_nodes.engine.stages import stage_segment
-
-        out = copy.copy(stage_segment(pipeline, k))
-        out.fingerprint, out.summary = pipeline.fingerprint, pipeline.summary
-        out.run, out.stage, out.base_step, out.next_change = pipeline, None, 0, None
-    else:
-        out = copy.copy(pipeline)
-    out.work_source = source
-    out.lineage = lineage.to_state()
-    out._cache_feed = None
-    return out
+        return pipeline.stage_segment(k).derive(
+            fingerprint=pipeline.fingerprint,
+            summary=pipeline.summary,
+            run=pipeline,
+            stage=None,
+            base_step=0,
+            next_change=None,
+            work_source=source,
+            lineage=lineage.to_state(),
+        )
+    return pipeline.derive(work_source=source, lineage=lineage.to_state())
 
 
 def check_lineage(state: Mapping[str, Any], pipeline: Any) -> None:
@@ -302,8 +300,6 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         CheckpointError: If the state is mid-step, lacks lanes, or belongs to another recipe.
         RecipeError: If ``num_lanes`` does not divide the global batch.
     """
-    from zephon_nodes.engine.checkpoint import validate_state
-
     recipe = pipeline.recipe
     if recipe.stages:
         _refuse_stages_ahead(recipe, state)
@@ -326,8 +322,6 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
             "cannot re-lane a state taken in the middle of a step (micro="
             f"{state.get('micro')!r}); re-lane a step-boundary checkpoint"
         )
-    from zephon_nodes.engine.stages import segment_for_state
-
     # An amended checkpoint (a "stage" section) is read through the stage it is in.
     old_pipeline = for_state(segment_for_state(pipeline_at(pipeline, old_lanes), state), state)
     positions = validate_state(
@@ -373,8 +367,6 @@ def relane_state(pipeline: Any, state: Mapping[str, Any], num_lanes: int) -> dic
         "lanes": {str(i): [0, relaned.leftover_drop(i, 0)] for i in range(num_lanes)},
         LINEAGE_KEY: lineage.to_state(),
     }
-    from zephon_nodes.engine.timeline import check_resumes
-
     check_resumes(pipeline_at(pipeline, num_lanes), out, f"the re-lane after step {lineage.step}")
     return out
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torchdata.nodes import BaseNode
 
@@ -10,10 +10,22 @@ from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.core.flush import Flush
 from zephon_nodes.engine.lane import Lane, WorkItemNode
 from zephon_nodes.engine.windowed import replay
-from zephon_nodes.engine.work import WorkItem
+from zephon_nodes.engine.work import WorkItem, WorkSource
 
-if TYPE_CHECKING:
-    from zephon_nodes.engine.relane.sources import RelanedWorkSource
+
+class RelanedWindows(Protocol):
+    """What a re-laned lane's nodes read of their work source (its windows and drops)."""
+
+    def window_bounds(self, lane: int, window: int) -> tuple[int, int]: ...
+
+    def has_window(self, lane: int, window: int) -> bool: ...
+
+    def leftovers(self, lane: int) -> int: ...
+
+    def leftover_drop(self, lane: int, window: int) -> int: ...
+
+    def work(self, lane: int, i: int) -> WorkItem | None: ...
+
 
 __all__ = ["RelanedLane", "RelanedWorkItemNode"]
 
@@ -22,17 +34,17 @@ class RelanedWorkItemNode(WorkItemNode):
     """Source of a re-laned lane: its work items with a flush marker after every window.
 
     In the re-laned pass the windows are the leftovers (whatever their size, even empty),
-    then ``K`` items each (see :class:`RelanedWorkSource`); later passes are plain lanes.
+    then ``K`` items each (see :class:`RelanedWindows`); later passes are plain lanes.
     State adds ``"window"`` (several empty windows may start at the same position).
     """
 
     WINDOW_KEY = "window"
 
-    def __init__(self, work_source: RelanedWorkSource, lane: int, flush_every: int) -> None:
+    def __init__(self, work_source: WorkSource, lane: int, flush_every: int) -> None:
         super().__init__(work_source, lane, flush_every)
-        self.relaned = work_source
+        self.relaned: RelanedWindows = work_source  # type: ignore[assignment]
         self._w = 0
-        self._start, self._stop = work_source.window_bounds(lane, 0)
+        self._start, self._stop = self.relaned.window_bounds(lane, 0)
 
     def _enter(self, window: int) -> None:
         self._w = window
@@ -108,7 +120,7 @@ class RelanedLane(Lane):
     drops ``max(c, dropped(w))`` samples.
     """
 
-    def __init__(self, source: BaseNode[Any], lane: int, relaned: RelanedWorkSource) -> None:
+    def __init__(self, source: BaseNode[Any], lane: int, relaned: RelanedWindows) -> None:
         super().__init__(source, lane)
         self.relaned = relaned
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,9 +19,10 @@ from zephon_nodes.core.seeding import derive_seed
 from zephon_nodes.engine.lane import LaneNodes, WorkItemNode
 from zephon_nodes.engine.relane.nodes import RelanedLane, RelanedWorkItemNode
 from zephon_nodes.engine.work import WorkItem, WorkSource
+from zephon_nodes.state.stage import UnreadState
 
 if TYPE_CHECKING:
-    from zephon_nodes.engine.relane import Lineage
+    from zephon_nodes.state.lineage import Lineage
 
 __all__ = ["RelanedWorkSource"]
 
@@ -318,6 +319,35 @@ class RelanedWorkSource(WorkSource, LaneNodes):
             if x.drop and prefix[j] >= resume:
                 out.extend(range(prefix[j], prefix[j + 1]))
         return out
+
+    relaned = True
+
+    def global_index(self, lane: int, i: int) -> tuple[int, int]:
+        """``(stream key, global item)`` of item ``i`` of new lane ``lane`` (its old item's)."""
+        old = self.old_position(lane, i)
+        if old is None:
+            raise RecipeError(f"re-laned lane {lane} has no work item {i}")
+        return self.old.global_index(*old)
+
+    def unread_sets(self, resume: Mapping[int, int]) -> UnreadState:
+        """What the old lanes had not read, less what the new lanes read before ``resume``.
+
+        The items of leftover windows not entered yet whose first samples were delivered
+        before the re-lane are *pending* (:meth:`partly_delivered`).
+        """
+        inner = self.old.unread_sets(dict(enumerate(self.old_starts)))
+        read: dict[int, set[int]] = {}
+        for lane, stop in resume.items():
+            for i in range(stop):
+                key, g = self.global_index(lane, i)
+                read.setdefault(key, set()).add(g)
+                inner.pending.discard((key, g))
+        sets = {k: u.without(read.get(k, ())) for k, u in inner.sets.items()}
+        for lane, stop in resume.items():
+            inner.pending.update(
+                self.global_index(lane, i) for i in self.partly_delivered(lane, stop)
+            )
+        return UnreadState(sets, inner.pending)
 
     def work(self, lane: int, i: int) -> WorkItem | None:
         """Return item ``i`` of new lane ``lane``, or None past its end."""
