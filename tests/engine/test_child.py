@@ -292,3 +292,19 @@ def test_digest_child_killed_mid_run(
     err = out.err.strip().splitlines()[-1]
     assert "engine child process of rank" in err and "SIGKILL" in err
     assert mine() == files and children() <= procs
+
+
+def test_digest_mixture_updates_in_the_child(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], clean: None
+) -> None:
+    """Dynamic-mixture decisions reach the children's nodes (set_mixture after the step
+    handed out, not after the prefetched ones): the thread engine's digests at dp 2."""
+    from tests.mixing.test_dynamic import write_mixed
+
+    recipe_path = write_mixed(tmp_path)
+    updates = tmp_path / "updates.json"
+    updates.write_text(json.dumps([{"step": 2, "weights": {"web": 1, "code": 0}}]))
+    args = [str(recipe_path), "--steps", "5", "--mixture-updates", str(updates)]
+    ref = _digest(capsys, *args)
+    assert len(ref) == 5 and ref != _digest(capsys, str(recipe_path), "--steps", "5")
+    assert _digest(capsys, *args, "--engine", "process", "--dp-world-size", "2") == ref
