@@ -47,3 +47,18 @@ class TestExplain:
     def test_lanes_that_do_not_divide(self, recipe_path: Path, capsys: Any) -> None:
         assert zephon("explain", str(recipe_path), "--dp-world-size", "3") == 2
         assert "num_lanes=4 must be a multiple of --dp-world-size=3" in capsys.readouterr().out
+
+    def test_first_batch_tokens_and_time(self, recipe_path: Path, capsys: Any) -> None:
+        """Each rank's first batch waits for every lane's shuffle buffer plus one step."""
+        r = Recipe.from_toml(recipe_path)
+        assert r.shuffle.buffer_size > 0
+        args = ("explain", str(recipe_path), "--dp-world-size", "2", "--json")
+        assert zephon(*args, "--tokens-per-s", "1000") == 0
+        slow = json.loads(capsys.readouterr().out)["ranks"][0]["first_batch"]
+        assert slow["tokens"] == 2 * (r.shuffle.buffer_size + r.samples_per_lane) * r.seq_len
+        assert slow["seconds"] == slow["tokens"] / (1000 * 2)  # two workers
+        assert zephon(*args, "--tokens-per-s", "2000", "--workers", "1") == 0
+        fast = json.loads(capsys.readouterr().out)["ranks"][0]["first_batch"]
+        assert fast["seconds"] == slow["seconds"]
+        assert zephon("explain", str(recipe_path)) == 0
+        assert "first batch: 4 lane(s) x" in capsys.readouterr().out

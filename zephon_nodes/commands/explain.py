@@ -19,6 +19,31 @@ __all__ = ["add_parser", "explain", "run"]
 
 # Counters of a long run (steps, windows, samples) for the checkpoint size upper bound.
 _BIG = 10**12
+# Tokens per second one worker thread tokenizes, for the first-batch estimate: sentencepiece
+# on the benchmark machine (docs/performance.md, "First batch"); --tokens-per-s overrides.
+_TOKENS_PER_S = 550_000
+
+
+def first_batch(
+    lanes: int, buffer_size: int, samples_per_lane: int, seq_len: int, workers: int, rate: float
+) -> dict[str, Any]:
+    """Tokens a rank tokenizes before its first batch, and the seconds that takes at ``rate``.
+
+    Each lane's shuffle buffer is full (``buffer_size`` samples) before it draws, then the
+    step takes ``samples_per_lane``: every lane packs ``buffer_size + samples_per_lane``
+    samples of ``seq_len`` tokens before step 1 (all lanes in parallel on the pool). A
+    resume replays, per lane, the part of its flush window consumed before the save, then
+    the same refill: up to a whole window more.
+    """
+    tokens = lanes * (buffer_size + samples_per_lane) * seq_len
+    seconds = tokens / (rate * max(1, workers))
+    why = (
+        f"{lanes} lane(s) x ({buffer_size} shuffle-buffer + {samples_per_lane} step) samples "
+        f"x {seq_len} tokens = {tokens} tokens before step 1, ~{seconds:.1f} s at "
+        f"{rate / 1e6:.2f} Mtok/s per worker x {max(1, workers)}; a resume adds the replay "
+        f"of each lane's flush window up to the saved sample"
+    )
+    return {"tokens": tokens, "seconds": seconds, "why": why}
 
 
 def add_parser(sub: Any) -> None:
@@ -44,6 +69,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
     p.add_argument("--lookahead", type=int, default=4, help="work items each lane submits ahead")
+    p.add_argument(
+        "--tokens-per-s",
+        type=float,
+        default=_TOKENS_PER_S,
+        help="tokens per second per worker, for the first-batch estimate (default 550000)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=run)
 
@@ -94,6 +125,7 @@ def explain(
     num_workers: int = 2,
     runner: str = "thread",
     lookahead: int = 4,
+    tokens_per_s: float = _TOKENS_PER_S,
 ) -> dict[str, Any]:
     """Describe the job a recipe makes at ``dp_world_size`` ranks (a JSON-safe dict).
 
@@ -120,6 +152,14 @@ def explain(
                 "in_flight_work_items": len(lanes) * lookahead,
                 "checkpoint_bytes": _state_bytes(pipeline, lanes, big=False),
                 "checkpoint_bytes_max": _state_bytes(pipeline, lanes, big=True),
+                "first_batch": first_batch(
+                    len(lanes),
+                    r.shuffle.buffer_size,
+                    r.samples_per_lane,
+                    r.seq_len,
+                    num_workers,
+                    tokens_per_s,
+                ),
             }
         )
     return {
@@ -169,6 +209,7 @@ def _text(info: dict[str, Any]) -> str:
             f"{rk['in_flight_work_items']} work items in flight, checkpoint "
             f"{rk['checkpoint_bytes']} B (at most {rk['checkpoint_bytes_max']} B)"
         )
+        lines.append(f"  first batch: {rk['first_batch']['why']}")
     return "\n".join(lines)
 
 
@@ -176,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``zephon explain``."""
     if args.num_workers < 0:
         raise RecipeError(f"--num-workers={args.num_workers} must be >= 0")
+    if not args.tokens_per_s > 0:
+        raise RecipeError(f"--tokens-per-s={args.tokens_per_s} must be > 0")
     if args.lookahead < 1:
         raise RecipeError(f"--lookahead={args.lookahead} must be >= 1")
     from zephon_nodes.engine.pipeline import Pipeline
@@ -186,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         num_workers=args.num_workers,
         runner=args.runner,
         lookahead=args.lookahead,
+        tokens_per_s=args.tokens_per_s,
     )
     print(json.dumps(info) if args.json else _text(info))
     return 0
