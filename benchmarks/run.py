@@ -732,6 +732,15 @@ def _build(args: dict[str, Any]) -> Corpus:
     return build_corpus(Path(a.pop("root")), **a)
 
 
+def _names(text: str, known: Sequence[str], what: str) -> list[str]:
+    """A comma list of names, each one of ``known``."""
+    names = [x for x in text.split(",") if x]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise SystemExit(f"unknown {what}(s) {unknown}; choose from {list(known)}")
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark (see the module docstring)."""
     args = _parser().parse_args(argv)
@@ -745,17 +754,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Skip interpreter teardown: daemon worker threads still inside a C++ tokenizer call
         # abort the process when the interpreter finalizes under them.
         os._exit(0)
-    suites = [s for s in args.suite.split(",") if s]
-    tokenizers = [t for t in args.tokenizers.split(",") if t]
-    if set(tokenizers) - set(TOKENIZERS):
-        raise SystemExit(f"unknown tokenizer(s) in {tokenizers}; choose from {list(TOKENIZERS)}")
+    suites = _names(args.suite, SUITES, "suite")
+    tokenizers = _names(args.tokenizers, tuple(TOKENIZERS), "tokenizer")
+    peers = _names(args.peers, PEERS, "peer")
     fr = args.first_rounds
-    peers = [x for x in args.peers.split(",") if x]
-    if set(peers) - set(PEERS):
-        raise SystemExit(f"unknown peer(s) in {peers}; choose from {PEERS}")
-    unknown = sorted(set(suites) - set(SUITES))
-    if unknown:
-        raise SystemExit(f"unknown suite(s) {unknown}; choose from {SUITES}")
     cargs = corpus_args(args.tiny, args.root)
     corpus = _build(cargs)
     base = BenchConfig(seconds=args.seconds, warmup_s=args.warmup)
