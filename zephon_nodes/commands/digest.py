@@ -123,37 +123,99 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _check_save_args(args: argparse.Namespace) -> None:
     if (args.save_at is None) != (args.checkpoint_dir is None):
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
     if args.checkpoint_dir is not None:
         check_writable(args.checkpoint_dir)  # now, not when the save step is reached
+
+
+def _check_save_at(args: argparse.Namespace, first: int, resumed: bool) -> None:
+    if args.save_at is not None and not first < args.save_at <= first + args.steps:
+        raise RecipeError(
+            f"--save-at={args.save_at} must be a step this run produces, in "
+            f"[{first + 1}, {first + args.steps}] (--steps={args.steps}"
+            + (f" after the resumed step {first})" if resumed else ")")
+        )
+
+
+def _mixture_updates(
+    args: argparse.Namespace, pipeline: Pipeline, resume: dict[str, Any] | None
+) -> list[tuple[int, dict[str, float]]]:
+    if not args.mixture_updates:
+        return []
+    names = [d.name for d in pipeline.recipe.datasets]
+    updates = updates_after(
+        read_updates(args.mixture_updates, names), resume, names, "--mixture-updates"
+    )
+    stage_steps = [s.start_step for s in pipeline.recipe.stages]
+    refuse_updates_after_stages(updates, stage_steps, "--mixture-updates")
+    if resume is not None and resume.get(STAGE_KEY) is not None and updates:
+        raise RecipeError(
+            f"--mixture-updates: decision after step {updates[0][0]}: set_mixture is not "
+            f"supported after a recipe change (the checkpoint was written after one); give "
+            f"the weights as a stage's `weights` or amend the recipe"
+        )
+    return updates
+
+
+def _check_produced(
+    args: argparse.Namespace, produced: int, last: int, saved: list[int], resumed: bool
+) -> None:
+    if produced == 0 and args.steps > 0 and not resumed:
+        raise RecipeError(
+            f"{args.recipe}: the recipe produced no global batch (its data ends before step 1)"
+        )
+    if args.save_at is not None and not saved:
+        raise RecipeError(
+            f"the data ended after step {last}, before --save-at={args.save_at}: no state "
+            f"was saved to {args.checkpoint_dir}"
+        )
+
+
+def _report(
+    args: argparse.Namespace,
+    pipeline: Pipeline,
+    produced: int,
+    last: int,
+    ended: dict[str, Any],
+) -> None:
+    skipped = {name: files for name, files in pipeline.skipped_files.items() if files}
+    if skipped:
+        print(f"zephon digest: files left out, by dataset and reason: {skipped}", file=sys.stderr)
+    cache = pipeline.cache_stats()
+    # The counters are printed when a limit was asked for (--cache-limit, ZEPHON_CACHE_LIMIT):
+    # the default-bounded cache of every .zst read would add a line to every run.
+    if cache is not None and pipeline.settings.cache_limit is not None:
+        print(f"zephon digest: node cache {json.dumps(cache, sort_keys=True)}", file=sys.stderr)
+    tokens_cached = pipeline.token_cache_stats()
+    if tokens_cached is not None:
+        line = json.dumps(tokens_cached, sort_keys=True)
+        print(f"zephon digest: token cache {line}", file=sys.stderr)
+    if produced < args.steps:
+        print(
+            f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "
+            f"steps produced; a finite recipe stops after its last full global batch)",
+            file=sys.stderr,
+        )
+    if ended:
+        from zephon_nodes.engine.end_of_data import format_unused, unused_samples
+
+        unused = unused_samples(pipeline, ended)
+        delivered = int(ended[STEP_KEY]) * pipeline.recipe.global_batch_size
+        print(f"zephon digest: end of data: {format_unused(unused, delivered)}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    _check_save_args(args)
     # A dump says where each token came from (source_shard, source_record; not digested).
     pipeline = Pipeline(Recipe.from_toml(args.recipe), trace=args.dump_batches is not None)
     pipeline.check_produces()
     resume = load_state(args.resume_from) if args.resume_from else None
     first = RankState.from_dict(resume).step if resume else 0
-    if args.save_at is not None and not first < args.save_at <= first + args.steps:
-        raise RecipeError(
-            f"--save-at={args.save_at} must be a step this run produces, in "
-            f"[{first + 1}, {first + args.steps}] (--steps={args.steps}"
-            + (f" after the resumed step {first})" if resume else ")")
-        )
+    _check_save_at(args, first, bool(resume))
     saved: list[int] = []
-    updates: list[tuple[int, dict[str, float]]] = []
-    if args.mixture_updates:
-        names = [d.name for d in pipeline.recipe.datasets]
-        updates = updates_after(
-            read_updates(args.mixture_updates, names), resume, names, "--mixture-updates"
-        )
-        stage_steps = [s.start_step for s in pipeline.recipe.stages]
-        refuse_updates_after_stages(updates, stage_steps, "--mixture-updates")
-        if resume is not None and resume.get(STAGE_KEY) is not None and updates:
-            raise RecipeError(
-                f"--mixture-updates: decision after step {updates[0][0]}: set_mixture is not "
-                f"supported after a recipe change (the checkpoint was written after one); give "
-                f"the weights as a stage's `weights` or amend the recipe"
-            )
+    updates = _mixture_updates(args, pipeline, resume)
 
     def on_save(state: dict[str, Any]) -> None:
         path = save_state(args.checkpoint_dir, state)
@@ -192,39 +254,8 @@ def _run(args: argparse.Namespace) -> int:
         bar.close()
     if args.dump_batches is not None and produced:
         write_sources(args.dump_batches, pipeline)
-    if produced == 0 and args.steps > 0 and not resume:
-        raise RecipeError(
-            f"{args.recipe}: the recipe produced no global batch (its data ends before step 1)"
-        )
-    if args.save_at is not None and not saved:
-        raise RecipeError(
-            f"the data ended after step {last}, before --save-at={args.save_at}: no state "
-            f"was saved to {args.checkpoint_dir}"
-        )
-    skipped = {name: files for name, files in pipeline.skipped_files.items() if files}
-    if skipped:
-        print(f"zephon digest: files left out, by dataset and reason: {skipped}", file=sys.stderr)
-    cache = pipeline.cache_stats()
-    # The counters are printed when a limit was asked for (--cache-limit, ZEPHON_CACHE_LIMIT):
-    # the default-bounded cache of every .zst read would add a line to every run.
-    if cache is not None and pipeline.settings.cache_limit is not None:
-        print(f"zephon digest: node cache {json.dumps(cache, sort_keys=True)}", file=sys.stderr)
-    tokens_cached = pipeline.token_cache_stats()
-    if tokens_cached is not None:
-        line = json.dumps(tokens_cached, sort_keys=True)
-        print(f"zephon digest: token cache {line}", file=sys.stderr)
-    if produced < args.steps:
-        print(
-            f"zephon digest: the data ended after step {last} ({produced} of {args.steps} "
-            f"steps produced; a finite recipe stops after its last full global batch)",
-            file=sys.stderr,
-        )
-    if ended:
-        from zephon_nodes.engine.end_of_data import format_unused, unused_samples
-
-        unused = unused_samples(pipeline, ended)
-        delivered = int(ended[STEP_KEY]) * pipeline.recipe.global_batch_size
-        print(f"zephon digest: end of data: {format_unused(unused, delivered)}", file=sys.stderr)
+    _check_produced(args, produced, last, saved, bool(resume))
+    _report(args, pipeline, produced, last, ended)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -122,13 +123,9 @@ def compute_stats(
         raise RecipeError(f"--window-steps={window_steps} must be >= 1")
     pipeline = Pipeline(recipe, provenance=True)
     pipeline.check_produces()
-    # Every dataset the run reads, its stages' included (a sample's dataset ids index the
-    # datasets of the recipe in force when it was made).
-    names = [d.name for d in recipe.datasets]
-    for stage in recipe.stages:
-        names += [d.name for d in stage.recipe.datasets if d.name not in names]
-    tokens = np.zeros(len(names), dtype=np.int64)
-    padding = positions = produced = non_padding = 0
+    names = _dataset_names(recipe)
+    static = _static_weights(recipe, names)
+    tally = _Tally(names, window_steps, static)
     with WorkerPool(num_workers, "thread") as pool:
         ranks: list[Multiplexer] = [
             pipeline.rank_node(dp_world_size, r, pool=pool) for r in range(dp_world_size)
@@ -136,90 +133,32 @@ def compute_stats(
         for node in ranks:
             node.reset(None)
         ended: dict[str, Any] | None = None
-        in_force: dict[str, float] | None = None
-        if len(names) > 1 and recipe.mixture.schedule is None:
-            in_force = _shares({d.name: d.weight for d in recipe.datasets})
-        windows: list[dict[str, Any]] = []
-        window = np.zeros(len(names), dtype=np.int64)
-        window_weights = in_force
         try:
             for t in range(steps):
-                for at, weights in mixture_updates:
-                    if at == t:
-                        for node in ranks:
-                            node.set_mixture(weights)
-                        in_force = dict(ranks[0].mixture_log[-1][1])
-                if window_steps and t % window_steps == 0:
-                    window[:] = 0
-                    window_weights = in_force
+                tally.in_force = _apply_updates(t, ranks, mixture_updates, tally.in_force)
+                tally.open_window(t)
                 before = [node.state_dict() for node in ranks]
                 batches = [next(node) for node in ranks for _ in range(node.micro_per_step)]
-                in_use = [d.name for d in ranks[0].pipeline.recipe.datasets]
-                to_run = np.asarray([names.index(n) for n in in_use] + [-1], dtype=np.int64)
-                for mb in batches:
-                    labels = mb["labels"].numpy()
-                    ds = to_run[mb["dataset_ids"].numpy()]  # -1 (padding) stays -1
-                    real = labels != IGNORE_INDEX
-                    counts = np.bincount(ds[real], minlength=len(names))[: len(names)]
-                    tokens += counts
-                    window += counts
-                    padding += int((ds < 0).sum())  # -1 on padding (chat masks are not)
-                    non_padding += int((ds >= 0).sum())
-                    positions += labels.size
-                produced += 1
-                if window_steps and (produced % window_steps == 0 or produced == steps):
-                    start = (produced - 1) // window_steps * window_steps + 1
-                    shares = _shares(dict(zip(names, window.tolist(), strict=True)))
-                    windows.append(
-                        {
-                            "steps": [start, produced],
-                            "token_shares": shares,
-                            "weights": window_weights,
-                        }
-                    )
+                tally.add(ranks[0], batches)
+                tally.close_step(steps)
         except StopIteration:
             ended = merge_states(before)
         cache = pipeline.cache_stats()  # before the documents are counted (they read again)
-        lanes: dict[int, Any] = {}
-        for node in ranks:
-            for lane, (w, c) in node.get_state()[LANES_KEY].items():
-                lanes[int(lane)] = (w, c)
-        changes = summarize_changes(node.get_state().get(STAGE_KEY) for node in ranks)
-        if changes:  # documents are counted over the base recipe's streams only
-            documents: dict[str, int] = {}
-            skipped: dict[str, dict[str, int]] = {}
-        else:
-            documents, skipped = _count_items(pipeline, lanes, pool)
-        end_of_data: dict[str, Any] | None = None
+        changes, documents, skipped = _documents(pipeline, ranks, pool)
+        end_of_data = None
         if ended is not None:
-            unused = unused_samples(pipeline, ended, pool)
-            delivered = produced * recipe.global_batch_size
-            total = delivered + sum(unused.values())
-            end_of_data = {
-                "delivered_samples": delivered,
-                "unused_samples": sum(unused.values()),
-                "unused_fraction": sum(unused.values()) / total if total else 0.0,
-                "unused_per_lane": {str(lane): n for lane, n in sorted(unused.items())},
-                "policy": recipe.work.end_of_data,
-            }
-    per_dataset = {n: int(t) for n, t in zip(names, tokens.tolist(), strict=True)}
-    skipped_records: dict[str, dict[str, int]] = {n: {} for n in names} | {
-        n: {r: c for r, c in v.items() if not r.startswith(FILTER_PREFIX)}
-        for n, v in skipped.items()
-    }
-    filtered = {
-        n: {r[len(FILTER_PREFIX) :]: c for r, c in v.items() if r.startswith(FILTER_PREFIX)}
-        for n, v in skipped.items()
-    }
+            end_of_data = _end_of_data(pipeline, ended, tally.produced, pool)
+    per_dataset = {n: int(t) for n, t in zip(names, tally.tokens.tolist(), strict=True)}
+    skipped_records, filtered = _split_skipped(names, skipped)
     out: dict[str, Any] = {
         "recipe": str(recipe.source) if recipe.source else None,
         "fingerprint": pipeline.fingerprint,
-        "steps": produced,
+        "steps": tally.produced,
         "dp_world_size": dp_world_size,
-        "tokens": int(tokens.sum()),
-        "non_padding_tokens": non_padding,
-        "positions": positions,
-        "padding_fraction": padding / positions if positions else 0.0,
+        "tokens": int(tally.tokens.sum()),
+        "non_padding_tokens": tally.non_padding,
+        "positions": tally.positions,
+        "padding_fraction": tally.padding / tally.positions if tally.positions else 0.0,
         "tokens_per_dataset": per_dataset,
         "token_shares": _shares(per_dataset),
         "documents_per_dataset": documents,
@@ -235,17 +174,153 @@ def compute_stats(
     tokens_cached = pipeline.token_cache_stats()
     if tokens_cached is not None:
         out["token_cache"] = tokens_cached
-    if len(names) > 1 and recipe.mixture.schedule is None:
-        out["weights"] = _shares({d.name: d.weight for d in recipe.datasets})
+    if static is not None:
+        out["weights"] = static
         # The weights in force after the last step: the recipe's, or the last decision's.
-        out["weights_in_force"] = in_force
+        out["weights_in_force"] = tally.in_force
     if mixture_updates:
         out["mixture_log"] = [{"step": s, "weights": dict(w)} for s, w in ranks[0].mixture_log]
     if window_steps:
-        out["token_shares_per_window"] = windows
+        out["token_shares_per_window"] = tally.windows
     if "estimate" in pipeline.canonical.get("mixture", {}):
         out["estimated_tokens_per_record"] = pipeline.canonical["mixture"]["estimate"]
     return out
+
+
+def _dataset_names(recipe: Recipe) -> list[str]:
+    """Every dataset the run reads, its stages' included.
+
+    A sample's dataset ids index the datasets of the recipe in force when it was made.
+    """
+    names = [d.name for d in recipe.datasets]
+    for stage in recipe.stages:
+        names += [d.name for d in stage.recipe.datasets if d.name not in names]
+    return names
+
+
+def _static_weights(recipe: Recipe, names: Sequence[str]) -> dict[str, float] | None:
+    """The recipe's weights as shares, when it mixes several datasets without a schedule."""
+    if len(names) > 1 and recipe.mixture.schedule is None:
+        return _shares({d.name: d.weight for d in recipe.datasets})
+    return None
+
+
+def _apply_updates(
+    t: int,
+    ranks: Sequence[Multiplexer],
+    mixture_updates: Sequence[tuple[int, Mapping[str, float]]],
+    in_force: dict[str, float] | None,
+) -> dict[str, float] | None:
+    """Apply the decisions made after step ``t`` on every rank; return the weights in force."""
+    for at, weights in mixture_updates:
+        if at == t:
+            for node in ranks:
+                node.set_mixture(weights)
+            in_force = dict(ranks[0].mixture_log[-1][1])
+    return in_force
+
+
+@dataclasses.dataclass
+class _Tally:
+    """Token and position counts over the steps measured, in total and per window."""
+
+    names: list[str]
+    window_steps: int | None
+    in_force: dict[str, float] | None
+    padding: int = 0
+    positions: int = 0
+    non_padding: int = 0
+    produced: int = 0
+    windows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tokens = np.zeros(len(self.names), dtype=np.int64)
+        self.window = np.zeros(len(self.names), dtype=np.int64)
+        self.window_weights = self.in_force
+
+    def open_window(self, t: int) -> None:
+        """Start a new window at step index ``t`` when one begins there."""
+        if self.window_steps and t % self.window_steps == 0:
+            self.window[:] = 0
+            self.window_weights = self.in_force
+
+    def add(self, first_rank: Multiplexer, batches: Sequence[Mapping[str, Any]]) -> None:
+        """Count one step's micro batches (their dataset ids index the recipe in force)."""
+        names = self.names
+        in_use = [d.name for d in first_rank.pipeline.recipe.datasets]
+        to_run = np.asarray([names.index(n) for n in in_use] + [-1], dtype=np.int64)
+        for mb in batches:
+            labels = mb["labels"].numpy()
+            ds = to_run[mb["dataset_ids"].numpy()]  # -1 (padding) stays -1
+            real = labels != IGNORE_INDEX
+            counts = np.bincount(ds[real], minlength=len(names))[: len(names)]
+            self.tokens += counts
+            self.window += counts
+            self.padding += int((ds < 0).sum())  # -1 on padding (chat masks are not)
+            self.non_padding += int((ds >= 0).sum())
+            self.positions += labels.size
+
+    def close_step(self, steps: int) -> None:
+        """Count a produced step; close its window when it is the window's last."""
+        self.produced += 1
+        produced, window_steps = self.produced, self.window_steps
+        if window_steps and (produced % window_steps == 0 or produced == steps):
+            start = (produced - 1) // window_steps * window_steps + 1
+            shares = _shares(dict(zip(self.names, self.window.tolist(), strict=True)))
+            self.windows.append(
+                {
+                    "steps": [start, produced],
+                    "token_shares": shares,
+                    "weights": self.window_weights,
+                }
+            )
+
+
+def _documents(
+    pipeline: Pipeline, ranks: Sequence[Multiplexer], pool: WorkerPool
+) -> tuple[dict[str, Any] | None, dict[str, int], dict[str, dict[str, int]]]:
+    """The recipe changes the ranks went through, and the documents and skipped records."""
+    lanes: dict[int, Any] = {}
+    for node in ranks:
+        for lane, (w, c) in node.get_state()[LANES_KEY].items():
+            lanes[int(lane)] = (w, c)
+    changes = summarize_changes(node.get_state().get(STAGE_KEY) for node in ranks)
+    if changes:  # documents are counted over the base recipe's streams only
+        return changes, {}, {}
+    documents, skipped = _count_items(pipeline, lanes, pool)
+    return changes, documents, skipped
+
+
+def _end_of_data(
+    pipeline: Pipeline, ended: dict[str, Any], produced: int, pool: WorkerPool
+) -> dict[str, Any]:
+    """What the data's end left unread, from the rank states before the step that ended."""
+    recipe = pipeline.recipe
+    unused = unused_samples(pipeline, ended, pool)
+    delivered = produced * recipe.global_batch_size
+    total = delivered + sum(unused.values())
+    return {
+        "delivered_samples": delivered,
+        "unused_samples": sum(unused.values()),
+        "unused_fraction": sum(unused.values()) / total if total else 0.0,
+        "unused_per_lane": {str(lane): n for lane, n in sorted(unused.items())},
+        "policy": recipe.work.end_of_data,
+    }
+
+
+def _split_skipped(
+    names: Sequence[str], skipped: Mapping[str, Mapping[str, int]]
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """Split skip counts into records skipped (by reason) and records filtered (by filter)."""
+    skipped_records: dict[str, dict[str, int]] = {n: {} for n in names} | {
+        n: {r: c for r, c in v.items() if not r.startswith(FILTER_PREFIX)}
+        for n, v in skipped.items()
+    }
+    filtered = {
+        n: {r[len(FILTER_PREFIX) :]: c for r, c in v.items() if r.startswith(FILTER_PREFIX)}
+        for n, v in skipped.items()
+    }
+    return skipped_records, filtered
 
 
 def _count_items(
