@@ -133,7 +133,6 @@ def check_entry(name: str, entry: Any, fail: Callable[[str, str], DataError]) ->
     for key in ("records", "bytes"):
         if not _int(entry.get(key)):
             raise fail(name, f"{key}={entry.get(key)!r} is not a count >= 0")
-    records, size = int(entry["records"]), int(entry["bytes"])
     if not isinstance(entry.get("checksum"), str) or not _CHECKSUM.fullmatch(entry["checksum"]):
         raise fail(name, f"checksum={entry.get('checksum')!r} is not xxh3_128:<32 hex digits>")
     kind = entry.get("kind")
@@ -141,71 +140,97 @@ def check_entry(name: str, entry: Any, fail: Callable[[str, str], DataError]) ->
         raise fail(name, f"kind={kind!r} is not one of {', '.join(KINDS)}")
     if kind != kind_of(name):
         raise fail(name, f"kind={kind!r} but the file is a {kind_of(name)} shard")
-    if kind in ("jsonl", "jsonl.zst"):
-        every: Any = entry.get("every")
-        end: Any = entry.get("end", 0)
-        offsets: Any = entry.get("offsets")
-        if not _int(every) or every < 1:
-            raise fail(name, f"every={every!r} is not an integer >= 1")
-        if not _int(end) or (kind == "jsonl" and end > size):
-            raise fail(name, f"end={end!r} is not an offset within the file's {size} bytes")
-        # A record is a non-blank line: at least one byte, and a newline between two.
-        if records and 2 * records - 1 > end:
-            raise fail(name, f"records={records} cannot fit in {end} bytes of text")
-        want = -(-records // every)
-        if not _ints(offsets, want):
-            got = len(offsets) if isinstance(offsets, list) else offsets
-            raise fail(
-                name,
-                f"offsets: {want} offsets >= 0 expected ({records} records, "
-                f"every {every}), got {got!r}",
-            )
-        if offsets and offsets[-1] >= end:
-            raise fail(name, f"offsets end at {offsets[-1]}, past the text's end {end}")
-        if not _increasing(offsets):
-            raise fail(name, "offsets are not increasing")
-        if kind == "jsonl.zst":
-            frames = entry.get("frames", [])
-            if not isinstance(frames, list) or not all(_ints(f, 3) for f in frames):
-                raise fail(name, "frames: a list of [offset, compressed size, size] expected")
-            at = 0
-            for offset, csize, _ in frames:
-                if offset != at or csize < 1:
-                    raise fail(name, f"frames: a frame at byte {offset}, expected {at}")
-                at += csize
-            if frames and at != size:
-                raise fail(name, f"frames cover {at} bytes, the file has {size}")
-            if frames and sum(f[2] for f in frames) < end:
-                raise fail(name, f"frames hold less text than end={end}")
-    elif kind == "parquet":
-        ends: Any = entry.get("row_group_ends")
-        columns = entry.get("columns")
-        if not _ints(ends) or any(a > b for a, b in itertools.pairwise(ends)):
-            raise fail(name, "row_group_ends: non-decreasing row counts expected")
-        if (ends[-1] if ends else 0) != records:
-            raise fail(name, f"row_group_ends end at {ends[-1] if ends else 0}, records={records}")
-        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
-            raise fail(name, "columns: a list of column names expected")
-    else:
-        samples = entry.get("samples")
-        if not isinstance(samples, list) or len(samples) != records:
-            got = len(samples) if isinstance(samples, list) else samples
-            raise fail(name, f"samples: {records} samples expected, got {got!r}")
-        for sample in samples:
-            ok = isinstance(sample, list) and len(sample) == 2 and isinstance(sample[0], str)
-            members = sample[1] if ok else None
-            ok = (
-                ok
-                and isinstance(members, list)
-                and all(
-                    isinstance(m, list)
-                    and len(m) == 3
-                    and isinstance(m[0], str)
-                    and _int(m[1])
-                    and _int(m[2])
-                    and m[1] + m[2] <= size
-                    for m in members
-                )
-            )
-            if not ok:
-                raise fail(name, f"samples: a malformed sample {str(sample)[:80]}")
+    _CHECKS.get(kind, _check_samples)(name, entry, fail)
+
+
+def _check_lines(name: str, entry: dict[str, Any], fail: Callable[[str, str], DataError]) -> None:
+    """A ``jsonl`` or ``jsonl.zst`` entry: its line offsets (and a ``.zst``'s frames)."""
+    kind, records, size = entry["kind"], int(entry["records"]), int(entry["bytes"])
+    every: Any = entry.get("every")
+    end: Any = entry.get("end", 0)
+    offsets: Any = entry.get("offsets")
+    if not _int(every) or every < 1:
+        raise fail(name, f"every={every!r} is not an integer >= 1")
+    if not _int(end) or (kind == "jsonl" and end > size):
+        raise fail(name, f"end={end!r} is not an offset within the file's {size} bytes")
+    # A record is a non-blank line: at least one byte, and a newline between two.
+    if records and 2 * records - 1 > end:
+        raise fail(name, f"records={records} cannot fit in {end} bytes of text")
+    want = -(-records // every)
+    if not _ints(offsets, want):
+        got = len(offsets) if isinstance(offsets, list) else offsets
+        raise fail(
+            name,
+            f"offsets: {want} offsets >= 0 expected ({records} records, "
+            f"every {every}), got {got!r}",
+        )
+    if offsets and offsets[-1] >= end:
+        raise fail(name, f"offsets end at {offsets[-1]}, past the text's end {end}")
+    if not _increasing(offsets):
+        raise fail(name, "offsets are not increasing")
+    if kind == "jsonl.zst":
+        _check_frames(name, entry.get("frames", []), size, end, fail)
+
+
+def _check_frames(
+    name: str, frames: Any, size: int, end: int, fail: Callable[[str, str], DataError]
+) -> None:
+    """A ``jsonl.zst`` entry's frames: contiguous, covering the file, holding the text."""
+    if not isinstance(frames, list) or not all(_ints(f, 3) for f in frames):
+        raise fail(name, "frames: a list of [offset, compressed size, size] expected")
+    at = 0
+    for offset, csize, _ in frames:
+        if offset != at or csize < 1:
+            raise fail(name, f"frames: a frame at byte {offset}, expected {at}")
+        at += csize
+    if frames and at != size:
+        raise fail(name, f"frames cover {at} bytes, the file has {size}")
+    if frames and sum(f[2] for f in frames) < end:
+        raise fail(name, f"frames hold less text than end={end}")
+
+
+def _check_parquet(name: str, entry: dict[str, Any], fail: Callable[[str, str], DataError]) -> None:
+    """A ``parquet`` entry: its row groups' ends and its columns."""
+    records = int(entry["records"])
+    ends: Any = entry.get("row_group_ends")
+    columns = entry.get("columns")
+    if not _ints(ends) or any(a > b for a, b in itertools.pairwise(ends)):
+        raise fail(name, "row_group_ends: non-decreasing row counts expected")
+    if (ends[-1] if ends else 0) != records:
+        raise fail(name, f"row_group_ends end at {ends[-1] if ends else 0}, records={records}")
+    if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+        raise fail(name, "columns: a list of column names expected")
+
+
+def _member(m: Any, size: int) -> bool:
+    """A tar sample's member: ``[name, offset, length]`` within the file."""
+    return (
+        isinstance(m, list)
+        and len(m) == 3
+        and isinstance(m[0], str)
+        and _int(m[1])
+        and _int(m[2])
+        and m[1] + m[2] <= size
+    )
+
+
+def _check_samples(name: str, entry: dict[str, Any], fail: Callable[[str, str], DataError]) -> None:
+    """A ``tar`` entry: one ``[key, members]`` per sample, each member within the file."""
+    records, size = int(entry["records"]), int(entry["bytes"])
+    samples = entry.get("samples")
+    if not isinstance(samples, list) or len(samples) != records:
+        got = len(samples) if isinstance(samples, list) else samples
+        raise fail(name, f"samples: {records} samples expected, got {got!r}")
+    for sample in samples:
+        ok = isinstance(sample, list) and len(sample) == 2 and isinstance(sample[0], str)
+        members = sample[1] if ok else None
+        if not (ok and isinstance(members, list) and all(_member(m, size) for m in members)):
+            raise fail(name, f"samples: a malformed sample {str(sample)[:80]}")
+
+
+# The check of each kind's own fields (a kind not named here is a tar shard's samples).
+_CHECKS: dict[str, Callable[[str, dict[str, Any], Callable[[str, str], DataError]], None]] = {
+    "jsonl": _check_lines,
+    "jsonl.zst": _check_lines,
+    "parquet": _check_parquet,
+}
