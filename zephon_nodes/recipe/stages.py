@@ -113,6 +113,22 @@ def _names(datasets: Sequence[Any], where: str) -> list[str]:
 def _apply(raw: dict[str, Any], stage: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Return the raw recipe ``raw`` with the stage table ``stage`` applied (a new dict)."""
     out = copy.deepcopy(raw)
+    _apply_settings(out, stage, where)
+    datasets = list(out.get("datasets", []))
+    names = _names(datasets, where)
+    # Each dataset keeps its name as its stream identity: give it explicitly.
+    datasets = [{**d, "name": name} for d, name in zip(datasets, names, strict=True)]
+    datasets, names = _remove(datasets, names, stage.get("remove_datasets", []), where)
+    _reweight(datasets, names, stage.get("weights", {}), where)
+    _add(datasets, names, stage.get("datasets", []), where)
+    if not datasets:
+        raise RecipeError(f"{where} removes every dataset; a stage needs at least one")
+    out["datasets"] = datasets
+    return out
+
+
+def _apply_settings(out: dict[str, Any], stage: Mapping[str, Any], where: str) -> None:
+    """The stage's geometry, ``pack``/``shuffle`` tables (merged) and ``operators`` (replaced)."""
     for key in ("seq_len", "global_batch_size"):
         if key in stage:
             out[key] = stage[key]
@@ -124,12 +140,12 @@ def _apply(raw: dict[str, Any], stage: Mapping[str, Any], where: str) -> dict[st
             out[table] = {**out.get(table, {}), **value}
     if "operators" in stage:
         out["operators"] = copy.deepcopy(stage["operators"])
-    datasets = list(out.get("datasets", []))
-    names = _names(datasets, where)
-    # Each dataset keeps its name as its stream identity: give it explicitly.
-    for i, (d, name) in enumerate(zip(datasets, names, strict=True)):
-        datasets[i] = {**d, "name": name}
-    removed = stage.get("remove_datasets", [])
+
+
+def _remove(
+    datasets: list[dict[str, Any]], names: list[str], removed: Any, where: str
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The datasets and names left once ``remove_datasets`` is applied."""
     if not isinstance(removed, list) or not all(isinstance(n, str) for n in removed):
         raise RecipeError(f"{where}.remove_datasets must be a list of dataset names")
     for name in removed:
@@ -138,9 +154,12 @@ def _apply(raw: dict[str, Any], stage: Mapping[str, Any], where: str) -> dict[st
                 f"{where}.remove_datasets: {name!r} is not a dataset of the recipe in force "
                 f"before this stage ({names})"
             )
-    datasets = [d for d, n in zip(datasets, names, strict=True) if n not in removed]
-    names = [n for n in names if n not in removed]
-    weights = stage.get("weights", {})
+    kept = [d for d, n in zip(datasets, names, strict=True) if n not in removed]
+    return kept, [n for n in names if n not in removed]
+
+
+def _reweight(datasets: list[dict[str, Any]], names: list[str], weights: Any, where: str) -> None:
+    """Set the ``weights`` of datasets in force (in place)."""
     if not isinstance(weights, Mapping):
         raise RecipeError(f"{where}.weights must be a table {{dataset = weight}}")
     for name, w in weights.items():
@@ -150,7 +169,10 @@ def _apply(raw: dict[str, Any], stage: Mapping[str, Any], where: str) -> dict[st
                 f"with [[stages.datasets]]"
             )
         datasets[names.index(name)]["weight"] = w
-    added = stage.get("datasets", [])
+
+
+def _add(datasets: list[dict[str, Any]], names: list[str], added: Any, where: str) -> None:
+    """Append the stage's new datasets (in place), each named, none already in force."""
     if not isinstance(added, list):
         raise RecipeError(f"{where}.datasets must be a list of dataset tables")
     for i, name in enumerate(_names(added, f"{where}.datasets")):
@@ -163,10 +185,6 @@ def _apply(raw: dict[str, Any], stage: Mapping[str, Any], where: str) -> dict[st
             raise RecipeError(f"{where}.datasets[{i}] needs a `name` (its stream's identity)")
         datasets.append(copy.deepcopy(dict(added[i])))
         names.append(name)
-    if not datasets:
-        raise RecipeError(f"{where} removes every dataset; a stage needs at least one")
-    out["datasets"] = datasets
-    return out
 
 
 def parse_stages(
