@@ -56,3 +56,21 @@ def test_dp2_checkpoint_resumes_on_dp1_and_dp4(tmp_path: Path) -> None:
         assert sorted(resumed) == list(range(SAVE_AT + 1, STEPS + 1)), name
         for t, loss in resumed.items():
             assert loss == pytest.approx(base[t], rel=LOSS_RTOL), (name, t, loss, base[t])
+    # TorchTitan's log of each job: one line per rank at the checkpoint and at the restore.
+    logs = {n: (tmp_path / "w" / "logs" / f"{n}.txt").read_text() for n in ("dp2", "dp1", "dp4")}
+    check_log_lines(logs)
+
+
+def check_log_lines(logs: dict[str, str]) -> None:
+    """One ``zephon checkpoint`` line per rank of the dp 2 job at step SAVE_AT, one
+    ``zephon restore`` line per rank of each resumed job."""
+    for rank in (0, 1):
+        line = f"zephon checkpoint: rank {rank} saved the state of step {SAVE_AT} at dp 2 "
+        assert logs["dp2"].count(line) == 1, (rank, logs["dp2"][-2000:])
+    for name, world in (("dp1", 1), ("dp4", 4)):
+        for rank in range(world):
+            line = (
+                f"zephon restore: rank {rank} restored the state of step {SAVE_AT} saved at "
+                f"dp 2, now at dp {world} "
+            )
+            assert logs[name].count(line) == 1, (name, rank, logs[name][-2000:])
