@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 TOKEN_VAR = "ZEPHON_KR_TOKEN"
 HOLD_EXIT = 3  # exit status of a rank whose planned kill never came
@@ -60,6 +61,26 @@ def job_pids(token: str) -> list[int]:
     return out
 
 
+def _parse_fault(spec: str) -> tuple[str, int, int]:
+    """``PHASE:STEP:RANK`` as ``(phase, step, rank)``; ``("", -1, -1)`` for no fault."""
+    if not spec:
+        return "", -1, -1
+    phase, step_s, rank_s = spec.split(":")
+    return phase, int(step_s), int(rank_s)
+
+
+def _kill_before_rename(state_files: ModuleType, rank: int, fault_step: int) -> None:
+    """Kill the job when this rank's state file of ``fault_step`` is about to be renamed."""
+    real_replace = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        if Path(dst).name == f"rank_{rank:05d}.json" and f"{fault_step:010d}" in str(dst):
+            kill_job()
+        real_replace(src, dst)
+
+    state_files.os.replace = replace
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
@@ -85,10 +106,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     work = Path(args.workdir)
     root = work / "checkpoints"
-    fault_phase, fault_step, fault_rank = "", -1, -1
-    if args.fault:
-        phase, step_s, rank_s = args.fault.split(":")
-        fault_phase, fault_step, fault_rank = phase, int(step_s), int(rank_s)
+    fault_phase, fault_step, fault_rank = _parse_fault(args.fault)
 
     def hold(step: int) -> None:
         if step != args.hold_at:
@@ -106,14 +124,7 @@ def main() -> None:
             kill_job()
 
     if fault_phase == "before_rename" and rank == fault_rank:
-        real_replace = os.replace
-
-        def replace(src: str, dst: str) -> None:
-            if Path(dst).name == f"rank_{rank:05d}.json" and f"{fault_step:010d}" in str(dst):
-                kill_job()
-            real_replace(src, dst)
-
-        state_files.os.replace = replace  # type: ignore[assignment]
+        _kill_before_rename(state_files, rank, fault_step)
 
     pipeline = Pipeline(Recipe.from_toml(args.recipe))
     pool = WorkerPool(args.workers, args.runner, timeout_s=60)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zephon_nodes.core._permcache import recall, remember
+
 __all__ = ["SplitMix64", "derive_seed", "mix64", "permutation"]
 
 _MASK = (1 << 64) - 1
@@ -85,8 +87,6 @@ def permutation(n: int, *parts: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     key = np.uint64(derive_seed(*parts))
     if n >= _REMEMBER:
-        from zephon_nodes.core._permcache import recall, remember
-
         known = recall(n, int(key))
         if known is not None:
             return known

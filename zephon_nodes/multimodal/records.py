@@ -12,7 +12,7 @@ from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.io.formats.tar import TarSample
 from zephon_nodes.operators.documents import Skipped, add_skipped
-from zephon_nodes.operators.parse import skip_reason
+from zephon_nodes.operators.parse import record_object, skip_reason
 
 __all__ = ["DEFAULT_IMAGE_FIELD", "MMBatch", "MMRecord", "ParseMultimodal"]
 
@@ -84,8 +84,6 @@ def _decode_b64(value: Any, name: str) -> bytes:
 
 
 def _from_record(raw: Any, text_field: str, image_field: str) -> tuple[str, tuple[bytes, ...]]:
-    from zephon_nodes.operators.parse import record_object
-
     record, reason, message = record_object(raw)
     if record is None:
         raise _Bad(reason, message)

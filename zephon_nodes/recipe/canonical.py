@@ -17,6 +17,8 @@ import re
 import uuid
 from typing import Any
 
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir
+
 __all__ = ["canonical_json", "canonical_sha256"]
 
 
@@ -97,8 +99,6 @@ def canonical_sha256(value: Any) -> str:
 
 
 def _memo_path(key: str) -> Any:
-    from zephon_nodes.io.storage.cache import cache_dir
-
     return cache_dir() / f"canonical-{key}.sha256"
 
 
@@ -111,8 +111,6 @@ def _read_memo(key: str) -> str | None:
 
 
 def _write_memo(key: str, digest: str) -> None:
-    from zephon_nodes.io.storage.cache import atomic_write
-
     with contextlib.suppress(OSError):  # a read-only cache only costs the hash next time
         atomic_write(_memo_path(key), lambda f: f.write(digest.encode("ascii")))
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_nodes.core.errors import RecipeError
+from zephon_nodes.recipe.bounds import check_setting, unknown_keys
 
 __all__ = ["IMAGE_DTYPES", "IMAGE_MODES", "ImageSpec"]
 
@@ -63,8 +64,6 @@ class ImageSpec:
             raise RecipeError(f"image.mode={self.mode!r} must be one of {IMAGE_MODES}")
         if self.dtype not in IMAGE_DTYPES:
             raise RecipeError(f"image.dtype={self.dtype!r} must be one of {IMAGE_DTYPES}")
-        from zephon_nodes.recipe.bounds import check_setting
-
         for name in ("patch_size", "max_patches", "merge", "max_images", "max_pixels"):
             check_setting(f"image.{name}", getattr(self, name))
         if self.placeholder_id is not None:
@@ -147,8 +146,6 @@ class ImageSpec:
         }
         unknown = sorted(set(table) - set(known))
         if unknown:
-            from zephon_nodes.recipe.bounds import unknown_keys
-
             raise RecipeError(unknown_keys(where, unknown, known))
         kwargs: dict[str, Any] = {}
         for key, typ in known.items():

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zephon_nodes.core.errors import RecipeError
+from zephon_nodes.recipe.registry import lookup
 
 __all__ = ["OPERATOR_KINDS", "OperatorSpec"]
 
@@ -40,8 +41,6 @@ class OperatorSpec:
 
     def canonical(self) -> dict[str, Any]:
         """Name, registered version, parameters and datasets."""
-        from zephon_nodes.recipe.registry import lookup
-
         return {
             "kind": self.kind,
             "name": self.name,

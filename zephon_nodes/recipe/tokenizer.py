@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.core.errors import RecipeError
+from zephon_nodes.recipe.registry import lookup
 
 __all__ = ["TOKENIZER_KINDS", "TokenizerSpec"]
 
@@ -71,8 +72,6 @@ class TokenizerSpec:
             "add_eos": self.add_eos,
         }
         if self.kind == "custom":
-            from zephon_nodes.recipe.registry import lookup
-
             assert self.name is not None
             out["name"] = self.name
             out["version"] = lookup("tokenizer", self.name).version

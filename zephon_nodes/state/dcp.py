@@ -340,6 +340,57 @@ def decode_dcp_state(
             another recipe (naming the fields that differ), holds inconsistent steps, or was
             taken in the middle of a step on another layout.
     """
+    fmt = _check_format(sd, lineage_bytes, stage_room)
+    fingerprint = _check_fingerprint(sd, pipeline)
+    (num_lanes,) = read_ints(sd, NUM_LANES_KEY, 1)
+    (step,) = read_ints(sd, STEP_KEY, 1)
+    (micro,) = read_ints(sd, MICRO_KEY, 1)
+    (saved_dp,) = read_ints(sd, DP_KEY, 1)
+    (saved_lbs,) = read_ints(sd, LBS_KEY, 1)
+    replicated = (num_lanes, step, micro, saved_dp, saved_lbs)
+    positions: dict[str, list[int]] = {}
+    for lane in lanes:
+        positions[str(lane)] = _lane_position(sd, lane, fingerprint, replicated, max_decisions)
+    state: dict[str, Any] = {
+        "fingerprint": fingerprint,
+        "recipe": {
+            k[len(RECIPE_PREFIX) :]: _decode_field(*read_ints(sd, k, 2))
+            for k in sorted(sd)
+            if k.startswith(RECIPE_PREFIX)
+        },
+        "num_lanes": num_lanes,
+        "step": step,
+        "micro": micro,
+        "lanes": positions,
+    }
+    if lineage_bytes > 0:
+        lineage = lineage_from_dcp(sd, lineage_bytes)
+        if lineage is not None:
+            state["lineage"] = lineage
+    if stage_room[0] > 0:
+        stage = _stage_section(sd, lanes, fingerprint, step, fmt, stage_room)
+        if stage is not None:
+            state[STAGE_KEY] = stage
+    if max_decisions > 0:
+        names = [d.name for d in pipeline.recipe.datasets]
+        mixture = mixture_from_dcp(sd, names, lanes, max_decisions)
+        if mixture is not None:
+            state[MIXTURE_STATE_KEY] = mixture
+    if micro:
+        if (saved_dp, saved_lbs) != (dp_world_size, local_batch_size):
+            raise CheckpointError(
+                f"the checkpoint was taken after micro-batch {micro} of step {step + 1} (the "
+                f"trainer's global batch is not a multiple of the recipe's global_batch_size="
+                f"{pipeline.recipe.global_batch_size}); it resumes only at dp_world_size="
+                f"{saved_dp} and local_batch_size={saved_lbs}, this job has "
+                f"{dp_world_size=} and {local_batch_size=}"
+            )
+        state["layout"] = {"lanes": list(lanes), "local_batch_size": saved_lbs}
+    return state
+
+
+def _check_format(sd: Mapping[str, Any], lineage_bytes: int, stage_room: tuple[int, int]) -> int:
+    """The checkpoint's format number, checked against the sections this loader reads."""
     if FORMAT_KEY not in sd:
         raise CheckpointError(
             "the checkpoint's dataloader state has no 'zephon_format' key: it was not "
@@ -361,6 +412,11 @@ def decode_dcp_state(
         )
     if fmt not in (DCP_FORMAT, DCP_FORMAT_RELANED, DCP_FORMAT_STAGED):
         raise CheckpointError(f"dataloader state has zephon_format={fmt}, expected {DCP_FORMAT}")
+    return fmt
+
+
+def _check_fingerprint(sd: Mapping[str, Any], pipeline: RecipeIdentity) -> str:
+    """The checkpoint's recipe fingerprint (hex); it must be the running recipe's."""
     fp = sd.get(FINGERPRINT_KEY)
     if not isinstance(fp, torch.Tensor) or fp.dtype != torch.uint8 or fp.numel() != 32:
         raise CheckpointError(f"dataloader.fingerprint: expected uint8[32], got {fp!r:.80}")
@@ -385,85 +441,66 @@ def decode_dcp_state(
             f"the checkpoint was written with a different recipe (fingerprint "
             f"{fingerprint_pair(fingerprint, pipeline.fingerprint)}): {detail}"
         )
-    (num_lanes,) = read_ints(sd, NUM_LANES_KEY, 1)
-    (step,) = read_ints(sd, STEP_KEY, 1)
-    (micro,) = read_ints(sd, MICRO_KEY, 1)
-    (saved_dp,) = read_ints(sd, DP_KEY, 1)
-    (saved_lbs,) = read_ints(sd, LBS_KEY, 1)
+    return fingerprint
+
+
+def _lane_position(
+    sd: Mapping[str, Any],
+    lane: int,
+    fingerprint: str,
+    replicated: tuple[int, int, int, int, int],
+    max_decisions: int,
+) -> list[int]:
+    """Lane ``lane``'s ``[window, consumed]``, checked against its check value."""
+    step = replicated[1]  # (num_lanes, step, micro, dp_world_size, local_batch_size)
     stored_mixture = max_decisions > 0 and MIXTURE_COUNT_KEY in sd
-    positions: dict[str, list[int]] = {}
-    for lane in lanes:
-        key = lane_key(lane)
-        if key not in sd:
-            raise CheckpointError(f"the checkpoint has no state for lane {lane} ({key})")
-        window, consumed, lane_step, check = read_ints(sd, key, 4)
-        if lane_step != step:
-            raise CheckpointError(
-                f"lane {lane} was saved at step {lane_step}, the checkpoint is at step {step}"
-            )
-        replicated = (num_lanes, step, micro, saved_dp, saved_lbs)
-        mix = stored_mixture_digest(sd, lane, max_decisions) if stored_mixture else ""
-        if check != lane_check(fingerprint, lane, (window, consumed), replicated, mixture=mix):
-            if mix:
-                what = (
-                    f", or the decision log ({MIXTURE_COUNT_KEY}, {MIXTURE_LOG_KEY}, "
-                    f"{mixture_lane_key(lane)})"
-                )
-            elif stored_mixture:
-                what = f" (or {MIXTURE_COUNT_KEY}, now 0)"
-            else:
-                what = (
-                    " (if the checkpoint holds set_mixture decisions: this loader has "
-                    "dataloader.max_decisions=0 and does not read them)"
-                )
-            raise CheckpointError(
-                f"dataloader.{key}: check value mismatch: the lane's position [{window}, "
-                f"{consumed}] or the replicated num_lanes/step/micro/dp_world_size/"
-                f"local_batch_size {list(replicated)}{what} were damaged or edited after saving"
-            )
-        positions[str(lane)] = [window, consumed]
-    state: dict[str, Any] = {
-        "fingerprint": fingerprint,
-        "recipe": {
-            k[len(RECIPE_PREFIX) :]: _decode_field(*read_ints(sd, k, 2))
-            for k in sorted(sd)
-            if k.startswith(RECIPE_PREFIX)
-        },
-        "num_lanes": num_lanes,
-        "step": step,
-        "micro": micro,
-        "lanes": positions,
-    }
-    if lineage_bytes > 0:
-        lineage = lineage_from_dcp(sd, lineage_bytes)
-        if lineage is not None:
-            state["lineage"] = lineage
-    if stage_room[0] > 0:
-        room, datasets = stage_room
-        stage = stage_from_dcp(
-            sd, lanes, fingerprint=fingerprint, step=step, room=room, datasets=datasets
+    key = lane_key(lane)
+    if key not in sd:
+        raise CheckpointError(f"the checkpoint has no state for lane {lane} ({key})")
+    window, consumed, lane_step, check = read_ints(sd, key, 4)
+    if lane_step != step:
+        raise CheckpointError(
+            f"lane {lane} was saved at step {lane_step}, the checkpoint is at step {step}"
         )
-        if (stage is not None) != (fmt == DCP_FORMAT_STAGED):
-            raise CheckpointError(
-                f"dataloader.{FORMAT_KEY}={fmt} but the stage keys hold "
-                f"{'a' if stage is not None else 'no'} stage section (a damaged or edited "
-                f"checkpoint)"
+    mix = stored_mixture_digest(sd, lane, max_decisions) if stored_mixture else ""
+    if check != lane_check(fingerprint, lane, (window, consumed), replicated, mixture=mix):
+        if mix:
+            what = (
+                f", or the decision log ({MIXTURE_COUNT_KEY}, {MIXTURE_LOG_KEY}, "
+                f"{mixture_lane_key(lane)})"
             )
-        if stage is not None:
-            state[STAGE_KEY] = stage
-    if max_decisions > 0:
-        names = [d.name for d in pipeline.recipe.datasets]
-        mixture = mixture_from_dcp(sd, names, lanes, max_decisions)
-        if mixture is not None:
-            state[MIXTURE_STATE_KEY] = mixture
-    if micro:
-        if (saved_dp, saved_lbs) != (dp_world_size, local_batch_size):
-            raise CheckpointError(
-                f"the checkpoint was taken after micro-batch {micro} of step {step + 1} (the "
-                f"trainer's global batch is not a multiple of the recipe's global_batch_size="
-                f"{pipeline.recipe.global_batch_size}); it resumes only at dp_world_size="
-                f"{saved_dp} and local_batch_size={saved_lbs}, this job has "
-                f"{dp_world_size=} and {local_batch_size=}"
+        elif stored_mixture:
+            what = f" (or {MIXTURE_COUNT_KEY}, now 0)"
+        else:
+            what = (
+                " (if the checkpoint holds set_mixture decisions: this loader has "
+                "dataloader.max_decisions=0 and does not read them)"
             )
-        state["layout"] = {"lanes": list(lanes), "local_batch_size": saved_lbs}
-    return state
+        raise CheckpointError(
+            f"dataloader.{key}: check value mismatch: the lane's position [{window}, "
+            f"{consumed}] or the replicated num_lanes/step/micro/dp_world_size/"
+            f"local_batch_size {list(replicated)}{what} were damaged or edited after saving"
+        )
+    return [window, consumed]
+
+
+def _stage_section(
+    sd: Mapping[str, Any],
+    lanes: list[int],
+    fingerprint: str,
+    step: int,
+    fmt: int,
+    stage_room: tuple[int, int],
+) -> dict[str, Any] | None:
+    """The stage section the stage keys hold (``None``: none), checked against the format."""
+    room, datasets = stage_room
+    stage = stage_from_dcp(
+        sd, lanes, fingerprint=fingerprint, step=step, room=room, datasets=datasets
+    )
+    if (stage is not None) != (fmt == DCP_FORMAT_STAGED):
+        raise CheckpointError(
+            f"dataloader.{FORMAT_KEY}={fmt} but the stage keys hold "
+            f"{'a' if stage is not None else 'no'} stage section (a damaged or edited "
+            f"checkpoint)"
+        )
+    return stage

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 
 from zephon_nodes.core.errors import DataError
+from zephon_nodes.io.storage.cache import umask_mode
+from zephon_nodes.io.storage.storage import redact
 from zephon_nodes.verification.digest import digest_microbatches
 
 __all__ = ["StepDumper", "dump_digests", "write_sources", "write_step"]
@@ -70,8 +72,6 @@ def write_step(
         key: np.concatenate([_as_numpy(mb[key]) for mb in microbatches]) for key in microbatches[0]
     }
     fd, tmp = tempfile.mkstemp(dir=out, prefix=name + ".", suffix=".tmp")
-    from zephon_nodes.io.storage.cache import umask_mode
-
     umask_mode(fd)  # the usual mode (umask), not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
@@ -169,7 +169,6 @@ def write_sources(folder: str | os.PathLike[str], pipeline: Any) -> Path:
         pipeline: The run's :class:`~zephon_nodes.engine.pipeline.Pipeline` (its stages
             entered so far included).
     """
-    from zephon_nodes.io.storage.storage import redact
 
     def datasets(p: Any) -> list[dict[str, Any]]:
         return [

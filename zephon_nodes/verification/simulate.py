@@ -12,6 +12,7 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.operator_pools import PoolSpec
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.relane import for_state
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.state.merge import merge_states
 from zephon_nodes.verification.digest import digest_microbatches
@@ -87,8 +88,6 @@ def simulate(
     pool = pool if pool is not None else WorkerPool(num_workers, runner)
     per_op, created = _operator_pools(operator_pools or {}, pool.timeout_s)
     if resume_state is not None and nodes is None:
-        from zephon_nodes.engine.relane import for_state
-
         pipeline = for_state(pipeline, resume_state)  # a re-laned checkpoint's streams
     try:
         ranks: list[Multiplexer] = list(nodes or [])
