@@ -48,14 +48,14 @@ def test_tiny_run_prints_tables_and_positive_json(tmp_path: Path) -> None:
         "--first-rounds",
         "1",
         "--peers",
-        "zephon,grain,titan_main,raw",
+        "zephon,raw",
         "--root",
         str(tmp_path / "bench"),
         "--json",
         str(out),
     ]
     proc = subprocess.run(
-        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for header in (
@@ -84,7 +84,7 @@ def test_tiny_run_prints_tables_and_positive_json(tmp_path: Path) -> None:
         }
         for stats in tp["stats"].values():
             assert stats["median"] > 0 and stats["min"] <= stats["median"] <= stats["max"]
-        for peer in ("zephon", "grain", "raw"):
+        for peer in ("zephon", "raw"):
             firsts = tp["first"][peer]
             assert set(firsts) == {"fresh_dp1", "resumed_dp1", "fresh_dp4", "resumed_dp4"}
             assert all(v > 0 for v in firsts.values()), (peer, firsts)
