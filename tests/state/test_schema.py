@@ -84,11 +84,6 @@ def test_the_state_package_imports_nothing_above_it() -> None:
                 assert parts[0] not in ("torch", "torchdata"), f"{path.name} imports {module}"
 
 
-def test_modules_stay_small() -> None:
-    for path in sorted(STATE.glob("*.py")):
-        assert len(path.read_text().splitlines()) <= 500, path.name
-
-
 def test_state_keys_are_literals_only_in_the_schema() -> None:
     """The top-level state keys are spelled as string literals only where they are defined.
 

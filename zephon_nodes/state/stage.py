@@ -232,79 +232,13 @@ class StageState:
             CheckpointError: Naming the key or value that is wrong.
         """
         where = "checkpoint 'stage'"
-        if not isinstance(raw, Mapping):
-            raise CheckpointError(f"{where} must be a dict, got {type(raw).__name__}")
-        extra = sorted(set(map(str, raw)) - _ALLOWED)
-        if extra:
-            raise CheckpointError(f"{where}: unexpected key(s) {extra}")
-        missing = [k for k in _KEYS if k not in raw]
-        if missing:
-            raise CheckpointError(f"{where}: missing key(s) {missing}")
-        for key in ("index", "step"):
-            if not _count(raw[key]):
-                raise CheckpointError(f"{where}: {key}={raw[key]!r} must be an integer >= 0")
-        names = raw["names"]
-        if (
-            not isinstance(names, list)
-            or not 0 < len(names) <= _MAX_NAMES
-            or not all(isinstance(n, str) for n in names)
-            or len(set(names)) != len(names)
-        ):
-            raise CheckpointError(f"{where}: 'names' must be a list of distinct dataset names")
-        streams = raw["streams"]
-        if not isinstance(streams, list) or len(streams) != len(names):
-            raise CheckpointError(f"{where}: 'streams' must hold one [key, content] per name")
-        parsed_streams = []
-        for i, s in enumerate(streams):
-            if not (isinstance(s, list) and len(s) == 2 and _count(s[0]) and isinstance(s[1], str)):
-                raise CheckpointError(f"{where}: streams[{i}] must be [key, content], got {s!r}")
-            parsed_streams.append((int(s[0]), str(s[1])))
-        lanes = raw["lanes"]
-        if not isinstance(lanes, Mapping):
-            raise CheckpointError(f"{where}: 'lanes' must be a dict")
-        width = len(names) + 5
-        parsed: dict[int, tuple[int, ...]] = {}
-        for key, row in lanes.items():
-            if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-                raise CheckpointError(f"{where}: lane key {key!r} is not a lane number")
-            lane = int(key)
-            if not 0 <= lane < num_lanes or str(lane) != key:
-                raise CheckpointError(f"{where}: lane {key!r} is out of range [0, {num_lanes})")
-            if (
-                not isinstance(row, list)
-                or len(row) != width
-                or not all(map(_count, row))
-                or row[len(names)] > 2 * len(names)
-            ):
-                raise CheckpointError(
-                    f"{where}: lane {lane} must hold {width} integers >= 0 (one per dataset "
-                    f"name, the head's dataset (at most {len(names)}), count and record, "
-                    f"then dropped samples and tokens), got {row!r:.120}"
-                )
-            parsed[lane] = tuple(int(v) for v in row)
-        amended = raw.get("amended", [])
-        if not isinstance(amended, list) or len(amended) > _MAX_AMENDED:
-            raise CheckpointError(f"{where}: 'amended' must be a list")
-        for i, a in enumerate(amended):
-            if (
-                not isinstance(a, Mapping)
-                or set(a) != {"fingerprint", "step"}
-                or not isinstance(a["fingerprint"], str)
-                or len(a["fingerprint"]) != 64
-                or not _count(a["step"])
-            ):
-                raise CheckpointError(
-                    f"{where}: amended[{i}] must be {{'fingerprint': 64 hex digits, 'step': "
-                    f"an integer}}, got {a!r:.120}"
-                )
+        _check_keys(raw, where)
+        names = _parse_names(raw["names"], where)
+        parsed_streams = _parse_streams(raw["streams"], names, where)
+        parsed = _parse_lanes(raw["lanes"], names, num_lanes, where)
+        amended = _parse_amended(raw.get("amended", []), where)
         unread = _parse_unread(raw.get("unread"), names, num_lanes, where)
-        for lane, row in parsed.items():
-            h = row[len(names)]
-            if h > len(names) and names[h - 1 - len(names)] not in unread:
-                raise CheckpointError(
-                    f"{where}: lane {lane}'s head names dataset "
-                    f"{names[h - 1 - len(names)]!r} by global index, but it has no 'unread' entry"
-                )
+        _check_heads(parsed, names, unread, where)
         retired = raw.get("retired", [])
         if not isinstance(retired, list) or not all(r in names for r in retired):
             raise CheckpointError(f"{where}: 'retired' must be a list of the section's names")
@@ -428,3 +362,103 @@ def summarize_changes(sections: Iterable[Any]) -> dict[str, Any] | None:
         "dropped_samples": sum(r[-2] for r in rows),
         "dropped_tokens": sum(r[-1] for r in rows),
     }
+
+
+def _check_keys(raw: Any, where: str) -> None:
+    """The section is a dict of the known keys, every required one, counts where counts are."""
+    if not isinstance(raw, Mapping):
+        raise CheckpointError(f"{where} must be a dict, got {type(raw).__name__}")
+    extra = sorted(set(map(str, raw)) - _ALLOWED)
+    if extra:
+        raise CheckpointError(f"{where}: unexpected key(s) {extra}")
+    missing = [k for k in _KEYS if k not in raw]
+    if missing:
+        raise CheckpointError(f"{where}: missing key(s) {missing}")
+    for key in ("index", "step"):
+        if not _count(raw[key]):
+            raise CheckpointError(f"{where}: {key}={raw[key]!r} must be an integer >= 0")
+
+
+def _parse_names(names: Any, where: str) -> list[str]:
+    """The section's dataset names: a non-empty list of distinct strings."""
+    if (
+        not isinstance(names, list)
+        or not 0 < len(names) <= _MAX_NAMES
+        or not all(isinstance(n, str) for n in names)
+        or len(set(names)) != len(names)
+    ):
+        raise CheckpointError(f"{where}: 'names' must be a list of distinct dataset names")
+    return names
+
+
+def _parse_streams(streams: Any, names: list[str], where: str) -> list[tuple[int, str]]:
+    """One ``[key, content]`` per name."""
+    if not isinstance(streams, list) or len(streams) != len(names):
+        raise CheckpointError(f"{where}: 'streams' must hold one [key, content] per name")
+    parsed = []
+    for i, s in enumerate(streams):
+        if not (isinstance(s, list) and len(s) == 2 and _count(s[0]) and isinstance(s[1], str)):
+            raise CheckpointError(f"{where}: streams[{i}] must be [key, content], got {s!r}")
+        parsed.append((int(s[0]), str(s[1])))
+    return parsed
+
+
+def _parse_lanes(
+    lanes: Any, names: list[str], num_lanes: int, where: str
+) -> dict[int, tuple[int, ...]]:
+    """Each lane's row: a count per name, the head's dataset, count and record, the drops."""
+    if not isinstance(lanes, Mapping):
+        raise CheckpointError(f"{where}: 'lanes' must be a dict")
+    width = len(names) + 5
+    parsed: dict[int, tuple[int, ...]] = {}
+    for key, row in lanes.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise CheckpointError(f"{where}: lane key {key!r} is not a lane number")
+        lane = int(key)
+        if not 0 <= lane < num_lanes or str(lane) != key:
+            raise CheckpointError(f"{where}: lane {key!r} is out of range [0, {num_lanes})")
+        if (
+            not isinstance(row, list)
+            or len(row) != width
+            or not all(map(_count, row))
+            or row[len(names)] > 2 * len(names)
+        ):
+            raise CheckpointError(
+                f"{where}: lane {lane} must hold {width} integers >= 0 (one per dataset "
+                f"name, the head's dataset (at most {len(names)}), count and record, "
+                f"then dropped samples and tokens), got {row!r:.120}"
+            )
+        parsed[lane] = tuple(int(v) for v in row)
+    return parsed
+
+
+def _parse_amended(amended: Any, where: str) -> list[Mapping[str, Any]]:
+    """The amendments: ``{'fingerprint': 64 hex digits, 'step': a count}`` each."""
+    if not isinstance(amended, list) or len(amended) > _MAX_AMENDED:
+        raise CheckpointError(f"{where}: 'amended' must be a list")
+    for i, a in enumerate(amended):
+        if (
+            not isinstance(a, Mapping)
+            or set(a) != {"fingerprint", "step"}
+            or not isinstance(a["fingerprint"], str)
+            or len(a["fingerprint"]) != 64
+            or not _count(a["step"])
+        ):
+            raise CheckpointError(
+                f"{where}: amended[{i}] must be {{'fingerprint': 64 hex digits, 'step': "
+                f"an integer}}, got {a!r:.120}"
+            )
+    return amended
+
+
+def _check_heads(
+    parsed: Mapping[int, tuple[int, ...]], names: list[str], unread: Mapping[str, Any], where: str
+) -> None:
+    """A head named by global index needs its dataset's ``unread`` entry."""
+    for lane, row in parsed.items():
+        h = row[len(names)]
+        if h > len(names) and names[h - 1 - len(names)] not in unread:
+            raise CheckpointError(
+                f"{where}: lane {lane}'s head names dataset "
+                f"{names[h - 1 - len(names)]!r} by global index, but it has no 'unread' entry"
+            )
