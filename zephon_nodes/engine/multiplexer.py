@@ -18,17 +18,15 @@ from zephon_nodes.engine.lane import Lane
 from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.parallel_map import prime_lanes, reset_lanes
 from zephon_nodes.engine.replay_check import check_by_replay
+from zephon_nodes.engine.restore_checks import check_rank_state
+from zephon_nodes.engine.stages import segment_for_state
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.operators.batch import collate
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
-from zephon_nodes.state.lineage import check_lineage
 from zephon_nodes.state.mixture import (
-    MIXTURE_KEY,
     MixtureLog,
-    check_effects,
     normalize_weights,
-    parse_mixture_state,
     with_decision,
 )
 from zephon_nodes.state.schema import (
@@ -42,7 +40,6 @@ from zephon_nodes.state.schema import (
     RankState,
 )
 from zephon_nodes.state.stage import summarize_changes
-from zephon_nodes.state.validate import validate_state
 
 __all__ = ["LANE_KEY", "CompiledRecipe", "Multiplexer"]
 
@@ -281,13 +278,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         return out
 
     def _restore(self, initial_state: dict[str, Any] | None) -> None:
-        from zephon_nodes.engine.stages import segment_for_state
-
         super().reset(initial_state)
         self._pending, self._pending_end, self._exhausted = [], {}, False
         self._partial, self._unused = {}, None
-        self._switch(segment_for_state(self.pipeline, initial_state))
         if initial_state is None:
+            self._switch(segment_for_state(self.pipeline, None))
             if self._used and self.pipeline.recipe.stages:
                 raise RecipeError(
                     "a second pass (a new iter() without a state) over a recipe with [[stages]] "
@@ -308,28 +303,12 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             self._positions = {i: (0, 0) for i in self.lanes}
             self._notify_positions()
             return
+        # The checks every caller shares (engine/restore_checks.py: the TorchTitan loaders too).
+        checked = check_rank_state(self.pipeline, initial_state, self.lanes)
+        self._switch(checked.segment)
         p = self.pipeline
-        positions = validate_state(
-            initial_state,
-            fingerprint=p.fingerprint,
-            summary=p.summary,
-            num_lanes=p.num_lanes,
-            lanes=self.lanes,
-            samples_per_lane=self.samples_per_lane,
-            base_step=p.base_step,
-        )
-        if p.stage is not None:
-            p.stage.require_lanes(self.lanes)
-        check_lineage(initial_state.get(LINEAGE_KEY), p.lineage)
+        positions, mixture = checked.positions, checked.mixture
         step = initial_state[STEP_KEY]
-        mixture = parse_mixture_state(
-            initial_state.get(MIXTURE_KEY),
-            [d.name for d in p.recipe.datasets],
-            list(self.lanes),
-            step,
-        )
-        if initial_state.get(LINEAGE_KEY) is None:
-            check_effects(mixture, positions, step, self.samples_per_lane)
         self._install(mixture)
         flush_every = p.recipe.flush_every
         pass_index = initial_state.get(PASS_KEY, 0)

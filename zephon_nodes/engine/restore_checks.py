@@ -10,6 +10,7 @@ function, so both refuse the same states with the same messages.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from zephon_nodes.engine.stages import segment_for_state
@@ -18,10 +19,25 @@ from zephon_nodes.state.mixture import MIXTURE_KEY, check_effects, parse_mixture
 from zephon_nodes.state.schema import LINEAGE_KEY, STEP_KEY
 from zephon_nodes.state.validate import validate_state
 
-__all__ = ["check_rank_state"]
+__all__ = ["CheckedState", "check_rank_state"]
 
 
-def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[int]) -> Any:
+@dataclass(frozen=True)
+class CheckedState:
+    """What a checked rank state restores: its segment, each lane's position, its mixture log.
+
+    Attributes:
+        segment: The segment (a ``Pipeline``) the state is in.
+        positions: ``{lane: (flush window, samples consumed in it)}`` for the rank's lanes.
+        mixture: The state's mixture log (``state.mixture``), parsed.
+    """
+
+    segment: Any
+    positions: dict[int, tuple[int, int]]
+    mixture: Any
+
+
+def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[int]) -> CheckedState:
     """Check ``state`` for the rank that owns ``lanes`` of ``pipeline``'s run.
 
     Args:
@@ -31,7 +47,7 @@ def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[in
         lanes: The lanes the rank owns.
 
     Returns:
-        The segment (a ``Pipeline``) the state is in.
+        The segment the state is in, the lanes' positions and the mixture log.
 
     Raises:
         CheckpointError: Naming what differs (recipe fields, lanes, step, positions,
@@ -59,4 +75,4 @@ def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[in
     )
     if state.get(LINEAGE_KEY) is None:
         check_effects(mixture, positions, step, samples)
-    return segment
+    return CheckedState(segment, positions, mixture)
