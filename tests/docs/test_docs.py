@@ -113,6 +113,8 @@ TOML_RUN_ELSEWHERE = {
     "test_sft_recipe_runs_as_written_with_the_tokenizer_page",  # the tokenizer page's chat files
     ("storage.md", 0): "tests/docs/test_quickstart_object_store.py::"
     "test_quickstart_runs_as_typed",  # names a bucket and a web server: s3:// runs there
+    ("pretokenized.md", 0): "tests/io/test_pretokenized_formats.py::"
+    "test_mixed_by_tokens_with_jsonl",  # corpora written by their own libraries, and a bucket
 }
 # A block with only a [tokenizer] table runs between these two halves of a small recipe.
 BASE_HEAD = "seed = 7\nnum_lanes = 4\nglobal_batch_size = 8\nseq_len = 64\n\n"

@@ -81,6 +81,7 @@ def test_torchtitan_config_field() -> None:
     from zephon_nodes.core.errors import RecipeError
     from zephon_nodes.integrations.torchtitan import ZephonDataLoader
 
-    assert ZephonDataLoader.Config(recipe="r.toml", cache_limit="50G").cache_limit == "50G"
+    config = ZephonDataLoader.Config(recipe="r.toml", cache_limit="50G")
+    assert config.cache_limit == 50 * 1024**3  # a size in text is read as bytes
     with pytest.raises(RecipeError, match=r"dataloader\.cache_limit.*'big'"):
         ZephonDataLoader.Config(recipe="r.toml", cache_limit="big")
