@@ -27,7 +27,7 @@ from zephon_nodes.recipe.mixture import MixtureSpec
 from zephon_nodes.recipe.operators import OPERATOR_KINDS, OperatorSpec
 from zephon_nodes.recipe.packing import PackSpec
 from zephon_nodes.recipe.shuffle import ShuffleSpec
-from zephon_nodes.recipe.stages import StageSpec, parse_stages
+from zephon_nodes.recipe.stages import StageSpec, fixed_differences, parse_stages
 from zephon_nodes.recipe.tokenizer import TokenizerSpec
 from zephon_nodes.recipe.work import WorkSpec
 
@@ -77,7 +77,7 @@ class Recipe:
     image: ImageSpec | None = None
     source: Path | None = field(default=None, compare=False)
     chat: ChatSpec | None = None
-    stages: tuple[StageSpec, ...] = ()
+    stages: tuple[StageSpec[Recipe], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -122,8 +122,6 @@ class Recipe:
 
     def _check_stages(self) -> None:
         """Refuse stages a run cannot move through (see :mod:`zephon_nodes.recipe.stages`)."""
-        from zephon_nodes.recipe.stages import fixed_differences
-
         if self.balanced_dealing or self.wraps:
             raise RecipeError(
                 "a recipe with [[stages]] needs its work items dealt round-robin: a stage "

@@ -34,15 +34,79 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe.bounds import did_you_mean
 
-if TYPE_CHECKING:
-    from zephon_nodes.recipe.recipe import Recipe
+__all__ = [
+    "FIXED",
+    "STAGE_KEYS",
+    "StageSpec",
+    "StagedRecipe",
+    "fixed_differences",
+    "parse_stages",
+]
 
-__all__ = ["FIXED", "STAGE_KEYS", "StageSpec", "fixed_differences", "parse_stages"]
+
+class StagedRecipe(Protocol):
+    """What this module reads of a recipe.
+
+    :class:`~zephon_nodes.recipe.recipe.Recipe` is one; it imports this module, so this
+    module names only what it reads (no import back).
+    """
+
+    @property
+    def seed(self) -> int:
+        """The run's seed."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer spec."""
+        ...
+
+    @property
+    def num_lanes(self) -> int:
+        """Lanes ``L``."""
+        ...
+
+    @property
+    def flush_every(self) -> int:
+        """Work items per flush window ``K``."""
+        ...
+
+    @property
+    def work(self) -> Any:
+        """The work spec."""
+        ...
+
+    @property
+    def mixture(self) -> Any:
+        """The mixture spec."""
+        ...
+
+    @property
+    def image(self) -> Any:
+        """The image spec (None: none)."""
+        ...
+
+    @property
+    def chat(self) -> Any:
+        """The chat spec (None: none)."""
+        ...
+
+    def chat_tokenizer_path(self) -> Any:
+        """The tokenizer file of the default chat template (None: none)."""
+        ...
+
+    def canonical(self, *, lazy: bool = False) -> dict[str, Any]:
+        """The canonical form (the fingerprint's input)."""
+        ...
+
+
+#: The recipe type of a stage (the whole recipe's own type).
+R = TypeVar("R", bound=StagedRecipe)
 
 #: Keys a ``[[stages]]`` table may hold.
 STAGE_KEYS = (
@@ -74,7 +138,7 @@ FIXED: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class StageSpec:
+class StageSpec(Generic[R]):
     """One planned stage: the recipe in force from ``start_step`` on.
 
     Attributes:
@@ -85,7 +149,7 @@ class StageSpec:
     """
 
     start_step: int
-    recipe: Recipe
+    recipe: R
     overrides: Mapping[str, Any]
 
     def canonical(self) -> dict[str, Any]:
@@ -189,10 +253,10 @@ def _add(datasets: list[dict[str, Any]], names: list[str], added: Any, where: st
 
 def parse_stages(
     data: Mapping[str, Any],
-    base: Recipe,
-    build: Callable[[Mapping[str, Any], str], Recipe],
+    base: R,
+    build: Callable[[Mapping[str, Any], str], R],
     where: str,
-) -> tuple[StageSpec, ...]:
+) -> tuple[StageSpec[R], ...]:
     """Parse the ``stages`` list of a raw recipe (``data``) whose base recipe is ``base``.
 
     Args:
@@ -216,7 +280,7 @@ def parse_stages(
             f"(write the curriculum as stages with `weights`)"
         )
     current = {k: copy.deepcopy(v) for k, v in data.items() if k != "stages"}
-    out: list[StageSpec] = []
+    out: list[StageSpec[R]] = []
     previous = 0
     for i, stage in enumerate(raw_stages):
         here = f"{where}stages[{i}]"
@@ -241,7 +305,7 @@ def parse_stages(
     return tuple(out)
 
 
-def _fixed_parts(recipe: Recipe) -> dict[str, Any]:
+def _fixed_parts(recipe: StagedRecipe) -> dict[str, Any]:
     """The fields fixed for a run (never the datasets: no file is read here)."""
     work = recipe.work
     return {
@@ -255,7 +319,7 @@ def _fixed_parts(recipe: Recipe) -> dict[str, Any]:
     }
 
 
-def fixed_differences(old: Recipe, new: Recipe) -> list[str]:
+def fixed_differences(old: StagedRecipe, new: StagedRecipe) -> list[str]:
     """Name each field that must stay fixed in a run and differs between two recipes.
 
     Returns:
