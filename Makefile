@@ -90,6 +90,7 @@ lint: install-test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python .ci/check_cycles.py
 
 test: lint
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest --durations=25
