@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.timing import tree_cpu_s
+
 PEERS = ("zephon_thread", "zephon_process", "titan030", "nodes", "titan_main")
 TITAN_MAIN_PYTHON = "/work/main/.venv-titan-main/bin/python"
 REPO = Path(__file__).resolve().parents[1]
@@ -248,29 +250,6 @@ LOADERS: dict[str, Callable[[StepConfig], tuple[Iterator[Any], Callable[[Any], A
 
 
 # ------------------------------------------------------------------------- one run
-
-
-def tree_cpu_s() -> float:
-    """CPU seconds (user + system) of this process and all its descendants (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        total += stats.get(pid, (0, 0.0))[1]
-        todo.extend(children.get(pid, []))
-    return total
 
 
 def _same(x: Any) -> Any:
