@@ -153,7 +153,9 @@ def measure(folder: Path, lanes: int, dp: int) -> dict[str, Any]:
         "rss_growth_mb": round(rss - base_rss, 1),
         "file_bytes": file_bytes,
         "file_bytes_per_lane": round(file_bytes / rank_lanes, 1),
-        "contents_bytes": len(json.dumps(state.get("recipe", {}).get("contents", {}))),
+        "contents_bytes": len(
+            json.dumps(state.get("recipe", {}).get("contents", {}), separators=(",", ":"))
+        ),
         "lanes_json_per_lane": round(len(json.dumps(state["lanes"])) / rank_lanes, 1),
         "dcp_bytes": dcp_bytes,
         "dcp_lane_bytes_per_lane": lane_bytes / rank_lanes,
