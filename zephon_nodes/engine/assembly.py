@@ -13,6 +13,7 @@ from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
 from zephon_nodes.engine.wrap import WrappedWorkSource
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.formats.pretokenized import check_recipe
+from zephon_nodes.io.formats.tar import TarShard
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.filter import Filter
@@ -71,8 +72,6 @@ def work_source(
     """
     if recipe.wraps:
         if len(datasets) > 1:
-            from zephon_nodes.core.errors import RecipeError
-
             raise RecipeError(
                 "work.end_of_data='wrap' applies to single-dataset recipes; in a mixture, "
                 "give the datasets on_exhausted='repeat' (or use 'drop_report')"
@@ -85,8 +84,6 @@ def work_source(
             epochs = None
         single = DatasetWorkSource(datasets[0], recipe.seed, recipe.num_lanes, epochs)
         if recipe.balanced_dealing and recipe.image is not None:
-            from zephon_nodes.core.errors import RecipeError
-
             raise RecipeError(
                 "work.deal='balanced' applies to text recipes; an image recipe's items are "
                 "dealt round-robin: use work.deal='round_robin' (or 'auto')"
@@ -97,8 +94,6 @@ def work_source(
                 sizes, measure = item_sizes(datasets[0], 0, chain)
                 return BalancedWorkSource(single, sizes, measure), None
             if recipe.work.deal == "balanced":
-                from zephon_nodes.core.errors import RecipeError
-
                 raise RecipeError(
                     f"work.deal='balanced' deals at most {balance.MAX_BALANCED_ITEMS:,} work "
                     f"items; dataset {datasets[0].name!r} gives {total:,} "
@@ -107,8 +102,6 @@ def work_source(
                 )
         return single, None
     if recipe.balanced_dealing:
-        from zephon_nodes.core.errors import RecipeError
-
         raise RecipeError(
             "work.deal='balanced' applies to single-dataset recipes; a mixture deals its items "
             "by its per-lane plans: use work.deal='round_robin' (or 'auto')"
@@ -141,8 +134,6 @@ def work_source(
 
 def refuse_tar(datasets: Sequence[Dataset]) -> None:
     """Refuse tar shards (images) in a recipe without an ``[image]`` table."""
-    from zephon_nodes.io.formats.tar import TarShard
-
     for d in datasets:
         first_tar = getattr(d.shards, "first_of_kind", None)  # LazyShards: from the index
         if first_tar is not None:

@@ -23,6 +23,7 @@ from torchdata.nodes import Loader
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.relane import for_state
 from zephon_nodes.state.locate import LocatedState, locate_state, replace_state, unwrap_state
 from zephon_nodes.state.merge import merge_states
 from zephon_nodes.state.schema import FORMAT, LANES_KEY, LAYOUT_KEY, MICRO_KEY, STEP_KEY, is_int
@@ -108,7 +109,6 @@ def rank_state(
     # The lane positions are those at the start of step s: restart there, run step - s steps.
     start = {k: v for k, v in inner.items() if k != LAYOUT_KEY}
     start[MICRO_KEY] = 0
-    from zephon_nodes.engine.relane import for_state
 
     with WorkerPool(num_workers, "thread") as pool:
         node = for_state(pipeline, start).rank_node(lanes=owned, pool=pool)

@@ -19,8 +19,9 @@ from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.parallel_map import prime_lanes, reset_lanes
 from zephon_nodes.engine.replay_check import check_by_replay
 from zephon_nodes.engine.restore_checks import check_rank_state
-from zephon_nodes.engine.stages import segment_for_state
+from zephon_nodes.engine.stages import enter_next_stage, segment_for_state
 from zephon_nodes.engine.work import WorkSource
+from zephon_nodes.io.nodecache.workercounts import bad_cache_entries
 from zephon_nodes.operators.batch import collate
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
@@ -269,7 +270,6 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         tokens = getattr(self.pipeline, "token_cache_stats", lambda: None)()
         if tokens is not None:  # with the token cache on
             out["token_cache"] = tokens
-        from zephon_nodes.io.nodecache.workercounts import bad_cache_entries
 
         out["bad_cache_entries"] = bad_cache_entries()  # dropped and made again, never served
         change = summarize_changes([self._stage_section()])
@@ -449,8 +449,6 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def _enter_stage(self) -> None:
         """Move to the recipe's stage starting now (see :mod:`zephon_nodes.engine.stages`)."""
-        from zephon_nodes.engine.stages import enter_next_stage
-
         enter_next_stage(self)
 
     def unused_samples(self) -> dict[int, int]:

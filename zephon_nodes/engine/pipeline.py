@@ -9,21 +9,37 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from zephon_nodes.chat.assembly import chat_chain
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import InSettings, Settings, current, using
 from zephon_nodes.engine.accumulate import AccumulatorNode
-from zephon_nodes.engine.assembly import refuse_tar
+from zephon_nodes.engine.assembly import refuse_tar, stateless_chain, work_source
 from zephon_nodes.engine.lane import Lane, LaneNodes, WorkItemNode, chain_nodes
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.operator_pools import PoolSpec, split_stages
 from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.relane import for_state
+from zephon_nodes.engine.stages import check_stage_batches
 from zephon_nodes.engine.torchdata_stage import TorchdataStage
 from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.io.identity import content_summary
+from zephon_nodes.io.index import index
+from zephon_nodes.io.nodecache.future import CacheFeed, cacheable
+from zephon_nodes.io.nodecache.nodecache import node_cache, prefetch_depth
+from zephon_nodes.io.nodecache.tokenstore import process_stats, token_cache_settings
+from zephon_nodes.io.nodecache.wholeshard import route_whole_shards
+from zephon_nodes.io.nodecache.workercounts import merged, merged_tokens
+from zephon_nodes.io.sources import open_dataset
+from zephon_nodes.io.storage.checksum import one_pass
+from zephon_nodes.io.storage.remote import finish_progress
+from zephon_nodes.multimodal.assembly import make_packer, multimodal_chain, placeholder_id
 from zephon_nodes.operators.bestfit import BestFitPacker
+from zephon_nodes.operators.chain import Chain
 from zephon_nodes.operators.pack import ConcatPacker
 from zephon_nodes.operators.shuffle import ShuffleBuffer
+from zephon_nodes.operators.tokencache import CachedParse
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
@@ -105,9 +121,6 @@ class Pipeline:
         settings: Settings | None = None,
         trace: bool = False,
     ) -> None:
-        from zephon_nodes.io.index import index
-        from zephon_nodes.io.storage.checksum import one_pass
-        from zephon_nodes.io.storage.remote import finish_progress
 
         if settings is not None and not isinstance(settings, Settings):
             raise RecipeError(f"settings must be a Settings, got {type(settings).__name__}")
@@ -127,9 +140,6 @@ class Pipeline:
         provenance: bool,
         stages: Sequence[Callable[[BaseNode[Any]], BaseNode[Any]]],
     ) -> None:
-        from zephon_nodes.engine.assembly import stateless_chain, work_source
-        from zephon_nodes.io.identity import content_summary
-        from zephon_nodes.io.sources import open_dataset
 
         self.recipe = recipe
         self.provenance = provenance
@@ -149,15 +159,11 @@ class Pipeline:
         self.placeholder_id = -1
         specs = list(recipe.datasets)
         if recipe.chat is not None:
-            from zephon_nodes.chat.assembly import chat_chain
-
             self.stateless = chat_chain(recipe, tok)
             # Every format reads the messages field as the record's field.
             field = recipe.chat.messages_field
             specs = [dataclasses.replace(d, text_field=field) for d in specs]
         elif recipe.image is not None:
-            from zephon_nodes.multimodal.assembly import multimodal_chain, placeholder_id
-
             self.placeholder_id = placeholder_id(recipe, tok)
             self.stateless = multimodal_chain(recipe, tok)
         else:
@@ -170,7 +176,6 @@ class Pipeline:
         ]
         self.datasets: list[Dataset] = [o.dataset for o in opened]
         # With a node-cache limit, shards read whole (single-frame .zst) live in that cache.
-        from zephon_nodes.io.nodecache.wholeshard import route_whole_shards
 
         self.datasets = route_whole_shards(self.datasets, self.settings)
         if recipe.image is None:
@@ -301,8 +306,6 @@ class Pipeline:
             node = OrderedParallelMap(node, self._in_settings(fn), stage_pool, lookahead=lookahead)
         seq_len, pad_id, prov = r.seq_len, self.pad_id, self.provenance
         if r.image is not None:
-            from zephon_nodes.multimodal.assembly import make_packer
-
             ph = self.placeholder_id
             node = AccumulatorNode(node, lambda w: make_packer(r, pad_id, ph, prov))
         elif r.pack.mode == "bestfit":
@@ -364,8 +367,6 @@ class Pipeline:
 
         See :func:`zephon_nodes.engine.relane.for_state`.
         """
-        from zephon_nodes.engine.relane import for_state
-
         return for_state(self, state)
 
     def rank_node(
@@ -415,7 +416,6 @@ class Pipeline:
                     f"lanes={lanes!r} must be distinct integers in [0, {L}) (num_lanes={L}); "
                     f"a repeated lane would yield its samples twice"
                 )
-        from zephon_nodes.engine.stages import check_stage_batches
 
         check_stage_batches(self.run.recipe, len(lanes), local_batch_size)  # before any pool
         owned: list[WorkerPool] = []
@@ -504,9 +504,6 @@ class Pipeline:
         prefetches by the exact upcoming accesses of all of them.
         """
         if self._cache_feed is None:
-            from zephon_nodes.io.nodecache.future import CacheFeed, cacheable
-            from zephon_nodes.io.nodecache.nodecache import node_cache, prefetch_depth
-
             cache = node_cache(self.settings)
             cached = any(
                 d.shards.whole()  # LazyShards: single-frame .zst, from the index
@@ -528,9 +525,6 @@ class Pipeline:
         None when no shard is read through the node cache and no cache limit is set
         (``--cache-limit`` / ``ZEPHON_CACHE_LIMIT``).
         """
-        from zephon_nodes.io.nodecache.nodecache import node_cache
-        from zephon_nodes.io.nodecache.workercounts import merged
-
         if self.settings.cache_limit is None and self.cache_feed() is None:
             return None
         return merged(node_cache(self.settings).stats())
@@ -543,11 +537,6 @@ class Pipeline:
         None when this pipeline's chain does not use the token cache (off, or a recipe it
         does not apply to).
         """
-        from zephon_nodes.io.nodecache.tokenstore import process_stats, token_cache_settings
-        from zephon_nodes.io.nodecache.workercounts import merged_tokens
-        from zephon_nodes.operators.chain import Chain
-        from zephon_nodes.operators.tokencache import CachedParse
-
         chain = self.stateless
         if not isinstance(chain, Chain) or not any(
             isinstance(op, CachedParse) for op in chain.operators

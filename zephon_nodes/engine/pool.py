@@ -25,6 +25,8 @@ from typing import Any
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import InSettings, Settings, activate, current
 from zephon_nodes.engine import shm
+from zephon_nodes.engine.ray_executor import RayExecutor
+from zephon_nodes.io.nodecache.workercounts import CountedCall, collect
 from zephon_nodes.recipe.bounds import check_setting
 
 __all__ = ["RUNNERS", "WorkerPool"]
@@ -182,8 +184,6 @@ def _via_shared_memory(inner: cf.Future[Any]) -> cf.Future[Any]:
         exc = f.exception()
         result: Any = None
         if exc is None:
-            from zephon_nodes.io.nodecache.workercounts import collect
-
             result = collect(f.result())
             if isinstance(result, shm.ShmResult):
                 try:
@@ -260,8 +260,6 @@ class WorkerPool:
             if self.runner == "thread":
                 self._executor = _DaemonThreadExecutor(self.num_workers, "zephon-worker")
             elif self.runner == "ray":  # the optional extra: imported only when asked for
-                from zephon_nodes.engine.ray_executor import RayExecutor
-
                 self._executor = RayExecutor(self.num_workers, settings=self.settings)
             else:
                 if self.shared_memory:
@@ -286,14 +284,11 @@ class WorkerPool:
         executor = self._get_executor()
         if executor is not None and self.runner == "process":
             # The worker's node-cache counters come back with the result (io/workercounts).
-            from zephon_nodes.io.nodecache.workercounts import CountedCall
 
             call = shm.ShmCall(fn, self._prefix) if self._prefix else fn
             scoped = InSettings(CountedCall(call), settings)
             return _via_shared_memory(executor.submit(scoped, arg))
         if executor is not None and self.runner == "ray":
-            from zephon_nodes.engine.ray_executor import RayExecutor
-
             assert isinstance(executor, RayExecutor)
             return executor.submit_in(settings, fn, arg)  # fn itself: cached per Ray worker
         if isinstance(executor, _DaemonThreadExecutor):

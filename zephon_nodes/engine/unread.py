@@ -30,6 +30,7 @@ from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.engine.work import DatasetWorkSource, WorkItem, WorkSource
+from zephon_nodes.state.lineage import Lineage
 from zephon_nodes.state.stage import MAX_UNREAD_ITEMS, StageState, Unread, lane_suffixes
 
 __all__ = [
@@ -97,8 +98,6 @@ def previous_stage(pipeline: Any) -> tuple[StageState | None, Callable[[int], in
     re-lane of a re-lane, its parent's). Old lane ``l`` of ``L`` re-laned to ``L'`` lanes is
     replayed by new lane ``l mod L'``: the map composes over the lineage's re-lanes.
     """
-    from zephon_nodes.state.lineage import Lineage
-
     if pipeline.lineage is None:
         return pipeline.stage, None
     lineage: Lineage | None = Lineage.from_state(pipeline.lineage)

@@ -15,9 +15,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, overload
 
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.discovery import RecipeDataset, dataset_files
+from zephon_nodes.io.formats.pretokenized import corpus_files, pretokenized_format
+from zephon_nodes.io.formats.shards import open_shard
+from zephon_nodes.io.formats.tar import open_tar_shard
+from zephon_nodes.io.index.index import indexed_identity
+from zephon_nodes.io.index.table import resolve_indexed
+from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
+from zephon_nodes.io.storage.remote import fetched, known_checksum
 
 __all__ = [
     "MAX_NAMED_FILES",
@@ -38,8 +46,6 @@ def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         DataError: If the file cannot be read.
     """
-    from zephon_nodes.io.index.index import indexed_identity
-
     text = str(path)
     found = indexed_identity(text)
     if found is not None:
@@ -47,7 +53,6 @@ def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not storage.is_remote(text):
         p = Path(storage.local_path(text))
         return {"checksum": file_checksum(p), "bytes": p.stat().st_size}
-    from zephon_nodes.io.storage.remote import known_checksum
 
     st = storage.stat(text)
     checksum = known_checksum(text, st)
@@ -59,27 +64,17 @@ def file_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _open_remote(uri: str) -> str:
     """Fetch and index a remote shard by its format (once); return its checksum."""
     if uri.endswith((".parquet", ".pq")):
-        from zephon_nodes.io.storage.remote import fetched
-
         with fetched(uri, storage.stat(uri)) as (_, checksum):
             return checksum
-
-    from zephon_nodes.core.errors import DataError
-    from zephon_nodes.io.storage.remote import fetched
 
     if uri.endswith((".idx", ".bin", ".mds", ".zstd", ".gz", "index.json")):
         with fetched(uri, storage.stat(uri)) as (_, checksum):  # pre-tokenized corpora
             return checksum
     try:
         if uri.endswith(".tar"):
-            from zephon_nodes.io.formats.tar import open_tar_shard
-
             return open_tar_shard(uri).checksum
         if uri.endswith(".zst"):  # decompressed into the bounded node cache only
-            from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
-
             return open_whole_shard(uri).checksum
-        from zephon_nodes.io.formats.shards import open_shard
 
         return open_shard(uri).checksum
     except DataError as e:
@@ -155,9 +150,6 @@ def dataset_identities(spec: RecipeDataset, lazy: bool = False) -> Sequence[dict
     Through the dataset's index when one covers its patterns (no file is listed or read;
     ``lazy`` keeps them as :class:`FileIdentities`), else one :func:`file_identity` each.
     """
-    from zephon_nodes.io.formats.pretokenized import corpus_files, pretokenized_format
-    from zephon_nodes.io.index.table import resolve_indexed
-
     fmt = pretokenized_format(spec)
     if fmt is not None:  # every file of its corpora: .idx and .bin, index.json and shards
         return [file_identity(p) for p in corpus_files(spec, fmt)]
@@ -186,8 +178,6 @@ def file_names(files: Sequence[str | os.PathLike[str]]) -> list[str]:
 
 def _listed(spec: Any) -> list[Any]:
     """The files a dataset's identity covers, in its order (a corpus's files, pre-tokenized)."""
-    from zephon_nodes.io.formats.pretokenized import corpus_files, pretokenized_format
-
     fmt = pretokenized_format(spec)
     return list(corpus_files(spec, fmt)) if fmt is not None else dataset_files(spec)
 

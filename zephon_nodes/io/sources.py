@@ -10,10 +10,19 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon_nodes.core.errors import EMPTY_FILE, DataError, skip_reason
+from zephon_nodes.core.errors import EMPTY_FILE, DataError, RecipeError, skip_reason
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.discovery import RecipeDataset, dataset_files
-from zephon_nodes.io.formats.shards import Shard, memory_shard, open_shard
+from zephon_nodes.io.formats.arrow import open_arrow_shard
+from zephon_nodes.io.formats.parquet import indexed_parquet_shard, open_parquet_shard
+from zephon_nodes.io.formats.pretokenized import corpus_entries, open_corpus, pretokenized_format
+from zephon_nodes.io.formats.shards import Shard, indexed_shard, memory_shard, open_shard
+from zephon_nodes.io.formats.tar import indexed_tar_shard, open_tar_shard
+from zephon_nodes.io.index.index import find_entry
+from zephon_nodes.io.index.lazyshards import LazyShards
+from zephon_nodes.io.index.table import resolve_indexed
+from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
+from zephon_nodes.io.storage import storage
 
 __all__ = ["OpenedDataset", "open_dataset"]
 
@@ -35,37 +44,24 @@ class OpenedDataset:
 
 
 def _open_file(spec: RecipeDataset, path: str, image_column: str | None = None) -> Shard:
-    from zephon_nodes.io.index.index import find_entry
 
     found = find_entry(path)
     if found is not None:
         entry = found[0]
         if entry["kind"] == "parquet":
-            from zephon_nodes.io.formats.parquet import indexed_parquet_shard
-
             return indexed_parquet_shard(path, entry, spec.text_field, image_column)
         if entry["kind"] == "tar":
-            from zephon_nodes.io.formats.tar import indexed_tar_shard
-
             return indexed_tar_shard(path, entry)
-        from zephon_nodes.io.formats.shards import indexed_shard
 
         return indexed_shard(path, entry)
     if path.endswith(PARQUET_SUFFIXES):
-        from zephon_nodes.io.formats.parquet import open_parquet_shard
-
         return open_parquet_shard(path, spec.text_field, image_column)
     if path.endswith(".arrow"):
-        from zephon_nodes.io.formats.arrow import open_arrow_shard
-
         return open_arrow_shard(path, (spec.text_field, image_column))
     if path.endswith(".tar"):
-        from zephon_nodes.io.formats.tar import open_tar_shard
-
         return open_tar_shard(path)
     if path.endswith(".zst"):
         # Its decompressed copy lives in the bounded node cache.
-        from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
 
         return open_whole_shard(path)  # type: ignore[return-value]
     return open_shard(path)
@@ -77,9 +73,6 @@ _HINTED: set[str] = set()
 
 def _hint(spec: RecipeDataset, files: list[Any]) -> None:
     """One line, once per dataset and process: many local shards and no dataset index."""
-    from zephon_nodes.io.index.index import find_entry
-    from zephon_nodes.io.storage import storage
-
     if len(files) < HINT_FILES or spec.name in _HINTED or storage.is_remote(files[0]):
         return
     _HINTED.add(spec.name)
@@ -95,9 +88,6 @@ def _open_indexed(
     spec: RecipeDataset, chunk_size: int, image_column: str | None
 ) -> OpenedDataset | None:
     """The dataset from its index's columns, opening no shard (None: no index covers it)."""
-    from zephon_nodes.io.index.lazyshards import LazyShards
-    from zephon_nodes.io.index.table import resolve_indexed
-
     files = resolve_indexed(spec)
     if files is None:
         return None
@@ -109,8 +99,6 @@ def _open_indexed(
 
 def _open_pretokenized(spec: RecipeDataset, fmt: str, chunk_size: int) -> OpenedDataset:
     """A pre-tokenized dataset: the shards of each of its corpora, in order."""
-    from zephon_nodes.io.formats.pretokenized import corpus_entries, open_corpus
-
     shards: list[Any] = []
     skipped: dict[str, int] = {}
     entries = corpus_entries(spec, fmt)
@@ -161,13 +149,10 @@ def open_dataset(
     if spec.records is not None:
         shards: list[Shard] = [memory_shard(spec.name, spec.records)]
         return OpenedDataset(Dataset(spec.name, spec.text_field, tuple(shards), chunk_size))
-    from zephon_nodes.io.formats.pretokenized import pretokenized_format
 
     fmt = pretokenized_format(spec)
     if fmt is not None:
         if image_column is not None:
-            from zephon_nodes.core.errors import RecipeError
-
             raise RecipeError(
                 f"dataset {spec.name!r}: a pre-tokenized corpus ({fmt}) holds token ids, and "
                 f"an [image] recipe reads text and images: use it in a text recipe"

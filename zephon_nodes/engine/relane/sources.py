@@ -16,6 +16,7 @@ from torchdata.nodes import BaseNode
 
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.seeding import derive_seed
+from zephon_nodes.engine.balance import deal
 from zephon_nodes.engine.lane import LaneNodes, WorkItemNode
 from zephon_nodes.engine.relane.nodes import RelanedLane, RelanedWorkItemNode
 from zephon_nodes.engine.work import WorkItem, WorkSource
@@ -179,8 +180,6 @@ class RelanedWorkSource(WorkSource, LaneNodes):
         lane holding the least, then swaps (:func:`~zephon_nodes.engine.balance.deal`). Each
         lane reads its items in old global order.
         """
-        from zephon_nodes.engine.balance import deal
-
         L = self.old.num_lanes
         keys, sizes = [], []
         for lane, (stop, end) in enumerate(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.core.errors import MISSING_FILE, UNREADABLE_ARROW, DataError, RecipeError
+from zephon_nodes.io.storage.checksum import file_checksum
 
 __all__ = ["ArrowShard", "expand_dataset_dirs", "open_arrow_shard"]
 
@@ -134,8 +135,6 @@ def open_arrow_shard(path: str | Path, columns: Sequence[str | None]) -> ArrowSh
     Raises:
         DataError: If pyarrow is missing or the file is not a readable Arrow file.
     """
-    from zephon_nodes.io.storage.checksum import file_checksum
-
     p = str(path)
     if not Path(p).is_file():
         raise DataError(f"{p}: data file not found", kind=MISSING_FILE)

@@ -25,7 +25,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon_nodes.core.errors import CORRUPT_ZSTD, TRUNCATED_FILE, DataError
-from zephon_nodes.io.formats.tokenfiles import FileRef, decompressed, pin, sibling, uint32s
+from zephon_nodes.io.formats.tokenfiles import (
+    FileRef,
+    decompressed,
+    pin,
+    read_json,
+    sibling,
+    uint32s,
+)
 from zephon_nodes.io.storage import storage
 
 __all__ = ["LitDataShard", "chunk_files", "open_litdata_shards"]
@@ -219,8 +226,6 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
     Raises:
         DataError: An ``index.json`` that is not LitData's, a missing chunk, no token leaf.
     """
-    from zephon_nodes.io.formats.tokenfiles import read_json
-
     where = storage.redact(index_uri)
     index = read_json(index_uri)
     if not isinstance(index, dict) or not isinstance(index.get("chunks"), list):
@@ -260,8 +265,6 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
 
 def chunk_files(index_uri: str) -> list[str]:
     """The chunk files a LitData ``index.json`` names, in order (for the content identity)."""
-    from zephon_nodes.io.formats.tokenfiles import read_json
-
     index = read_json(index_uri)
     chunks = index.get("chunks", []) if isinstance(index, dict) else []
     return [sibling(index_uri, str(c["filename"])) for c in chunks]

@@ -21,7 +21,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon_nodes.core.errors import TRUNCATED_FILE, DataError
-from zephon_nodes.io.formats.tokenfiles import FileRef, decompressed, pin, sibling, uint32s
+from zephon_nodes.io.formats.tokenfiles import (
+    FileRef,
+    decompressed,
+    pin,
+    read_json,
+    sibling,
+    uint32s,
+)
 from zephon_nodes.io.storage import storage
 
 __all__ = ["MDSShard", "open_mds_shards"]
@@ -181,8 +188,6 @@ def open_mds_shards(index_uri: str, field: str) -> list[MDSShard]:
     Raises:
         DataError: An ``index.json`` that is not MDS's, a missing shard, no token column.
     """
-    from zephon_nodes.io.formats.tokenfiles import read_json
-
     where = storage.redact(index_uri)
     index = read_json(index_uri)
     if not isinstance(index, dict) or not isinstance(index.get("shards"), list):
@@ -218,8 +223,6 @@ def open_mds_shards(index_uri: str, field: str) -> list[MDSShard]:
 
 def shard_files(index_uri: str) -> list[str]:
     """The shard files an MDS ``index.json`` names, in order (for the content identity)."""
-    from zephon_nodes.io.formats.tokenfiles import read_json
-
     index = read_json(index_uri)
     shards = index.get("shards", []) if isinstance(index, dict) else []
     return [

@@ -19,6 +19,7 @@ import numpy as np
 from zephon_nodes.core.errors import MISSING_FILE, UNREADABLE_PARQUET, DataError
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
+from zephon_nodes.io.storage.remote import fetched, known_checksum
 
 __all__ = ["ParquetShard", "open_parquet_shard"]
 
@@ -235,8 +236,6 @@ def open_parquet_shard(
     """
     p = str(path)
     if storage.is_remote(p):
-        from zephon_nodes.io.storage.remote import fetched, known_checksum
-
         st = storage.stat(p)
         checksum = known_checksum(p, st)
         if checksum is None:

@@ -23,6 +23,10 @@ from typing import Any
 
 from zephon_nodes.core.errors import DataError, RecipeError
 from zephon_nodes.io.discovery import RecipeDataset, dataset_files
+from zephon_nodes.io.formats.litdata import chunk_files, open_litdata_shards
+from zephon_nodes.io.formats.mds import open_mds_shards, shard_files
+from zephon_nodes.io.formats.megatron import open_megatron_shard
+from zephon_nodes.io.formats.tokenfiles import pin, read_json, sibling
 from zephon_nodes.io.storage import storage
 
 __all__ = [
@@ -66,8 +70,6 @@ def _detect(spec: RecipeDataset, pattern: str) -> str | None:
     if not storage.is_remote(index) and not os.path.isfile(index):
         return None
     try:
-        from zephon_nodes.io.formats.tokenfiles import read_json
-
         data = read_json(index)
     except DataError:
         return None
@@ -127,12 +129,8 @@ def corpus_files(spec: RecipeDataset, fmt: str) -> list[str]:
         if fmt == "megatron":
             out += [entry, entry[: -len(".idx")] + ".bin"]
         elif fmt == "mds":
-            from zephon_nodes.io.formats.mds import shard_files
-
             out += [entry, *shard_files(entry)]
         else:
-            from zephon_nodes.io.formats.litdata import chunk_files
-
             out += [entry, *chunk_files(entry)]
     return out
 
@@ -144,30 +142,21 @@ def open_corpus(spec: RecipeDataset, fmt: str, entry: str) -> list[Any]:
         DataError: A corpus that cannot be read.
     """
     if fmt == "megatron":
-        from zephon_nodes.io.formats.megatron import open_megatron_shard
-
         return [open_megatron_shard(entry)]
     if fmt == "mds":
-        from zephon_nodes.io.formats.mds import open_mds_shards
-
         return list(open_mds_shards(entry, spec.text_field))
     if fmt == "litdata":
-        from zephon_nodes.io.formats.litdata import open_litdata_shards
-
         return list(open_litdata_shards(entry, spec.text_field))
     raise RecipeError(f"dataset {spec.name!r}: format {fmt!r} must be one of {FORMATS}")
 
 
 def _file_checksum(uri: str) -> str:
-    from zephon_nodes.io.formats.tokenfiles import pin
 
     return pin(uri).checksum
 
 
 def _beside(entry: str) -> list[str]:
     """Tokenizer files in the folder of a corpus's entry file."""
-    from zephon_nodes.io.formats.tokenfiles import sibling
-
     found = []
     for name in TOKENIZER_FILES:
         uri = sibling(entry, name)

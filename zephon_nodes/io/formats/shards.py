@@ -33,6 +33,7 @@ from zephon_nodes.io.formats.arrow import ArrowShard
 from zephon_nodes.io.formats.copies import artifacts as _artifacts
 from zephon_nodes.io.formats.copies import build as _build
 from zephon_nodes.io.formats.copies import load_index as _load_index
+from zephon_nodes.io.formats.copies import remake
 from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, read_checked
 from zephon_nodes.io.formats.lines import BLOCK as _BLOCK
 from zephon_nodes.io.formats.lines import split_records as _split_records
@@ -44,6 +45,7 @@ from zephon_nodes.io.formats.tar import TarShard
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import cache_dir
 from zephon_nodes.io.storage.checksum import file_checksum
+from zephon_nodes.io.storage.remote import fetched, known_checksum
 
 __all__ = ["FileShard", "MemoryShard", "Shard", "ShardChanged", "cache_dir", "open_shard"]
 
@@ -159,8 +161,6 @@ class FileShard:
         if data_path.exists() and index_path.exists():
             return str(data_path), str(index_path)
         if storage.is_remote(self.uri):
-            from zephon_nodes.io.storage.remote import fetched
-
             with fetched(self.uri, self._opened_stat(), indexed=True) as (tmp, checksum):
                 check_same(self, checksum)
                 _build(tmp, checksum, compressed=True)
@@ -221,12 +221,8 @@ class FileShard:
 
     def _remake(self) -> None:
         """Make this content's cache copy, record index and sums again from the shard."""
-        from zephon_nodes.io.formats.copies import remake
-
         source = self.uri or self.path
         if storage.is_remote(source):
-            from zephon_nodes.io.storage.remote import fetched
-
             with fetched(source, self._opened_stat()) as (tmp, checksum):
                 check_same(self, checksum)
                 remake(tmp, checksum, self._compressed())
@@ -358,7 +354,6 @@ def indexed_shard(uri: str, entry: Mapping[str, Any]) -> FileShard:
 
 
 def _open_remote(uri: str) -> FileShard:
-    from zephon_nodes.io.storage.remote import fetched, known_checksum
 
     compressed = uri.endswith(".zst")
     st = storage.stat(uri)

@@ -30,6 +30,7 @@ from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, drop
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 from zephon_nodes.io.storage.checksum import file_checksum
+from zephon_nodes.io.storage.remote import fetched, known_checksum
 
 __all__ = ["IMAGE_EXTENSIONS", "TEXT_EXTENSIONS", "TarSample", "TarShard", "open_tar_shard"]
 
@@ -253,8 +254,6 @@ def _remake(shard: TarShard) -> None:
     """
     text = shard.uri or shard.path
     if storage.is_remote(text):
-        from zephon_nodes.io.storage.remote import fetched
-
         with fetched(text, storage.stat(text)) as (tmp, checksum):
             if checksum != shard.checksum:
                 raise DataError(f"{shard.path}: content changed during the run")
@@ -292,8 +291,6 @@ def open_tar_shard(path: str | os.PathLike[str]) -> TarShard:
     """
     text = str(path)
     if storage.is_remote(text):
-        from zephon_nodes.io.storage.remote import fetched, known_checksum
-
         st = storage.stat(text)
         checksum = known_checksum(text, st)
         if checksum is None or not _index_path(checksum).exists():

@@ -30,6 +30,7 @@ from zephon_nodes.core.errors import (
 )
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
+from zephon_nodes.io.storage.remote import fetched, known_checksum
 
 __all__ = ["FileRef", "decompressed", "pin", "read_json", "sibling"]
 
@@ -126,8 +127,6 @@ def pin(uri: str) -> FileRef:
         DataError: If the file is missing or cannot be read.
     """
     if storage.is_remote(uri):
-        from zephon_nodes.io.storage.remote import fetched, known_checksum
-
         st = storage.stat(uri)
         checksum = known_checksum(uri, st)
         if checksum is None:

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 from zephon_nodes.core.atomic import atomic_write, umask_mode
+from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import current
 
 __all__ = ["atomic_write", "cache_dir", "cache_key", "umask_mode"]
@@ -23,8 +24,6 @@ def cache_dir() -> Path:
     try:
         return current().cache_root
     except OSError as e:
-        from zephon_nodes.core.errors import DataError
-
         raise DataError(
             f"cache directory {current().cache_dir}: cannot create it ({e.strerror or e}); "
             "set ZEPHON_CACHE_DIR to a writable folder"
