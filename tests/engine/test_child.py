@@ -66,7 +66,11 @@ def children() -> set[int]:
     """
     out: set[int] = set()
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        for pid in (task / "children").read_text().split():
+        try:  # a thread may end between the listing and the read
+            listed = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for pid in listed:
             with contextlib.suppress(FileNotFoundError):
                 if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
                     out.add(int(pid))

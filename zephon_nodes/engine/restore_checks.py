@@ -58,7 +58,7 @@ def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[in
     segment = segment_for_state(pipeline, state)
     samples = segment.recipe.samples_per_lane
     positions = validate_state(
-        dict(state),
+        dict(state) if isinstance(state, Mapping) else state,  # validate_state names a non-dict
         fingerprint=segment.fingerprint,
         summary=segment.summary,
         num_lanes=segment.num_lanes,
