@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from examples.elastic.model import TinyLM, make_optimizer, train_step
 from zephon_nodes import Pipeline, Recipe, WorkerPool, digest_microbatches
-from zephon_nodes.engine import checkpoint as ckpt
+from zephon_nodes import state as ckpt
 
 
 def main() -> None:

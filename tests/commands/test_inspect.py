@@ -103,7 +103,7 @@ class TestInspect:
 
 
 def test_a_multi_rank_checkpoint_directory(recipe_path: Path, tmp_path: Path, capsys: Any) -> None:
-    from zephon_nodes.engine.checkpoint import commit_checkpoint, save_rank_state
+    from zephon_nodes.state import commit_checkpoint, save_rank_state
 
     pipeline = Pipeline(Recipe.from_toml(recipe_path))
     ranks = [pipeline.rank_node(2, r) for r in range(2)]

@@ -22,10 +22,10 @@ from zephon_nodes import (
     simulate,
 )
 from zephon_nodes.core.errors import CheckpointError, RecipeError
-from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.relane import for_state, relane_state
 from zephon_nodes.operators import IGNORE_INDEX
 from zephon_nodes.recipe import MixtureSpec, PackSpec
+from zephon_nodes.state import merge_states
 
 # Each dataset writes its own letters (byte tokenizer: id = byte + 3, bos 1, eos 2).
 ALPHABETS = ("abcdefgh ", "nopqrstu\n")

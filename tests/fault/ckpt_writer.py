@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from zephon_nodes.engine.checkpoint import FORMAT, commit_checkpoint, save_rank_state
+from zephon_nodes.state import FORMAT, commit_checkpoint, save_rank_state
 
 
 def rank_state(step: int, rank: int, ranks: int, lanes: int) -> dict[str, object]:

@@ -4,7 +4,7 @@ Each rank builds its multiplexer with ``Pipeline(recipe).rank_node(R, rank, ...)
 from the latest committed checkpoint (if any), and trains ``--steps`` steps: every step the
 ranks all-gather their micro-batches and rank 0 appends the global batch digest to
 ``digests.log``. Every ``--ckpt-every`` steps each rank saves its lanes' state with
-:func:`zephon_nodes.engine.checkpoint.save_rank_state`; after a barrier rank 0 commits.
+:func:`zephon_nodes.state.save_rank_state`; after a barrier rank 0 commits.
 
 ``--fault PHASE:STEP:RANK`` makes that rank SIGKILL the whole job at an exact point of the
 checkpoint of step STEP: ``before_rename`` (its state file fully written to a temporary name,
@@ -99,7 +99,7 @@ def main() -> None:
     import torch.distributed as dist
 
     from zephon_nodes import Pipeline, Recipe, WorkerPool, digest_microbatches
-    from zephon_nodes.engine import checkpoint as ckpt
+    from zephon_nodes import state as ckpt
     from zephon_nodes.state import files as state_files
 
     dist.init_process_group("gloo")

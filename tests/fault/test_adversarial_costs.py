@@ -55,7 +55,7 @@ def test_recompress_output_has_the_umask_mode(tmp_path, umask_022):
 
 
 def test_checkpoint_files_have_the_umask_mode(tmp_path, umask_022):
-    from zephon_nodes.engine.checkpoint import save_rank_state
+    from zephon_nodes.state import save_rank_state
 
     state = {"step": 3, "lanes": {}}
     path = save_rank_state(tmp_path, 3, 0, state)

@@ -10,7 +10,7 @@ import pytest
 
 from zephon_nodes import DatasetSpec, Pipeline, Recipe, TokenizerSpec, WorkerPool, WorkSpec
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.engine.checkpoint import (
+from zephon_nodes.state import (
     commit_checkpoint,
     latest_checkpoint,
     load_checkpoint,

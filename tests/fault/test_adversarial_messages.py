@@ -11,8 +11,8 @@ import pytest
 from zephon_nodes import Recipe
 from zephon_nodes.cli import main
 from zephon_nodes.core.errors import CheckpointError, RecipeError
-from zephon_nodes.engine.checkpoint import decode_checked, encode_checked
 from zephon_nodes.io.storage.storage import redact
+from zephon_nodes.state import decode_checked, encode_checked
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pytest
 
 from tests.fault.common import INLINE, memory_pipeline
 from zephon_nodes import CheckpointError, simulate
-from zephon_nodes.engine.checkpoint import (
+from zephon_nodes.state import (
     COMMIT_FILE,
     checkpoint_path,
     commit_checkpoint,

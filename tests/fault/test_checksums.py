@@ -19,7 +19,7 @@ import pytest
 
 from tests.fault.common import INLINE, memory_pipeline, write_jsonl
 from zephon_nodes import CheckpointError, Pipeline, simulate
-from zephon_nodes.engine.checkpoint import (
+from zephon_nodes.state import (
     COMMIT_FILE,
     check_writable,
     checkpoint_path,
@@ -298,7 +298,7 @@ class TestMultiRank:
         save_rank_state(tmp_path, 6, 0, one)  # another world size, killed before its commit
         with pytest.raises(CheckpointError, match="SHA-256 mismatch"):
             load_checkpoint(checkpoint_path(tmp_path, 6))  # a step directory: no fallback
-        with caplog.at_level(logging.WARNING, logger="zephon_nodes.engine.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="zephon_nodes.state"):
             state = load_checkpoint(tmp_path)
         assert state["step"] == 3
         assert state == load_checkpoint(checkpoint_path(tmp_path, 3))
@@ -356,7 +356,7 @@ class TestWriting:
         newer = json.dumps(_state_after(PIPE, 12))
         script = (
             "import json, resource, signal, sys\n"
-            "from zephon_nodes.engine.checkpoint import save_state\n"
+            "from zephon_nodes.state import save_state\n"
             "from zephon_nodes.core.errors import CheckpointError\n"
             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))\n"

@@ -12,7 +12,7 @@ import pytest
 
 from tests.fault.common import INLINE, memory_pipeline
 from zephon_nodes import CheckpointError, Pipeline, simulate
-from zephon_nodes.engine.checkpoint import load_state, save_state
+from zephon_nodes.state import load_state, save_state
 
 PIPE = memory_pipeline()
 

@@ -22,7 +22,7 @@ import pytest
 from tests.fault.common import INLINE, memory_pipeline, texts, write_jsonl
 from tests.fault.fuzzing import mutate, mutate_bytes
 from zephon_nodes import Pipeline, Recipe, ZephonError, simulate
-from zephon_nodes.engine.checkpoint import (
+from zephon_nodes.state import (
     COMMIT_FILE,
     commit_checkpoint,
     decode_checked,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tests.fault.common import INLINE, memory_pipeline, texts, write_jsonl
 from zephon_nodes import CheckpointError, Recipe, RecipeError, ZephonError, simulate
-from zephon_nodes.engine.checkpoint import (
+from zephon_nodes.state import (
     COMMIT_FILE,
     checkpoint_path,
     load_checkpoint,

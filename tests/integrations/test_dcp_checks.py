@@ -16,8 +16,6 @@ import torch
 
 from tests.fault.common import INLINE, memory_pipeline, texts
 from zephon_nodes import CheckpointError, simulate
-from zephon_nodes.engine.checkpoint import validate_state
-from zephon_nodes.engine.mixture_log import MIXTURE_KEY
 from zephon_nodes.integrations.torchtitan import (
     DCP_FORMAT,
     RECIPE_PREFIX,
@@ -29,6 +27,8 @@ from zephon_nodes.integrations.torchtitan import (
     to_dcp_state,
 )
 from zephon_nodes.recipe import DatasetSpec
+from zephon_nodes.state import validate_state
+from zephon_nodes.state.mixture import MIXTURE_KEY
 
 PIPE = memory_pipeline()
 

@@ -25,10 +25,10 @@ from tests.mixing.test_recipe_and_fingerprint import write_mixed
 from zephon_nodes import Pipeline, WorkSpec, simulate
 from zephon_nodes.commands.stats import compute_stats
 from zephon_nodes.core.errors import CheckpointError, RecipeError
-from zephon_nodes.engine.checkpoint import merge_states
 from zephon_nodes.engine.mixture_log import updates_after
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.operators.pack import IGNORE_INDEX
+from zephon_nodes.state import merge_states
 
 UPDATES = [
     (0, {"short": 0.9, "long": 0.1}),

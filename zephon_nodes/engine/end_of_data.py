@@ -19,7 +19,7 @@ def unused_samples(
     """Count the samples every lane holds after the last full global batch.
 
     ``state`` is the merged state after the last step the data could fill (any dp size's,
-    merged with :func:`~zephon_nodes.engine.checkpoint.merge_states`). One rank node over
+    merged with :func:`~zephon_nodes.state.merge_states`). One rank node over
     every lane resumes there and drains the lanes, so the count does not depend on the dp
     size, the workers or the runner.
 

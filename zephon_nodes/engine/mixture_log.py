@@ -11,7 +11,7 @@ whole window if nothing of it was consumed yet); work computed ahead under the o
 is thrown away and recomputed (the rank node replays window ``w``).
 
 The log lives in the checkpoint state under ``"mixture"``; its schema, parsing and checks
-are :mod:`zephon_nodes.state.mixture` (re-exported here). An entry costs about
+are :mod:`zephon_nodes.state.mixture`. An entry costs about
 ``20 + 24 * D`` bytes of JSON for ``D`` datasets plus ~8 bytes per lane. This module keeps
 the ``--mixture-updates`` file: its parsing and its agreement with a checkpoint's log.
 """
@@ -28,23 +28,16 @@ from zephon_nodes.state.mixture import (
     ENTRY_STEP_KEY,
     MIXTURE_KEY,
     WEIGHTS_KEY,
-    MixtureLog,
     normalize_weights,
     parse_mixture_state,
-    with_decision,
 )
 from zephon_nodes.state.schema import LINEAGE_KEY, STEP_KEY, is_int
 
 __all__ = [
-    "refuse_updates_after_stages",
-    "MIXTURE_KEY",
-    "MixtureLog",
-    "normalize_weights",
-    "parse_mixture_state",
     "parse_updates",
     "read_updates",
+    "refuse_updates_after_stages",
     "updates_after",
-    "with_decision",
 ]
 
 

@@ -43,7 +43,7 @@ __all__ = [
     "save_rank_state",
 ]
 
-logger = logging.getLogger("zephon_nodes.engine.checkpoint")  # the name the docs give
+logger = logging.getLogger("zephon_nodes.state")  # the name the docs give (docs/checkpoint.md)
 COMMIT_FILE = "COMMITTED.json"
 _STEP_PREFIX = "step_"
 _COMMIT_FORMAT = "zephon-nodes-checkpoint/1"
@@ -184,7 +184,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         path: A step directory (loaded or refused, no fallback), or a root holding step
             directories: the newest committed step that is complete and consistent is
             loaded; each newer committed step that is not is skipped with a warning (logger
-            ``zephon_nodes.engine.checkpoint``) naming the step and why.
+            ``zephon_nodes.state``) naming the step and why.
 
     Returns:
         The merged state; pass it to every rank's ``Multiplexer.reset`` (any dp size).

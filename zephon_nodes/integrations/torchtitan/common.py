@@ -13,13 +13,13 @@ from typing import Any
 import torch
 
 from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.engine.checkpoint import FORMAT
 from zephon_nodes.engine.metrics import flatten_metrics
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.operators.tokenize import load_tokenizer
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.state.dcp import decode_dcp_state
+from zephon_nodes.state.schema import FORMAT
 
 __all__ = [
     "check_agreement",

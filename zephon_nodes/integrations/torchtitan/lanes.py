@@ -20,14 +20,8 @@ from torchdata.nodes import BaseNode, Prefetcher
 
 from zephon_nodes.core.errors import CheckpointError, RecipeError
 from zephon_nodes.core.settings import Settings, current, using
-from zephon_nodes.engine.checkpoint import FORMAT
 from zephon_nodes.engine.end_of_data import all_ranks_continue
 from zephon_nodes.engine.metrics import StepMetrics
-from zephon_nodes.engine.mixture_log import (
-    MIXTURE_KEY,
-    normalize_weights,
-    with_decision,
-)
 from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import WorkerPool
@@ -44,7 +38,8 @@ from zephon_nodes.integrations.torchtitan.rank_node import child_rank_node
 from zephon_nodes.integrations.torchtitan.step_check import StepCheck, StepSetting
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.dcp import DP_KEY, to_dcp_state
-from zephon_nodes.state.schema import STAGE_KEY
+from zephon_nodes.state.mixture import MIXTURE_KEY, normalize_weights, with_decision
+from zephon_nodes.state.schema import FORMAT, STAGE_KEY
 from zephon_nodes.verification.dump import StepDumper
 
 __all__ = ["LaneLoader"]
