@@ -1,8 +1,14 @@
-"""The ``zephon`` command line: one subcommand per module in ``zephon_nodes.commands``.
+"""The ``zephon`` command line: a lazy command table over the modules of ``zephon_nodes.commands``.
 
-Only the module of the subcommand being run is imported (the others are listed by name and
-help line), so ``zephon --help`` and the commands that need no tensors (``lanes``, ``inspect``,
-``index``) start without importing torch.
+Each subcommand is named by the module that declares its arguments (``add_parser``); that
+module names, by its module path (the parsed ``run``), the module whose ``run(args)`` runs
+it, imported with :func:`importlib.import_module` only when the command is dispatched. So
+``zephon --help``, the ``--help`` of every command and the commands that need no tensors
+(``lanes``, ``inspect``, ``index``) start without importing torch, and no command module
+imports the engine inside a function: a command whose run needs the engine declares its
+arguments in a light ``*_args`` module and runs in a module that imports the engine at its top.
+A parser may also set ``prepare``: a light step run before the run's module is imported
+(``relane`` and ``amend`` refuse a missing checkpoint there, before torch is loaded).
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from zephon_nodes.core.errors import ZephonError
+from zephon_nodes.io.storage.retry import redact
 from zephon_nodes.recipe.bounds import check_setting
 
-__all__ = ["DefaultsFormatter", "main"]
+__all__ = ["COMMANDS", "DefaultsFormatter", "main", "run_command"]
 
 # Subcommand name -> (module in zephon_nodes.commands exposing add_parser(subparsers), the
-# help line that module gives it: shown by `zephon --help` without importing the module).
+# help line that module gives it: shown by `zephon --help` without importing the module). The
+# parser names the module that runs the command (`run`), imported by `run_command`.
 COMMANDS = {
     "digest": ("digest", "simulate N ranks and print one JSON line per global batch"),
     "demo": (
@@ -45,7 +53,7 @@ COMMANDS = {
         "print the digest of every step of a batch dump (JSON lines, like digest)",
     ),
     "explain": (
-        "explain",
+        "explain_args",
         "print what each rank will run: lanes, operators, pools, checkpoint size",
     ),
     "index": (
@@ -57,10 +65,10 @@ COMMANDS = {
         "rewrite .jsonl/.jsonl.zst shards as multi-frame .jsonl.zst (readable in parts)",
     ),
     "relane": (
-        "relane",
+        "relane_args",
         "write a checkpoint with another lane count (no document lost or repeated)",
     ),
-    "amend": ("amend", "write a checkpoint that continues the run with a changed recipe"),
+    "amend": ("amend_args", "write a checkpoint that continues the run with a changed recipe"),
     "cache": ("cache", "show or clear the token cache"),
 }
 
@@ -181,16 +189,27 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command and return its exit status.
+
+    The parser's ``prepare`` step (if any) runs first; then the module the parser names as
+    ``run`` is imported (only now: the lazy half of the command table) and its ``run(args)``
+    is called.
+    """
+    prepare = getattr(args, "prepare", None)
+    if prepare is not None:
+        prepare(args)
+    return int(importlib.import_module(args.run).run(args) or 0)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         check_flags(args)
-        status = int(args.func(args) or 0)
+        status = run_command(args)
         if sys.stdout is not None:
             sys.stdout.flush()  # a write error surfaces here, not at exit
         return status
     except ZephonError as e:
-        from zephon_nodes.io.storage.storage import redact
-
         return _fail(args.command, f"error: {redact(str(e))}", 2)
     except BrokenPipeError:
         _silence_stdout()

@@ -20,7 +20,7 @@ def zephon(*argv: str) -> int:
     importlib.import_module(f"zephon_nodes.commands.{cli.COMMANDS[argv[0]][0]}").add_parser(sub)
     args = parser.parse_args(list(argv))
     try:
-        return int(args.func(args) or 0)
+        return cli.run_command(args)
     except ZephonError as e:
         print(f"zephon {args.command}: error: {e}")
         return 2

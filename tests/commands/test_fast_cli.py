@@ -91,7 +91,15 @@ def test_help_of_commands_that_run_the_engine_does_not_import_torch(
     assert imported == []
 
 
-def test_relane_refuses_a_missing_checkpoint_before_importing_torch(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [("relane", "r.toml", "CKPT", "--num-lanes", "4"), ("amend", "r.toml", "CKPT", "r.toml")],
+    ids=["relane", "amend"],
+)
+def test_a_missing_checkpoint_is_refused_before_importing_torch(
+    tmp_path: Path, argv: tuple[str, ...]
+) -> None:
+    """The parser's ``prepare`` step loads the checkpoint before the engine is imported."""
     (tmp_path / "r.toml").write_text("")
     missing = str(tmp_path / "no-such-checkpoint")
     done = subprocess.run(
@@ -99,11 +107,7 @@ def test_relane_refuses_a_missing_checkpoint_before_importing_torch(tmp_path: Pa
             sys.executable,
             "-c",
             PROBE,
-            "relane",
-            "r.toml",
-            missing,
-            "--num-lanes",
-            "4",
+            *(missing if a == "CKPT" else a for a in argv),
             "--output",
             str(tmp_path / "out"),
         ],

@@ -1,59 +1,33 @@
-"""``zephon amend``: continue a run with a changed recipe, no document repeated."""
+"""``zephon amend``: continue a run with a changed recipe, no document repeated.
+
+Its arguments are declared, and its checkpoint loaded, by
+:mod:`zephon_nodes.commands.amend_args`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from zephon_nodes.commands.inspect import add_checkpoint_arg, load_any
 from zephon_nodes.core.errors import RecipeError
+from zephon_nodes.engine.pipeline import Pipeline
+from zephon_nodes.engine.stages import amend_state
+from zephon_nodes.engine.timeline import unreachable
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
-from zephon_nodes.state.files import check_writable, save_state
+from zephon_nodes.state.files import save_state
 from zephon_nodes.state.identity import summary_diff
 from zephon_nodes.state.schema import STAGE_KEY, STEP_KEY, RankState
+from zephon_nodes.verification.simulate import simulate
 
-if TYPE_CHECKING:
-    from zephon_nodes.engine.pipeline import Pipeline
-
-__all__ = ["add_parser", "run"]
-
-
-def add_parser(sub: Any) -> None:
-    """Register the subcommand."""
-    p = sub.add_parser(
-        "amend",
-        help="write a checkpoint that continues the run with a changed recipe",
-        description=(
-            "Amend CHECKPOINT (taken with OLD_RECIPE) so that the run continues with "
-            "NEW_RECIPE after step --at-step (default: the checkpoint's step; a later step is "
-            "reached by running OLD_RECIPE from the checkpoint). Datasets kept continue where "
-            "each lane left them, removed ones are no longer read, added ones start at their "
-            "beginning; each lane's shuffle buffer and the rest of the document the change "
-            "cuts are dropped and counted. "
-            "The same change written as a [[stages]] entry starting at that step gives the "
-            "same batches (see docs/changing-recipes.md)."
-        ),
-    )
-    p.add_argument("old_recipe", help="recipe TOML file the checkpoint was taken with")
-    add_checkpoint_arg(p)
-    p.add_argument("new_recipe", help="recipe TOML file to continue with")
-    p.add_argument("--at-step", type=int, default=None, help="the step the change follows")
-    p.add_argument("--output", required=True, help="directory to write zephon_state.json to")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead")
-    p.set_defaults(func=run)
+__all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``zephon amend``."""
-    check_writable(args.output)
-    state = load_any(args.checkpoint)
-    from zephon_nodes.engine.pipeline import Pipeline  # the engine imports torch: not for --help
-    from zephon_nodes.engine.stages import amend_state
-    from zephon_nodes.engine.timeline import unreachable
-
+    """Run ``zephon amend`` (``args.state``: the checkpoint loaded before it)."""
+    state = args.state
     step = RankState.from_dict(state).step
     old = Pipeline(Recipe.from_toml(args.old_recipe))
     new = Pipeline(Recipe.from_toml(args.new_recipe))
@@ -108,8 +82,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_to(pipeline: Pipeline, state: dict[str, Any], step: int) -> dict[str, Any]:
     """Run ``pipeline`` from ``state`` to after ``step`` and return the merged state there."""
-    from zephon_nodes.verification.simulate import simulate
-
     first = RankState.from_dict(state).step
     saved: list[dict[str, Any]] = []
     for _ in simulate(

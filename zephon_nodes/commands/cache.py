@@ -77,7 +77,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--token-cache-limit", default=None, metavar="SIZE", help="limit to report")
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__)
 
 
 def _usage() -> tuple[int, int]:

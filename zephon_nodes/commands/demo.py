@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zephon_nodes.commands.demo_corpus import build_corpus, train_tokenizer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.baselines import naive_digests
@@ -23,8 +24,6 @@ def default_recipe_path() -> Path:
 
 def prepare_default(recipe_path: Path) -> None:
     """Build the default recipe's corpus and tokenizer next to it if they are missing."""
-    from zephon_nodes.commands.demo_corpus import build_corpus, train_tokenizer
-
     root = recipe_path.parent
     if not list((root / "data").glob("*.jsonl.zst")):
         print(f"building the corpus from Python's docs and sources into {root / 'data'}")
@@ -43,7 +42,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--recipe", default=None, help="recipe TOML (default: the bundled one)")
     p.add_argument("--steps", type=int, default=24, help="global batches per setting")
     p.add_argument("--save-at", type=int, default=10, help="step of the checkpoint")
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__)
 
 
 def _row(name: str, got: list[str], ref: list[str], first: int, secs: float) -> bool:

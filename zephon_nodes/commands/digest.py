@@ -15,6 +15,7 @@ from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import Settings, using
 from zephon_nodes.engine.child import ChildRankNode
+from zephon_nodes.engine.end_of_data import format_unused, unused_samples
 from zephon_nodes.engine.mixture_log import (
     read_updates,
     refuse_updates_after_stages,
@@ -114,7 +115,7 @@ def add_parser(sub: Any) -> None:
         "each made after its step (dynamic mixture)",
     )
     add_token_cache_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -199,8 +200,6 @@ def _report(
             file=sys.stderr,
         )
     if ended:
-        from zephon_nodes.engine.end_of_data import format_unused, unused_samples
-
         unused = unused_samples(pipeline, ended)
         delivered = int(ended[STEP_KEY]) * pipeline.recipe.global_batch_size
         print(f"zephon digest: end of data: {format_unused(unused, delivered)}", file=sys.stderr)

@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     p.add_argument("folder", help="the dump folder")
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,27 +1,29 @@
-"""``zephon explain``: what each rank will run (lanes, operators, pools, checkpoint size)."""
+"""``zephon explain``: what each rank will run (lanes, operators, pools, checkpoint size).
+
+Its arguments are declared by :mod:`zephon_nodes.commands.explain_args`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from zephon_nodes.commands.explain_args import TOKENS_PER_S
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.operator import operator_name
-from zephon_nodes.engine.pool import RUNNERS, WorkerPool
+from zephon_nodes.engine.accumulate import AccumulatorNode
+from zephon_nodes.engine.lane import chain_nodes
+from zephon_nodes.engine.parallel_map import OrderedParallelMap
+from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
+from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.schema import RankState
 
-if TYPE_CHECKING:  # the engine's nodes import torch: not for --help
-    from zephon_nodes.engine.pipeline import Pipeline
-
-__all__ = ["add_parser", "explain", "run"]
+__all__ = ["explain", "run"]
 
 # Counters of a long run (steps, windows, samples) for the checkpoint size upper bound.
 _BIG = 10**12
-# Tokens per second one worker thread tokenizes, for the first-batch estimate: sentencepiece
-# on the benchmark machine (docs/performance.md, "First batch"); --tokens-per-s overrides.
-_TOKENS_PER_S = 550_000
 
 
 def first_batch(
@@ -46,45 +48,8 @@ def first_batch(
     return {"tokens": tokens, "seconds": seconds, "why": why}
 
 
-def add_parser(sub: Any) -> None:
-    """Register the subcommand."""
-    p = sub.add_parser(
-        "explain",
-        help="print what each rank will run: lanes, operators, pools, checkpoint size",
-        description=(
-            "Open the recipe (datasets indexed, tokenizer loaded) and describe the job "
-            "without producing a batch: the datasets, the operator chain of every lane, "
-            "and per rank its lanes, worker pool and the size of its checkpoint state."
-        ),
-    )
-    p.add_argument("recipe", help="recipe TOML file")
-    p.add_argument("--dp-world-size", type=int, default=1, help="data-parallel ranks")
-    p.add_argument(
-        "--num-workers",
-        "--workers",
-        dest="num_workers",
-        type=int,
-        default=2,
-        help="pool workers per rank (default 2; --workers is the same flag)",
-    )
-    p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
-    p.add_argument("--lookahead", type=int, default=4, help="work items each lane submits ahead")
-    p.add_argument(
-        "--tokens-per-s",
-        type=float,
-        default=_TOKENS_PER_S,
-        help="tokens per second per worker, for the first-batch estimate (default 550000)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.set_defaults(func=run)
-
-
 def _chain(pipeline: Pipeline) -> list[dict[str, str]]:
     """The nodes of lane 0 from source to output (every lane has the same chain)."""
-    from zephon_nodes.engine.accumulate import AccumulatorNode
-    from zephon_nodes.engine.lane import chain_nodes
-    from zephon_nodes.engine.parallel_map import OrderedParallelMap
-
     pool = WorkerPool(0, "thread")
     try:
         out = []
@@ -125,15 +90,13 @@ def explain(
     num_workers: int = 2,
     runner: str = "thread",
     lookahead: int = 4,
-    tokens_per_s: float = _TOKENS_PER_S,
+    tokens_per_s: float = TOKENS_PER_S,
 ) -> dict[str, Any]:
     """Describe the job a recipe makes at ``dp_world_size`` ranks (a JSON-safe dict).
 
     Raises:
         RecipeError: If the lanes cannot be shared among ``dp_world_size`` ranks.
     """
-    from zephon_nodes.engine.pipeline import lanes_for_rank
-
     r = pipeline.recipe
     if dp_world_size < 1 or r.num_lanes % dp_world_size:
         raise RecipeError(
@@ -221,8 +184,6 @@ def run(args: argparse.Namespace) -> int:
         raise RecipeError(f"--tokens-per-s={args.tokens_per_s} must be > 0")
     if args.lookahead < 1:
         raise RecipeError(f"--lookahead={args.lookahead} must be >= 1")
-    from zephon_nodes.engine.pipeline import Pipeline
-
     info = explain(
         Pipeline(Recipe.from_toml(args.recipe)),
         args.dp_world_size,

@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
     # --workers / --num-workers mean pool workers per rank in every other command.
     p.add_argument("--workers", "--num-workers", dest="old_workers", help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__)
 
 
 def run(args: argparse.Namespace) -> int:

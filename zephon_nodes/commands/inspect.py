@@ -8,12 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
-from zephon_nodes.recipe import Recipe
-from zephon_nodes.state.files import STATE_FILE, load_state
-from zephon_nodes.state.identity import summary_diff
+from zephon_nodes.state.files import STATE_FILE, check_writable, load_state
 from zephon_nodes.state.layout import load_checkpoint
-from zephon_nodes.state.lineage import LINEAGE_KEY, check_lineage, describe_lineage
-from zephon_nodes.state.mixture import LOG_KEY, check_effects, parse_mixture_state
+from zephon_nodes.state.lineage import LINEAGE_KEY, describe_lineage
+from zephon_nodes.state.mixture import LOG_KEY
 from zephon_nodes.state.schema import (
     FINGERPRINT_KEY,
     FORMAT_KEY,
@@ -22,14 +20,21 @@ from zephon_nodes.state.schema import (
     MIXTURE_KEY,
     NUM_LANES_KEY,
     PASS_KEY,
-    RECIPE_KEY,
     STAGE_KEY,
     STEP_KEY,
 )
 from zephon_nodes.state.stage import summarize_changes
-from zephon_nodes.state.validate import validate_state
 
-__all__ = ["CHECKPOINT_HELP", "add_checkpoint_arg", "add_parser", "load_any", "resume_check", "run"]
+__all__ = [
+    "CHECKPOINT_HELP",
+    "add_checkpoint_arg",
+    "add_parser",
+    "load_any",
+    "load_checkpoint_for_output",
+    "report",
+    "route_recipe",
+    "run",
+]
 
 
 def add_parser(sub: Any) -> None:
@@ -46,7 +51,17 @@ def add_parser(sub: Any) -> None:
     add_checkpoint_arg(p)
     p.add_argument("--recipe", default=None, help="recipe TOML to check the checkpoint against")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__, prepare=route_recipe)
+
+
+def route_recipe(args: argparse.Namespace) -> None:
+    """With ``--recipe``, run the command in :mod:`zephon_nodes.commands.resume_check`.
+
+    Checking a recipe compiles it, which needs the engine (and torch); without ``--recipe``
+    the command runs here, on the state package alone.
+    """
+    if args.recipe is not None:
+        args.run = "zephon_nodes.commands.resume_check"
 
 
 CHECKPOINT_HELP = (
@@ -74,63 +89,34 @@ def load_any(path: str | Path) -> dict[str, Any]:
     return load_checkpoint(p)
 
 
-def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list[str]]:
-    """Check whether ``recipe`` can resume from ``state``, as a resume would check it.
+def load_checkpoint_for_output(args: argparse.Namespace) -> None:
+    """Refuse an unwritable ``args.output``, then load ``args.checkpoint`` into ``args.state``.
 
-    The recipe is compiled (:class:`~zephon_nodes.engine.pipeline.Pipeline`, the same
-    fingerprint and summary a resume compares, the mixture's token estimate included), and
-    the state is held to it by the state package's checks.
+    The ``prepare`` step of the commands that write a changed checkpoint (``relane``,
+    ``amend``): run before their engine is imported, so that a wrong path is refused at once.
 
-    Returns:
-        ``(ok, message, differing fields)``; the fields are lines such as
-        ``seq_len: checkpoint has 128, recipe has 256``.
+    Raises:
+        CheckpointError: If the output directory is not writable or no checkpoint is there.
     """
-    # Compiling a recipe needs the engine (and torch); only --recipe does.
-    from zephon_nodes.engine.pipeline import Pipeline
-    from zephon_nodes.engine.relane import for_state
-    from zephon_nodes.engine.stages import segment_for_state
-
-    pipeline = Pipeline(recipe)
-    diffs = summary_diff(state.get(RECIPE_KEY), pipeline.summary, hashes=True)
-    lanes = state.get(LANES_KEY)
-    owned = [int(k) for k in lanes if str(k).isdigit()] if isinstance(lanes, dict) else []
-    try:
-        # A checkpoint after a recipe change is held to the stage it is in (its batch size,
-        # its positions counted from the change), as a resume holds it.
-        resuming = for_state(segment_for_state(pipeline, state), state)
-        in_force = resuming.recipe
-        positions = validate_state(
-            state,
-            fingerprint=resuming.fingerprint,
-            summary=resuming.summary,
-            num_lanes=recipe.num_lanes,
-            lanes=owned,
-            samples_per_lane=in_force.samples_per_lane,
-            base_step=resuming.base_step,
-        )
-        if resuming.stage is not None:
-            resuming.stage.require_lanes(owned)
-        check_lineage(state.get(LINEAGE_KEY), resuming.lineage)
-        names = [d.name for d in in_force.datasets]
-        log = parse_mixture_state(state.get(MIXTURE_KEY), names, owned, state[STEP_KEY])
-        if state.get(LINEAGE_KEY) is None:
-            check_effects(log, positions, state[STEP_KEY], in_force.samples_per_lane)
-    except CheckpointError as e:
-        return False, str(e), diffs
-    missing = sorted(set(range(recipe.num_lanes)) - set(owned))
-    if missing:
-        return (
-            True,
-            f"yes, for the ranks owning lanes {sorted(owned)} (this state lacks lanes "
-            f"{missing}; merge every rank's state to resume at any dp size)",
-            diffs,
-        )
-    return True, "yes, at any dp size that divides num_lanes", diffs
+    check_writable(args.output)
+    args.state = load_any(args.checkpoint)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``zephon inspect``; exit status 1 if ``--recipe`` cannot resume."""
-    state = load_any(args.checkpoint)
+    """Run ``zephon inspect`` without ``--recipe`` (see :func:`route_recipe`)."""
+    return report(args, load_any(args.checkpoint))
+
+
+def report(
+    args: argparse.Namespace,
+    state: dict[str, Any],
+    resume: tuple[bool, str, list[str]] | None = None,
+) -> int:
+    """Print what ``state`` holds, and ``resume`` (the check of ``--recipe``) if given.
+
+    Returns:
+        The exit status: 1 if ``resume`` says the recipe cannot resume, else 0.
+    """
     lanes = state.get(LANES_KEY) if isinstance(state.get(LANES_KEY), dict) else {}
     assert isinstance(lanes, dict)
     positions = {str(k): v for k, v in sorted(lanes.items(), key=lambda kv: _lane_key(kv[0]))}
@@ -153,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
     if change is not None:  # the recipe changed mid-run (a stage, zephon amend)
         out["recipe_change"] = change
     status = 0
-    if args.recipe is not None:
-        ok, message, diffs = resume_check(state, Recipe.from_toml(args.recipe))
+    if resume is not None:
+        ok, message, diffs = resume
         out["resume"] = {"recipe": str(args.recipe), "ok": ok, "message": message, "diffs": diffs}
         status = 0 if ok else 1
     if args.json:

@@ -8,8 +8,11 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from zephon_nodes.commands.inspect import load_any
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
+from zephon_nodes.state.lineage import describe_lineage
+from zephon_nodes.state.schema import LINEAGE_KEY, NUM_LANES_KEY, RECIPE_KEY, STEP_KEY
 
 __all__ = ["CHUNK_SIZE", "FLUSH_EVERY", "LaneOption", "add_parser", "run", "suggest_lanes"]
 
@@ -126,7 +129,7 @@ def add_parser(sub: Any) -> None:
         "[work] table only as a hash)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,10 +192,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _show_checkpoint(args: argparse.Namespace) -> None:
     """Print a checkpoint's lane count and lineage; default ``--global-batch`` from it."""
-    from zephon_nodes.commands.inspect import load_any
-    from zephon_nodes.state.lineage import describe_lineage
-    from zephon_nodes.state.schema import LINEAGE_KEY, NUM_LANES_KEY, RECIPE_KEY, STEP_KEY
-
     state = load_any(args.checkpoint)
     recipe = state.get(RECIPE_KEY) if isinstance(state.get(RECIPE_KEY), dict) else {}
     assert isinstance(recipe, dict)

@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output-dir", required=True, help="folder for the re-compressed shards")
     p.add_argument("--frame-mb", type=float, default=4.0, help="text per frame in MB (4)")
     p.add_argument("--level", type=int, default=3, help="zstd level (3)")
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__)
 
 
 def run(args: argparse.Namespace) -> int:

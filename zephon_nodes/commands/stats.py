@@ -76,7 +76,7 @@ def add_parser(sub: Any) -> None:
         help="also report token shares per window of N steps (token_shares_per_window)",
     )
     add_token_cache_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__)
 
 
 def _shares(counts: Mapping[str, float]) -> dict[str, float]:

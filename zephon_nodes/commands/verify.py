@@ -16,6 +16,7 @@ from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_w
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.recipe import Recipe
+from zephon_nodes.verification.baselines import naive_digests
 from zephon_nodes.verification.matrix import (
     SettingResult,
     VerifyResult,
@@ -23,6 +24,7 @@ from zephon_nodes.verification.matrix import (
     default_matrix,
     run_matrix,
 )
+from zephon_nodes.verification.report import ReportData, write_report
 
 __all__ = ["add_parser", "format_table", "run"]
 
@@ -113,7 +115,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     add_token_cache_args(p)
-    p.set_defaults(func=run)
+    p.set_defaults(run=__name__)
 
 
 def format_table(result: VerifyResult) -> str:
@@ -235,9 +237,6 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     if args.report:
-        from zephon_nodes.verification.baselines import naive_digests
-        from zephon_nodes.verification.report import ReportData, write_report
-
         baseline = {d: naive_digests(pipeline, d, args.steps) for d in dp_sizes}
         data = ReportData.from_results(result, baseline, title=str(args.recipe))
         for path in args.report:

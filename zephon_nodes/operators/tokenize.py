@@ -13,6 +13,7 @@ import numpy as np
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.operators.documents import DocBatch, TextBatch
 from zephon_nodes.recipe import TokenizerSpec
+from zephon_nodes.recipe.registry import lookup
 
 __all__ = [
     "ByteTokenizer",
@@ -222,7 +223,6 @@ class HFTokenizer:
 
 
 def _custom_tokenizer(name: str) -> Tokenizer:
-    from zephon_nodes.recipe.registry import lookup
 
     obj = lookup("tokenizer", name).obj
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "encode_batch")):

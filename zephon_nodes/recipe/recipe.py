@@ -20,6 +20,7 @@ from typing import Any
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe._fields import _Fields
 from zephon_nodes.recipe.bounds import MAX_SHOWN_KEY, check_setting, did_you_mean, unknown_keys
+from zephon_nodes.recipe.canonical import canonical_sha256
 from zephon_nodes.recipe.chat import ChatSpec
 from zephon_nodes.recipe.datasets import DatasetSpec
 from zephon_nodes.recipe.image import ImageSpec
@@ -229,8 +230,6 @@ class Recipe:
 
     def fingerprint(self) -> str:
         """Return the SHA-256 (hex) of the canonical JSON of :meth:`canonical`."""
-        from zephon_nodes.recipe.canonical import canonical_sha256
-
         return canonical_sha256(self.canonical(lazy=True))
 
     @classmethod

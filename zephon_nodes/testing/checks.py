@@ -37,6 +37,7 @@ from zephon_nodes.testing._harness import (
 from zephon_nodes.testing.list_sources import ListWorkSource, list_source
 from zephon_nodes.testing.state_checks import assert_save_load_state, assert_state_roundtrip
 from zephon_nodes.testing.strategies import doc_batches
+from zephon_nodes.verification.matrix import default_dp_sizes, default_matrix, run_matrix
 
 __all__ = [
     "ListWorkSource",
@@ -256,8 +257,6 @@ def assert_elastic(
     Raises:
         AssertionError: Naming the smallest failing setting and its first differing step.
     """
-    from zephon_nodes.verification.matrix import default_dp_sizes, default_matrix, run_matrix
-
     pipeline = recipe if isinstance(recipe, Pipeline) else Pipeline(recipe)
     sizes = list(dp_sizes) if dp_sizes is not None else default_dp_sizes(pipeline.num_lanes)
     settings = default_matrix(

@@ -25,8 +25,9 @@ from zephon_nodes.engine.metrics import StepMetrics
 from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline, lanes_for_rank
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.relane import for_state, pipeline_at, relane_state
 from zephon_nodes.engine.restore_checks import check_rank_state
-from zephon_nodes.engine.stages import segment_for_state
+from zephon_nodes.engine.stages import amend_state, segment_for_state
 from zephon_nodes.integrations.torchtitan.common import (
     check_agreement,
     check_tokenizer,
@@ -195,8 +196,6 @@ class LaneLoader:
 
     def _read_relaned(self, state: dict[str, Any]) -> None:
         """Switch to the re-laned streams of ``state`` (rebuilding this rank's nodes)."""
-        from zephon_nodes.engine.relane import for_state
-
         pipeline = for_state(self.pipeline, state)
         if pipeline is self.pipeline:
             return
@@ -226,8 +225,6 @@ class LaneLoader:
 
     def _relane_template(self) -> dict[str, Any]:
         """The keys of the checkpoint ``dataloader.relane_from`` names: all its old lanes."""
-        from zephon_nodes.engine.relane import pipeline_at
-
         return _every_lane_at_start(pipeline_at(self.pipeline, self.config.relane_from))
 
     def _amend_layout(self) -> dict[str, Any]:
@@ -532,8 +529,6 @@ class LaneLoader:
 
     def _relane(self, state_dict: dict[str, Any], room: int) -> dict[str, Any]:
         """Re-lane the loaded checkpoint of ``dataloader.relane_from`` lanes (every rank alike)."""
-        from zephon_nodes.engine.relane import pipeline_at, relane_state
-
         old_lanes = self.config.relane_from
         old = pipeline_at(self.pipeline, old_lanes)
         saved = from_dcp_state(
@@ -568,8 +563,6 @@ class LaneLoader:
         Every rank computes the same state (each lane's cut window is replayed, a pure
         function of the checkpoint) and keeps its own lanes.
         """
-        from zephon_nodes.engine.stages import amend_state
-
         old = self._amend_old
         assert old is not None
         where = f"dataloader.amend_from={self.config.amend_from}"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zephon_nodes.core.settings import Settings, using
+from zephon_nodes.engine.child import ChildRankNode
 from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
@@ -61,8 +62,6 @@ def child_rank_node(config: Any, settings: Settings, **geometry: Any) -> Any:
         settings: The process's physical settings, with the config's applied.
         **geometry: ``dp_world_size``, ``dp_rank``, ``local_batch_size`` and ``lanes``.
     """
-    from zephon_nodes.engine.child import ChildRankNode  # the process engine only
-
     factory = functools.partial(
         build_rank_node,
         config.recipe,
