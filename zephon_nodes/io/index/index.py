@@ -27,7 +27,7 @@ import os
 import posixpath
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from zephon_nodes.core.settings import current
 from zephon_nodes.io.formats import tar
 from zephon_nodes.io.formats.lines import LineCounter, decompress_to, index_file
 from zephon_nodes.io.formats.parquet import _pq
+from zephon_nodes.io.index.compact import CompactShards
 from zephon_nodes.io.index.indexcheck import SEAL_KEY, check_entry, kind_of, parse_manifest, seal
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import atomic_write
@@ -56,6 +57,7 @@ __all__ = [
     "find_entry",
     "indexed_identity",
     "load_index",
+    "read_manifest",
     "write_index",
 ]
 
@@ -68,7 +70,9 @@ SEARCH_UP = 3
 
 _LOCK = threading.Lock()
 # Manifest location -> (its directory, {relative name: entry}); None: no manifest there.
-_MANIFESTS: dict[str, tuple[str, dict[str, Any]] | None] = {}
+# Kept compact (the entries' JSON text, parsed on lookup): a parsed manifest is 0.4-0.65 KB
+# of Python objects per shard, for the life of the process.
+_MANIFESTS: dict[str, tuple[str, Mapping[str, Any]] | None] = {}
 # Explicit manifest for files: file URI -> manifest location (a dataset's ``index``).
 _NAMED: dict[str, str] = {}
 
@@ -150,10 +154,24 @@ def load_index(location: str) -> dict[str, Any] | None:
     return data
 
 
-def _manifest(location: str) -> tuple[str, dict[str, Any]] | None:
+def _manifest(location: str) -> tuple[str, Mapping[str, Any]] | None:
+    """The manifest at ``location`` as ``(directory, shards)``, kept for the process (compact)."""
     with _LOCK:
         if location in _MANIFESTS:
             return _MANIFESTS[location]
+    read = read_manifest(location)
+    found = None if read is None else (read[0], CompactShards(read[1]))
+    with _LOCK:
+        _MANIFESTS[location] = found
+    return found
+
+
+def read_manifest(location: str) -> tuple[str, dict[str, Any]] | None:
+    """The manifest at ``location`` as ``(directory, {name: entry})``, parsed now, not kept.
+
+    Raises:
+        DataError: As :func:`load_index`.
+    """
     data = load_index(location)
     found = None
     if data is not None:
@@ -169,8 +187,6 @@ def _manifest(location: str) -> tuple[str, dict[str, Any]] | None:
         else:
             directory = os.path.normpath(os.path.join(_dirname(location), base))
         found = (directory, data["shards"])
-    with _LOCK:
-        _MANIFESTS[location] = found
     return found
 
 
@@ -247,7 +263,7 @@ def find_entry(uri: str) -> tuple[dict[str, Any], str] | None:
     return result
 
 
-_DIRS: dict[str, tuple[str, str, dict[str, Any]] | None] = {}
+_DIRS: dict[str, tuple[str, str, Mapping[str, Any]] | None] = {}
 
 
 def _candidates(text: str, named: str | None) -> list[str]:

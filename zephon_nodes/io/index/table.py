@@ -42,7 +42,7 @@ from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import current
 from zephon_nodes.io.formats.entrysums import count_bad
 from zephon_nodes.io.index.index import _candidates as shard_candidates
-from zephon_nodes.io.index.index import _manifest, announce, literal_dir, rebuild_hint
+from zephon_nodes.io.index.index import announce, literal_dir, read_manifest, rebuild_hint
 from zephon_nodes.io.index.tablesums import (
     drop_table,
     sums_hold,
@@ -262,7 +262,7 @@ def _table_key(location: str) -> tuple[str, storage.FileStat] | None:
 
 def _build(location: str, folder: Path) -> None:
     """Parse the manifest at ``location`` once and write its columns into ``folder``."""
-    found = _manifest(location)
+    found = read_manifest(location)  # parsed for the conversion only (not kept)
     if found is None:
         raise DataError(f"{storage.redact(location)}: dataset index vanished while read")
     directory, shards = found

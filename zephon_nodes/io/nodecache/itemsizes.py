@@ -1,0 +1,121 @@
+"""Work-item sizes kept per node: computed by one process, read by every later build.
+
+Dealing by tokens (:mod:`zephon_nodes.engine.balance`) sizes each work item of a small dataset
+by parsing and tokenizing every record when a pipeline is built. Those sizes are a pure
+function of the records and of the parse and tokenizer, so they are kept in the node's cache
+directory (``sizes/<key>.npy``, one int64 per work item) under a key the caller makes of
+exactly that (the shards' content identities, the work items' record ranges, the text field,
+the error policy, the tokenizer's identity and the version of the parse and tokenize code):
+every later build on the node (each rank of a job, each restart) reads one small file instead.
+The first build of a node computes them while the node's other processes wait for it (a file
+lock), as the shard table of a dataset index is made once per node.
+
+Each file ends with a 63-bit share of the xxh3-64 of its values, checked on every read: a
+file that fails it (a failing disk, a hand edit) is dropped, counted (``bad_cache_entries``)
+and computed again, so a damaged file can never change a deal. A cache directory that cannot
+be written only costs the computation at every build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from zephon_nodes.core.errors import DataError
+from zephon_nodes.io.formats.entrysums import count_bad
+from zephon_nodes.io.storage.cache import atomic_write, cache_dir
+
+__all__ = ["node_sizes"]
+
+_MASK = (1 << 63) - 1
+
+
+def _folder() -> Path | None:
+    try:
+        folder = cache_dir() / "sizes"
+        folder.mkdir(exist_ok=True)
+    except (DataError, OSError):
+        return None
+    return folder
+
+
+def _tag(values: np.ndarray) -> np.int64:
+    return np.int64(xxhash.xxh3_64_intdigest(values.tobytes()) & _MASK)
+
+
+def _read(path: Path) -> np.ndarray | None:
+    """The sizes stored at ``path`` if they are there and hold their check; else None."""
+    try:
+        stored = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        stored = None
+    if (
+        isinstance(stored, np.ndarray)
+        and stored.dtype == np.int64
+        and stored.ndim == 1
+        and len(stored) >= 1
+        and int(stored[-1]) == int(_tag(stored[:-1]))
+    ):
+        return np.array(stored[:-1])
+    count_bad()  # not what was written: dropped, made again
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
+
+
+@contextlib.contextmanager
+def _node_lock(path: Path) -> Iterator[None]:
+    """Hold the key's file lock (other processes and threads wait); nothing if it can't."""
+    try:
+        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a new open file: other threads' locks hold it off too
+        yield
+    finally:
+        os.close(fd)
+
+
+def node_sizes(
+    key: str | None, compute: Callable[[], tuple[np.ndarray, bool]]
+) -> tuple[np.ndarray, bool]:
+    """The sizes kept under ``key``, else ``compute()``'s (kept when it says they may be).
+
+    Args:
+        key: What the sizes are a function of (a short file-name-safe digest); None: not
+            kept (computed every time).
+        compute: Returns ``(sizes, keep)``: ``keep`` False for sizes that may differ next
+            time (a file that could not be read yet).
+
+    Returns:
+        ``(sizes, computed)``: ``computed`` False when they were read from the node cache.
+    """
+    folder = None if key is None else _folder()
+    if folder is None or key is None:
+        return compute()[0], True
+    path = folder / f"{key}.npy"
+    found = _read(path)
+    if found is not None:
+        return found, False
+    with _node_lock(path):
+        found = _read(path)  # another process of the node made them meanwhile
+        if found is not None:
+            return found, False
+        sizes, keep = compute()
+        if keep:
+            values = np.asarray(sizes, dtype=np.int64)
+            with contextlib.suppress(OSError):  # a read-only cache only costs the next build
+                atomic_write(
+                    path, lambda f: np.save(f, np.append(values, _tag(values)), allow_pickle=False)
+                )
+    return sizes, True
