@@ -79,6 +79,7 @@ def _state_bytes(pipeline: Pipeline, lanes: list[int], big: bool) -> int:
         step=v,
         micro=0,
         lanes={i: (v, v) for i in lanes},
+        last_sample={i: (1 << 62) - 1 for i in lanes} if big else {},
     ).to_dict()
     return len(json.dumps(state).encode("utf-8"))
 

@@ -202,10 +202,27 @@ class Lane(BaseNode[dict[str, Any]]):
         self._pass = 0
         self._window = 0
         self._consumed = 0
+        self._last: Any = None
+
+    @property
+    def last_sample(self) -> Any:
+        """The sample the lane handed out last (or replayed last in a restore), or None.
+
+        ``None`` when the lane has handed out no sample of its current window (after a
+        reset to ``[w, 0]``). A reference, not a copy: the state's check of it
+        (:mod:`zephon_nodes.state.last_sample`) is computed only when a state is taken.
+        """
+        return self._last
+
+    def _take(self) -> Any:
+        """The source's next output (a restore's replay): remembered as the last sample."""
+        self._last = item = next(self.source)
+        return item
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         """Start the lane's stream, or replay to the position in ``initial_state``."""
         super().reset(initial_state)
+        self._last = None
         if initial_state is None:
             self.source.reset(None)
             self._window, self._consumed, self._pass = 0, 0, 0
@@ -228,7 +245,7 @@ class Lane(BaseNode[dict[str, Any]]):
         self.source.reset(self.source.state_at_window(window))
         self._window, self._consumed = window, 0
         replay(
-            lambda: next(self.source),
+            self._take,
             consumed,
             lambda _: (
                 f"lane {self.lane}: the checkpoint says {consumed} samples of window "
@@ -251,6 +268,7 @@ class Lane(BaseNode[dict[str, Any]]):
                 self._enter_window()
                 continue
             self._consumed += 1
+            self._last = item
             return item
 
     def _enter_window(self) -> None:

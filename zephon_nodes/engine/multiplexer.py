@@ -25,6 +25,12 @@ from zephon_nodes.io.nodecache.workercounts import bad_cache_entries
 from zephon_nodes.operators.batch import collate
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
+from zephon_nodes.state.last_sample import (
+    LAST_SAMPLE_KEY,
+    check_last_samples,
+    parse_last_samples,
+    sample_check,
+)
 from zephon_nodes.state.mixture import (
     MixtureLog,
     normalize_weights,
@@ -159,6 +165,11 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._positions: dict[int, tuple[int, int]] = {}
         self._pending: list[dict[str, torch.Tensor]] = []
         self._pending_end: dict[int, tuple[int, int]] = {}
+        # Per owned lane, the last sample it handed out as of self._positions (a reference),
+        # and its check once a state asked for it (state/last_sample.py).
+        self._last: dict[int, Any] = {}
+        self._pending_last: dict[int, Any] = {}
+        self._last_checks: dict[int, int] | None = None
         self._exhausted = False
         self._pass = 0
         self._used = False
@@ -281,6 +292,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         super().reset(initial_state)
         self._pending, self._pending_end, self._exhausted = [], {}, False
         self._partial, self._unused = {}, None
+        self._last, self._pending_last, self._last_checks = {}, {}, None
         if initial_state is None:
             self._switch(segment_for_state(self.pipeline, None))
             if self._used and self.pipeline.recipe.stages:
@@ -344,10 +356,36 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._pass, self._used = pass_index, True
         self._positions = {i: positions[i] for i in self.lanes}
         self._step = step
+        self._check_last_samples(initial_state)
         self._micro = 0
         if micro:
             self._build_step()
             self._micro = micro
+
+    def _check_last_samples(self, state: Mapping[str, Any]) -> None:
+        """Compare the lanes' replayed last samples with the state's ``last_sample`` section.
+
+        Called after the lanes replayed their windows (``self._step``, ``self._pass`` and
+        ``self._positions`` are the state's); see :mod:`zephon_nodes.state.last_sample`.
+        """
+        self._last = {
+            i: lane.last_sample for i, lane in self.lanes.items() if lane.last_sample is not None
+        }
+        saved = parse_last_samples(state.get(LAST_SAMPLE_KEY), self.pipeline.num_lanes)
+        if saved is None:  # a state written before the section existed: checked as before
+            return
+        checks = self._sample_checks()
+        reached = {i: checks.get(i) for i in self.lanes}
+        check_last_samples(saved, reached, self._positions, self._step)
+
+    def _sample_checks(self) -> dict[int, int]:
+        """Per owned lane with a last sample, its check (computed once per committed step)."""
+        if self._last_checks is None:
+            self._last_checks = {
+                i: sample_check(self._pass, self._step, i, self._positions[i], sample)
+                for i, sample in sorted(self._last.items())
+            }
+        return dict(self._last_checks)
 
     def _install(self, mixture: MixtureLog) -> None:
         """Install a decision log into this rank's work source."""
@@ -396,6 +434,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         rows: list[dict[str, np.ndarray]] = []
         lane_ids: list[int] = []
         end: dict[int, tuple[int, int]] = {}
+        last: dict[int, Any] = {}
         for i, lane in self.lanes.items():
             for _ in range(self.samples_per_lane):
                 try:
@@ -407,6 +446,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                 lane_ids.append(i)
             st = lane.get_state()
             end[i] = (st[Lane.WINDOW_KEY], st[Lane.CONSUMED_KEY])
+            last[i] = rows[-1]
         b = self.local_batch_size
         lane_arr = np.asarray(lane_ids, dtype=np.int64)
         self._pending = []
@@ -414,7 +454,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             batch = collate(rows[k * b : (k + 1) * b])
             batch[LANE_KEY] = torch.from_numpy(lane_arr[k * b : (k + 1) * b].copy())
             self._pending.append(batch)
-        self._pending_end = end
+        self._pending_end, self._pending_last = end, last
 
     def next(self) -> dict[str, torch.Tensor]:
         """Return the next micro-batch; StopIteration after the last full global batch."""
@@ -441,7 +481,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._micro += 1
         if self._micro == self.micro_per_step:
             self._positions = dict(self._pending_end)
-            self._pending, self._pending_end = [], {}
+            self._last, self._last_checks = dict(self._pending_last), None
+            self._pending, self._pending_end, self._pending_last = [], {}, {}
             self._step += 1
             self._micro = 0
             self._notify_positions()
@@ -502,6 +543,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             mixture=self._mixture.to_state(list(self.lanes)) if self._mixture else None,
             lineage=p.lineage,  # a re-laned stream (engine/relane/)
             stage=self._stage_section(),
+            last_sample=self._sample_checks(),
         ).to_dict()
 
     def _stage_section(self) -> dict[str, Any] | None:

@@ -19,7 +19,8 @@ __all__ = ["REPLAY_CHECK_SAMPLES", "check_by_replay"]
 REPLAY_CHECK_SAMPLES = 256
 """A restore replays each lane from the start of its pass to check its saved position
 exactly while the lane has handed out at most this many samples of the pass (later, the
-position is checked against the step's bounds only; see ``docs/checkpoint.md``)."""
+position is checked against the step's bounds and by the lane's ``last_sample`` check,
+:mod:`zephon_nodes.state.last_sample`; see ``docs/checkpoint.md``)."""
 
 
 def check_by_replay(

@@ -12,6 +12,7 @@ from zephon_nodes.state.schema import (
     FINGERPRINT_KEY,
     FORMAT_KEY,
     LANES_KEY,
+    LAST_SAMPLE_KEY,
     LAYOUT_KEY,
     LINEAGE_KEY,
     MICRO_KEY,
@@ -23,7 +24,7 @@ from zephon_nodes.state.schema import (
 )
 from zephon_nodes.state.stage import merge_stage_sections
 
-__all__ = ["merge_states"]
+__all__ = ["merge_last_samples", "merge_states"]
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -57,8 +58,12 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if overlap:
             raise CheckpointError(f"lanes {sorted(overlap)} appear in more than one rank state")
         lanes.update(s[LANES_KEY])
-    merged = {k: v for k, v in first.items() if k not in (LANES_KEY, LAYOUT_KEY, STAGE_KEY)}
+    per_rank = (LANES_KEY, LAYOUT_KEY, STAGE_KEY, LAST_SAMPLE_KEY)
+    merged = {k: v for k, v in first.items() if k not in per_rank}
     merged[LANES_KEY] = dict(sorted(lanes.items(), key=lambda kv: int(kv[0])))
+    last = merge_last_samples([s.get(LAST_SAMPLE_KEY) for s in states])
+    if last is not None:
+        merged[LAST_SAMPLE_KEY] = last
     mixtures = [s.get(MIXTURE_KEY) for s in states]
     if any(m is not None for m in mixtures):
         merged[MIXTURE_KEY] = merge_mixtures(mixtures)
@@ -66,3 +71,17 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if stage is not None:
         merged[STAGE_KEY] = stage
     return merged
+
+
+def merge_last_samples(sections: Sequence[Any]) -> dict[str, Any] | None:
+    """The ranks' ``last_sample`` sections as one (None unless every rank has one).
+
+    A rank state without the section was written before it existed; the merged state is
+    then checked as such (:mod:`zephon_nodes.state.last_sample`).
+    """
+    if not sections or not all(isinstance(s, Mapping) for s in sections):
+        return None
+    out: dict[str, Any] = {}
+    for section in sections:
+        out.update(section)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else -1))

@@ -6,7 +6,7 @@ A rank's state is plain JSON-safe data (``Multiplexer.state_dict()``)::
      "recipe": {<per-field summary of the recipe>}, "num_lanes": L, "step": s, "micro": 0,
      "lanes": {"0": [window, consumed], "1": [...], ...},
      "layout": {...}, "pass": p, "mixture": {...}, "lineage": {...},
-     "stage": {...}}   # each optional
+     "stage": {...}, "last_sample": {"0": check, ...}}   # each optional
 
 :class:`RankState` is the typed form: :meth:`RankState.from_dict` checks the structure
 (keys, types, ranges) of an untrusted dict, :meth:`RankState.to_dict` gives the dict back.
@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
+from zephon_nodes.state.last_sample import LAST_SAMPLE_KEY, parse_last_samples
 from zephon_nodes.state.lineage import LINEAGE_KEY
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "FORMAT_KEY",
     "FORMAT_PREFIX",
     "LANES_KEY",
+    "LAST_SAMPLE_KEY",
     "LAYOUT_KEY",
     "LAYOUT_LANES_KEY",
     "LINEAGE_KEY",
@@ -65,6 +67,7 @@ MIXTURE_KEY = "mixture"  # the decision log of a dynamic mixture (state.mixture)
 PASS_KEY = "pass"  # the pass of the recipe's stream, after the first (docs/torchdata.md)
 # LINEAGE_KEY: where a re-laned stream came from (state.lineage)
 STAGE_KEY = "stage"  # the stage of a recipe that changes during the run (state.stage)
+# LAST_SAMPLE_KEY: per lane, a check of the last sample it handed out (state.last_sample)
 LAYOUT_LANES_KEY = "lanes"
 LOCAL_BATCH_SIZE_KEY = "local_batch_size"
 
@@ -79,6 +82,7 @@ STATE_KEYS = frozenset(
         PASS_KEY,
         LINEAGE_KEY,
         STAGE_KEY,
+        LAST_SAMPLE_KEY,
     )
 )
 MAX_VALUE = 2**62
@@ -111,6 +115,8 @@ class RankState:
         mixture: The dynamic-mixture section (:mod:`zephon_nodes.state.mixture`), or None.
         lineage: The re-lane lineage (:mod:`zephon_nodes.state.lineage`), or None.
         stage: The stage section (:mod:`zephon_nodes.state.stage`), or None.
+        last_sample: ``{lane: check}`` of the last sample each lane handed out
+            (:mod:`zephon_nodes.state.last_sample`), or None (a state written before it).
     """
 
     fingerprint: str
@@ -124,6 +130,7 @@ class RankState:
     mixture: Mapping[str, Any] | None = None
     lineage: Mapping[str, Any] | None = None
     stage: Mapping[str, Any] | None = None
+    last_sample: Mapping[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the plain, JSON-safe state (a fresh dict)."""
@@ -146,6 +153,8 @@ class RankState:
             out[LINEAGE_KEY] = self.lineage
         if self.stage is not None:
             out[STAGE_KEY] = self.stage
+        if self.last_sample is not None:
+            out[LAST_SAMPLE_KEY] = {lane_key(i): v for i, v in sorted(self.last_sample.items())}
         return out
 
     @classmethod
@@ -199,6 +208,7 @@ class RankState:
             mixture=mixture,
             lineage=state.get(LINEAGE_KEY),
             stage=state.get(STAGE_KEY),
+            last_sample=parse_last_samples(state.get(LAST_SAMPLE_KEY), int(num_lanes)),
         )
 
 
