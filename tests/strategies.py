@@ -125,7 +125,7 @@ def operator_assignments(draw: st.DrawFn, pipeline: Pipeline, pools: dict[str, W
 
 
 #: The transitions of a run (engine/timeline.py): what a chain of changes is drawn from.
-TRANSITIONS = ("relane", "add", "remove", "seq_len", "mixture", "stage")
+TRANSITIONS = ("relane", "add", "remove", "seq_len", "mixture", "stage", "pass")
 
 
 @st.composite

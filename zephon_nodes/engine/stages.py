@@ -54,6 +54,7 @@ from zephon_nodes.state.schema import (
     LINEAGE_KEY,
     MICRO_KEY,
     NUM_LANES_KEY,
+    PASS_KEY,
     RECIPE_KEY,
     STAGE_KEY,
     STEP_KEY,
@@ -491,6 +492,16 @@ def amend_state(old: Pipeline, state: Mapping[str, Any], new: Pipeline) -> dict[
         RecipeError: If the change cannot be made (a fixed field differs, ...).
     """
     step = int(state[STEP_KEY])
+    if state.get(PASS_KEY, 0) != 0:
+        # The amended streams continue each lane's position in the first pass's streams; a
+        # later pass reads other data epochs (issue 32: found by the chain property). After a
+        # re-lane made in a later pass the state's own pass restarts at 0: enter_stage refuses
+        # that change (engine/unread.py).
+        raise RecipeError(
+            f"the checkpoint is in pass {state.get(PASS_KEY)!r} of a finite recipe (a new "
+            f"iter() after the end of its data): an amendment continues the first pass's "
+            f"streams only; amend before the data ends, or start a new run with the new recipe"
+        )
     early = [s.start_step for s in new.recipe.stages if s.start_step <= step]
     if early:
         raise RecipeError(
