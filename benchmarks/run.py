@@ -18,7 +18,9 @@ Suites:
   Then the first-batch table (as the ``first`` suite).
 * ``first``: seconds from building each pipeline to its first batch, fresh and resumed
   (after 20 batches), at dp 1 and dp 4 (rank 0), fresh process each, medians over
-  ``--first-rounds``; ``--peers`` picks pipelines.
+  ``--first-rounds``; ``--peers`` picks pipelines (``zephon_cache``: zephon-nodes with the
+  token cache on, empty at the start, so that a resume's replay reads what the run before
+  the save stored).
 * ``scaling``: 1 vs 32 lanes, 1 vs 2 workers, thread vs process runner with a pure-Python
   operator (alternating pairs, medians).
 * ``checkpoint``: state size per lane and fixed header, ``state_dict()`` time, for several
@@ -52,6 +54,10 @@ from benchmarks.titan_main import titan_main_python
 
 SUITES = ("throughput", "first", "scaling", "checkpoint", "resume", "memory")
 PEERS = ("zephon", "grain", "grain_proc", "torchtitan", "titan_main", "nodes", "raw")
+# First-batch peers only: variants of zephon-nodes with a physical setting changed.
+FIRST_ONLY = ("zephon_cache",)
+# The throughput tables compare every peer with these two: they always run.
+ALWAYS = ("zephon", "raw")
 LABELS = {
     "zephon": "zephon-nodes (8 lanes, shuffle 64, 2 threads)",
     "grain": "Grain, thread prefetch, 2 threads",
@@ -60,6 +66,7 @@ LABELS = {
     "titan_main": "TorchTitan main GrainDataLoader (b5bcd76), 2 read threads",
     "nodes": "plain torchdata.nodes (ParallelMapper, 2 threads)",
     "raw": "raw tokenizer encode_batch, 2 threads (the limit)",
+    "zephon_cache": "zephon-nodes, token cache on (empty at the start)",
 }
 TOKENIZERS = {
     "sp": "sentencepiece BPE, 32k",
@@ -283,10 +290,15 @@ def suite_throughput(
     first_rounds: int = 3,
     first_peers: Sequence[str] = PEERS,
 ) -> dict[str, Any]:
-    """Every peer on one tokenizer (``base.tokenizer``), then its first batch table."""
-    variants = {name: (name, base) for name in PEERS}
+    """The peers on one tokenizer (``base.tokenizer``), then their first batch table.
+
+    ``first_peers`` (``--peers``) picks the pipelines; zephon-nodes and the raw tokenizer
+    always run (the tables are relative to them).
+    """
+    names = [n for n in PEERS if n in first_peers or n in ALWAYS]
+    variants = {name: (name, base) for name in names}
     stats, raw = _alternate(variants, rounds, measure)
-    ran = [n for n in PEERS if n in stats]
+    ran = [n for n in names if n in stats]
     ckpt = {n: raw[n][-1].get("ckpt_bytes") for n in ran}
     first = {n: statistics.median([x["first_batch_s"] for x in raw[n]]) for n in ran}
     cpu = {
@@ -297,6 +309,7 @@ def suite_throughput(
     }
     return {
         "tokenizer": base.tokenizer,
+        "peers": names,
         "stats": stats,
         "ckpt_bytes": ckpt,
         "first_batch_s": first,
@@ -581,7 +594,7 @@ def _first_table(tok: str, first: dict[str, dict[str, float]]) -> list[str]:
         "| pipeline | " + " | ".join(c.replace("_", ", ") for c in cols) + " |",
         "|---|" + "---|" * len(cols),
     ]
-    for n in PEERS:
+    for n in PEERS + FIRST_ONLY:
         if n in first:
             row = [_fmt(first[n].get(c)) for c in cols]
             lines.append(f"| {LABELS[n]} | " + " | ".join(row) + " |")
@@ -603,6 +616,8 @@ def _throughput_table(tok: str, tp: dict[str, Any]) -> list[str]:
     ]
     cpu = tp["tok_per_cpu_s"]
     for n in PEERS:
+        if n not in tp.get("peers", PEERS):
+            continue  # not picked (--peers)
         if n not in s:
             lines.append(f"| {LABELS[n]} | absent | | | | | | | |")
             continue
@@ -712,7 +727,12 @@ def _parser() -> argparse.ArgumentParser:
         "--tokenizers", default="sp,hf", help=f"throughput: comma list of {list(TOKENIZERS)}"
     )
     p.add_argument("--first-rounds", type=int, default=3, help="rounds of first-batch timings")
-    p.add_argument("--peers", default=",".join(PEERS), help="first-batch peers")
+    p.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help=f"pipelines to run (throughput: zephon and raw always run; first batch also "
+        f"{list(FIRST_ONLY)})",
+    )
     p.add_argument(
         "--inprocess",
         action="store_true",
@@ -761,7 +781,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(0)
     suites = _names(args.suite, SUITES, "suite")
     tokenizers = _names(args.tokenizers, tuple(TOKENIZERS), "tokenizer")
-    peers = _names(args.peers, PEERS, "peer")
+    peers = _names(args.peers, PEERS + FIRST_ONLY, "peer")
     fr = args.first_rounds
     cargs = corpus_args(args.tiny, args.root)
     corpus = _build(cargs)

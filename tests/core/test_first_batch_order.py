@@ -6,15 +6,24 @@ All three are physical settings: they change when work runs, never what comes ou
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 import pytest
 from torchdata.nodes import BaseNode
 
 from tests.core.helpers import texts_recipe
-from zephon_nodes import Pipeline
-from zephon_nodes.engine.parallel_map import OrderedParallelMap, prime_lanes, reset_lanes
+from zephon_nodes import Pipeline, ShuffleSpec
+from zephon_nodes.core.errors import CheckpointError
+from zephon_nodes.core.work_item import WorkItem
+from zephon_nodes.engine.parallel_map import (
+    OrderedParallelMap,
+    prime_lanes,
+    reset_lanes,
+    run_together,
+)
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.replay_check import REPLAY_CHECK_SAMPLES
 
 
 def test_thread_pool_runs_lowest_priority_first_and_fifo_among_equals() -> None:
@@ -117,3 +126,77 @@ def test_resume_with_parallel_restore_gives_the_uninterrupted_batches() -> None:
     finally:
         pool.close()
     assert got == expected
+
+
+class _CountingPool(WorkerPool):
+    """A thread pool that records each work item it is given: ``(lane, position)``."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers, "thread")
+        self.items: list[tuple[int, int]] = []
+        self.threads: set[str] = set()
+
+    def submit(self, fn: Any, arg: Any, priority: int = 0) -> Any:
+        if isinstance(arg, WorkItem):
+            self.items.append((arg.lane, arg.position))
+            self.threads.add(threading.current_thread().name)
+        return super().submit(fn, arg, priority)
+
+
+def test_resume_inside_the_replay_check_replays_each_work_item_once() -> None:
+    """The check's replay leaves the lanes in place: no work item is computed twice."""
+    texts = [f"text {i} " * (2 + i % 7) for i in range(200)]
+    recipe = texts_recipe(texts, shuffle=ShuffleSpec(6))
+    reference = Pipeline(recipe).rank_node(1, 0, pool=WorkerPool(0))
+    it = iter(reference)
+    for _ in range(7):
+        next(it)
+    state = reference.state_dict()
+    expected = [next(it)["input"].tolist() for _ in range(4)]
+    steps = state["step"] * recipe.samples_per_lane
+    assert 0 < steps <= REPLAY_CHECK_SAMPLES  # the restore checks this state by replay
+    pool = _CountingPool(2)
+    try:
+        node = Pipeline(recipe).rank_node(1, 0, pool=pool)
+        node.reset(state)
+        got = [next(node)["input"].tolist() for _ in range(4)]
+    finally:
+        pool.close()
+    assert got == expected
+    assert pool.items, "the restore replayed nothing"
+    repeated = sorted({x for x in pool.items if pool.items.count(x) > 1})
+    assert not repeated, f"work items (lane, position) computed twice: {repeated}"
+    # The check replayed the lanes together, each on a thread of its own.
+    assert len({t for t in pool.threads if t.startswith("zephon-restore-")}) == recipe.num_lanes
+
+
+def test_replay_check_names_the_first_lane_refused() -> None:
+    """Lanes checked together still refuse an edited state naming the lowest lane."""
+    texts = [f"text {i} " * (2 + i % 7) for i in range(200)]
+    recipe = texts_recipe(texts, shuffle=ShuffleSpec(6))
+    node = Pipeline(recipe).rank_node(1, 0, pool=WorkerPool(0))
+    it = iter(node)
+    for _ in range(7):
+        next(it)
+    state = node.state_dict()
+    lanes = state["lanes"]
+    assert lanes["1"] != lanes["3"], lanes  # swapped, both positions stay plausible
+    lanes["1"], lanes["3"] = lanes["3"], lanes["1"]
+    with WorkerPool(2, "thread") as pool:
+        again = Pipeline(recipe).rank_node(1, 0, pool=pool)
+        with pytest.raises(CheckpointError, match=r"lanes\['1'\]"):
+            again.reset(state)
+
+
+def test_run_together_runs_every_call_and_bounds_its_threads() -> None:
+    """More calls than threads: each runs once, on at most ``max_threads`` threads."""
+    names: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def call(k: int) -> None:
+        with lock:
+            names.append((k, threading.current_thread().name))
+
+    run_together([partial(call, k) for k in range(10)], max_threads=3)
+    assert sorted(k for k, _ in names) == list(range(10))
+    assert len({n for _, n in names}) == 3

@@ -572,6 +572,59 @@ class TestAccessPlan:
         plan.horizon = 2
         assert plan.keys() == (["b", "c"], [0])
 
+    @settings(max_examples=60, deadline=None)
+    @given(
+        streams=st.lists(
+            st.lists(st.sampled_from(["a", "b", "c", None]), max_size=12), min_size=1, max_size=4
+        ),
+        moves=st.lists(st.tuples(st.integers(0, 14), st.integers(0, 3)), min_size=1, max_size=30),
+        horizon=st.integers(1, 9),
+    )
+    def test_keys_after_any_moves_are_those_of_the_items(
+        self, streams: list[list[str | None]], moves: list[tuple[int, int]], horizon: int
+    ) -> None:
+        """Positions moving forward and back: keys() lists what items() yields, in order."""
+        source = _Source()
+        source.STREAMS = dict(enumerate(streams))
+        source.num_lanes = len(streams)
+        plan = AccessPlan(source, horizon)  # type: ignore[arg-type]
+        for k, (start, ahead) in enumerate(moves):
+            lanes = range(len(streams))
+            plan.update(
+                {lane: (start + lane * k) % 15 for lane in lanes},
+                {lane: (start + lane * k) % 15 + ahead for lane in lanes},
+            )
+            expected: tuple[list[str], list[int]] = ([], [])
+            for scanned, (item, flying) in enumerate(plan.items(), 1):  # the reference
+                key = getattr(item.shard, "cache_key", None)
+                if key is not None:
+                    if flying:
+                        expected[1].append(len(expected[0]))
+                    expected[0].append(key)
+                    if len(expected[0]) >= horizon:
+                        break
+                if scanned >= 8 * horizon:
+                    break
+            assert plan.keys() == expected
+
+    def test_each_work_item_is_looked_up_once(self) -> None:
+        """Recomputing the future after a step reads the work source for new items only."""
+        calls: list[tuple[int, int]] = []
+        source = _Source()
+        work = source.work
+
+        def counted(lane: int, i: int) -> Any:
+            calls.append((lane, i))
+            return work(lane, i)
+
+        source.work = counted  # type: ignore[method-assign]
+        plan = AccessPlan(source)  # type: ignore[arg-type]
+        plan.update({0: 0, 1: 0})
+        assert plan.keys() == (["a", "b", "y", "c", "z", "d"], [])
+        plan.update({0: 1, 1: 0}, {0: 2, 1: 0})
+        assert plan.keys() == (["b", "c", "y", "d", "z"], [0])
+        assert sorted(calls) == sorted(set(calls)), calls
+
     def test_feed_drives_eviction_and_prefetch(self, tmp_path: Path) -> None:
         """The feed's plan makes the cache keep the sooner key and prefetch the next one."""
         cache = NodeCache(tmp_path, 100)  # a quarter holds 2 entries

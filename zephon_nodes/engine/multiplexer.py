@@ -342,17 +342,21 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                 )
             if micro >= self.micro_per_step:
                 raise CheckpointError(f"checkpoint micro={micro} >= {self.micro_per_step}")
-        if not self._own_state:  # a state this node just made (set_mixture) needs no replay
-            check_by_replay(self, positions, step, pass_index, initial_state.get(LINEAGE_KEY))
+        # A state this node just made (set_mixture) needs no replay. A check that replayed
+        # leaves every lane at its saved position: the lanes are not replayed twice.
+        placed = not self._own_state and check_by_replay(
+            self, positions, step, pass_index, initial_state.get(LINEAGE_KEY)
+        )
         self._positions = {i: positions[i] for i in self.lanes}
         self._notify_positions()
         # The lanes replay their windows together (engine/parallel_map.py: reset_lanes).
-        reset_lanes(
-            [
-                (lane, {Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c, Lane.PASS_KEY: pass_index})
-                for lane, (w, c) in ((lane, positions[i]) for i, lane in self.lanes.items())
-            ]
-        )
+        if not placed:
+            reset_lanes(
+                [
+                    (lane, {Lane.WINDOW_KEY: w, Lane.CONSUMED_KEY: c, Lane.PASS_KEY: pass_index})
+                    for lane, (w, c) in ((lane, positions[i]) for i, lane in self.lanes.items())
+                ]
+            )
         self._pass, self._used = pass_index, True
         self._positions = {i: positions[i] for i in self.lanes}
         self._step = step

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -17,7 +19,7 @@ from zephon_nodes.core.operator import operator_name
 from zephon_nodes.engine.metrics import OperatorClock, TimedCall
 from zephon_nodes.engine.pool import WorkerPool
 
-__all__ = ["OrderedParallelMap", "prime_lanes", "reset_lanes"]
+__all__ = ["OrderedParallelMap", "prime_lanes", "reset_lanes", "run_together"]
 
 
 def _describe(item: Any) -> str:
@@ -188,6 +190,12 @@ def _maps(node: BaseNode[Any]) -> list[OrderedParallelMap]:
     return out
 
 
+# Each lane's first-stage maps, found once per lane (prime_lanes runs at every step).
+_FIRST_STAGES: weakref.WeakKeyDictionary[BaseNode[Any], list[OrderedParallelMap]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def prime_lanes(lanes: Iterable[BaseNode[Any]]) -> None:
     """Submit every lane's look-ahead to the pool at once, before the first step is built.
 
@@ -201,37 +209,40 @@ def prime_lanes(lanes: Iterable[BaseNode[Any]]) -> None:
     multiplexer's hook-up is one line at the start of building its first step.
     """
     for lane in lanes:
-        for m in _maps(lane):
-            if not _maps(m.source):  # the first stage only: a later one would wait for it
-                m.prime()
+        first = _FIRST_STAGES.get(lane)
+        if first is None:  # a lane's nodes never change: found once, not at every step
+            # The first stage only: a later one would wait for it.
+            first = [m for m in _maps(lane) if not _maps(m.source)]
+            _FIRST_STAGES[lane] = first
+        for m in first:
+            m.prime()
 
 
-def reset_lanes(resets: Sequence[tuple[BaseNode[Any], dict[str, Any] | None]]) -> None:
-    """Reset (restore) several lanes at once: each on its own short-lived thread.
+def run_together(calls: Sequence[Callable[[], None]], max_threads: int = 64) -> None:
+    """Run ``calls`` together on short-lived threads: one each, up to ``max_threads``.
 
-    A restored lane replays the consumed part of its flush window before it can deliver;
-    replayed one lane after another, the restore costs the sum of every lane's replay.
-    Here the replays run together, so the shared pool works on all lanes' work items at
-    once (lowest item first, see :func:`prime_lanes`). Each lane's nodes are touched by
-    its own thread only; the output is unchanged. The first error, in lane order, is raised
-    once every reset has ended (a failed restore leaves no thread behind).
+    What the lanes' restores and replay checks share: every call touches one lane's nodes
+    only, so running them together only changes when the shared pool gets their work.
+    The first error, in call order, is raised once every call has ended (none is left
+    running behind the caller).
     """
-    if len(resets) <= 1:
-        for lane, state in resets:
-            lane.reset(state)
+    if len(calls) <= 1:
+        for call in calls:
+            call()
         return
-    errors: list[BaseException | None] = [None] * len(resets)
+    errors: list[BaseException | None] = [None] * len(calls)
+    n = min(len(calls), max(1, max_threads))
 
-    def run(k: int) -> None:
-        lane, state = resets[k]
-        try:
-            lane.reset(state)
-        except BaseException as e:  # re-raised below, in the caller's thread
-            errors[k] = e
+    def work(first: int) -> None:
+        for k in range(first, len(calls), n):  # one call per thread up to max_threads
+            try:
+                calls[k]()
+            except BaseException as e:  # re-raised below, in the caller's thread
+                errors[k] = e
 
     threads = [
-        threading.Thread(target=run, args=(k,), name=f"zephon-restore-{k}", daemon=True)
-        for k in range(len(resets))
+        threading.Thread(target=work, args=(k,), name=f"zephon-restore-{k}", daemon=True)
+        for k in range(n)
     ]
     for t in threads:
         t.start()
@@ -240,3 +251,16 @@ def reset_lanes(resets: Sequence[tuple[BaseNode[Any], dict[str, Any] | None]]) -
     for e in errors:
         if e is not None:
             raise e
+
+
+def reset_lanes(resets: Sequence[tuple[BaseNode[Any], dict[str, Any] | None]]) -> None:
+    """Reset (restore) several lanes at once, on threads (:func:`run_together`).
+
+    A restored lane replays the consumed part of its flush window before it can deliver;
+    replayed one lane after another, the restore costs the sum of every lane's replay.
+    Here the replays run together, so the shared pool works on all lanes' work items at
+    once (lowest item first, see :func:`prime_lanes`). Each lane's nodes are touched by
+    one thread only; the output is unchanged. The first error, in lane order, is raised
+    once every reset has ended (a failed restore leaves no thread behind).
+    """
+    run_together([partial(lane.reset, state) for lane, state in resets])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -65,6 +66,23 @@ def lanes_for_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> list[int
     return list(range(dp_rank * per, (dp_rank + 1) * per))
 
 
+# Per lane: its WorkItemNode and the pool stage nearest to it (see _read_frontiers).
+_FRONTIER_NODES: weakref.WeakKeyDictionary[
+    Lane, tuple[WorkItemNode | None, OrderedParallelMap | None]
+] = weakref.WeakKeyDictionary()
+
+
+def _frontier_nodes(lane: Lane) -> tuple[WorkItemNode | None, OrderedParallelMap | None]:
+    """The lane's WorkItemNode and the last OrderedParallelMap before it in its chain."""
+    first_map = None
+    for n in chain_nodes(lane.source):
+        if isinstance(n, WorkItemNode):
+            return n, first_map
+        if isinstance(n, OrderedParallelMap):
+            first_map = n
+    return None, first_map
+
+
 def _read_frontiers(lanes: Mapping[int, Lane]) -> tuple[dict[int, int], dict[int, int]]:
     """Per lane: the first work item not yet read for sure, and the next one to submit.
 
@@ -73,16 +91,16 @@ def _read_frontiers(lanes: Mapping[int, Lane]) -> tuple[dict[int, int], dict[int
     starts: dict[int, int] = {}
     submitted: dict[int, int] = {}
     for i, lane in lanes.items():
-        pending: list[int] = []
-        node: WorkItemNode | None = None
-        for n in chain_nodes(lane.source):
-            if isinstance(n, WorkItemNode):
-                node = n
-                break
-            if isinstance(n, OrderedParallelMap):
-                pending = [w.position for w in n.in_flight() if isinstance(w, WorkItem)]
+        found = _FRONTIER_NODES.get(lane)
+        if found is None:  # a lane's nodes never change: walked once, not after every step
+            found = _frontier_nodes(lane)
+            _FRONTIER_NODES[lane] = found
+        node, first_map = found
         if node is None:
             continue
+        pending: list[int] = []
+        if first_map is not None:
+            pending = [w.position for w in first_map.in_flight() if isinstance(w, WorkItem)]
         submitted[i] = node.next_index
         starts[i] = min(pending, default=node.next_index)
     return starts, submitted

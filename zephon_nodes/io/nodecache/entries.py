@@ -7,6 +7,7 @@ stored under ``root/data/`` by the file name :func:`entry_name` gives its key; a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Callable
@@ -44,6 +45,7 @@ class CacheFullError(DataError):
     """The node cache cannot make room for an entry within its limit."""
 
 
+@functools.lru_cache(maxsize=4096)  # a plan names every upcoming access after most steps
 def entry_name(key: str) -> str:
     """Return the file name for ``key`` (the key itself when safe, else a hash)."""
     if _SAFE.fullmatch(key) and not key.endswith((".tmp", ".json")):

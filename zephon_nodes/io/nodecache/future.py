@@ -14,7 +14,7 @@ Only shards that go through the node cache take part: those with a ``cache_key``
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from zephon_nodes.core.work_item import WorkItem
@@ -36,6 +36,10 @@ def cacheable(shard: Any) -> Cacheable | None:
     return shard if isinstance(getattr(shard, "cache_key", None), str) else None
 
 
+_UNSEEN = object()
+_END = object()  # past the lane's last work item
+
+
 class AccessPlan:
     """The ordered node-cache accesses of some lanes from their current positions.
 
@@ -49,6 +53,9 @@ class AccessPlan:
         self.horizon = horizon
         self.positions: dict[int, tuple[int, int]] = {}  # lane -> (start, submitted)
         self.shards: dict[str, Cacheable] = {}
+        # lane -> {index: its cached shard, None (read in place) or _END}: work(lane, i) is
+        # a pure function of the recipe, and keys() runs after most steps.
+        self._seen: dict[int, dict[int, Any]] = {}
 
     def update(self, starts: Mapping[int, int], submitted: Mapping[int, int] | None = None) -> bool:
         """Set lanes' positions; return whether anything changed.
@@ -63,8 +70,12 @@ class AccessPlan:
         for lane, i in starts.items():
             sub = int(submitted.get(lane, i)) if submitted is not None else int(i)
             if self.positions.get(lane) != (int(i), sub):
+                old = self.positions.get(lane, (0, 0))[0]
                 self.positions[lane] = (int(i), max(int(i), sub))
                 changed = True
+                seen = self._seen.get(lane)
+                if seen and (int(i) != old or len(seen) > 4 * self.horizon + 64):
+                    self._seen[lane] = {k: v for k, v in seen.items() if k >= int(i)}
         return changed
 
     def items(self) -> Iterable[tuple[WorkItem, bool]]:
@@ -91,18 +102,45 @@ class AccessPlan:
         in_flight: list[int] = []
         if self.horizon <= 0:
             return out, in_flight
-        for scanned, (item, flying) in enumerate(self.items(), 1):
-            shard = cacheable(item.shard)
-            if shard is not None:
-                self.shards.setdefault(shard.cache_key, shard)
+        for scanned, (access, flying) in enumerate(self._accesses(), 1):
+            if access is not None:
+                shard, key = access
+                self.shards.setdefault(key, shard)
                 if flying:
                     in_flight.append(len(out))
-                out.append(shard.cache_key)
+                out.append(key)
                 if len(out) >= self.horizon:
                     break
             if scanned >= 8 * self.horizon:  # mostly in-place shards: stop looking
                 break
         return out, in_flight
+
+    def _accesses(self) -> Iterator[tuple[tuple[Cacheable, str] | None, bool]]:
+        """:meth:`items` as ``((cached shard, its key) or None, in flight)``.
+
+        Each ``(lane, position)`` is looked up in the work source once, not at every call.
+        """
+        live = dict(sorted(self.positions.items()))
+        t = 0
+        while live:
+            for lane, (start, submitted) in list(live.items()):
+                seen = self._seen.setdefault(lane, {})
+                got = seen.get(start + t, _UNSEEN)
+                if got is _UNSEEN:
+                    got = seen[start + t] = self._look_up(lane, start + t)
+                if got is _END:
+                    del live[lane]
+                    continue
+                yield got, start + t < submitted
+            t += 1
+
+    def _look_up(self, lane: int, i: int) -> Any:
+        """Item ``i`` of ``lane``: ``(cached shard, key)``, None (read in place) or ``_END``."""
+        item = self.work_source.work(lane, i)
+        if item is None:
+            return _END
+        shard = cacheable(item.shard)
+        return None if shard is None else (shard, shard.cache_key)
 
 
 class CacheFeed:
