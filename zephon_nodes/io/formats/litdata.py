@@ -30,6 +30,7 @@ from zephon_nodes.io.formats.tokenfiles import (
     offset_table,
     pin,
     read_json,
+    read_listing,
     sibling,
     uint32s,
 )
@@ -213,9 +214,7 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
         DataError: An ``index.json`` that is not LitData's, a missing chunk, no token leaf.
     """
     where = storage.redact(index_uri)
-    index = read_json(index_uri)
-    if not isinstance(index, dict) or not isinstance(index.get("chunks"), list):
-        raise DataError(f"{where}: not a LitData index.json (no 'chunks' list)")
+    index = read_listing(index_uri, "chunks", "a LitData")
     config = index.get("config") or {}
     loader = str(config.get("item_loader") or "PyTreeLoader")
     if loader != "PyTreeLoader":

@@ -26,6 +26,7 @@ from zephon_nodes.io.formats.tokenfiles import (
     offset_table,
     pin,
     read_json,
+    read_listing,
     sibling,
     uint32s,
 )
@@ -175,9 +176,7 @@ def open_mds_shards(index_uri: str, field: str) -> list[MDSShard]:
         DataError: An ``index.json`` that is not MDS's, a missing shard, no token column.
     """
     where = storage.redact(index_uri)
-    index = read_json(index_uri)
-    if not isinstance(index, dict) or not isinstance(index.get("shards"), list):
-        raise DataError(f"{where}: not an MDS index.json (no 'shards' list)")
+    index = read_listing(index_uri, "shards", "an MDS")
     out = []
     for i, shard in enumerate(index["shards"]):
         if shard.get("format") != "mds":

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,16 @@ from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
 from zephon_nodes.io.storage.remote import fetched, known_checksum
 
-__all__ = ["FileRef", "decompressed", "offset_table", "pin", "read_json", "sibling", "uint32s"]
+__all__ = [
+    "FileRef",
+    "decompressed",
+    "offset_table",
+    "pin",
+    "read_json",
+    "read_listing",
+    "sibling",
+    "uint32s",
+]
 
 # Decompressed files kept per process (a work item reads a few records of one of them).
 _KEEP = 4
@@ -165,6 +175,23 @@ def read_json(uri: str) -> object:
         raise DataError(f"{storage.redact(uri)}: cannot read: {e.strerror}") from None
     except ValueError as e:
         raise DataError(f"{storage.redact(uri)}: not a JSON file: {e}") from None
+
+
+def read_listing(index_uri: str, key: str, kind: str) -> dict[str, Any]:
+    """A corpus's ``index.json``: a JSON object whose ``key`` lists the corpus's files.
+
+    Args:
+        index_uri: The ``index.json``.
+        key: The list's key (MDS: ``"shards"``, LitData: ``"chunks"``).
+        kind: The corpus format, for messages.
+
+    Raises:
+        DataError: It is unreadable, not JSON, or has no such list.
+    """
+    index = read_json(index_uri)
+    if not isinstance(index, dict) or not isinstance(index.get(key), list):
+        raise DataError(f"{storage.redact(index_uri)}: not {kind} index.json (no {key!r} list)")
+    return index
 
 
 def decompressed(
