@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.commands.run import zephon_process
 from tests.core.test_bad_input import lines
 
 RECIPE = """
@@ -31,8 +31,7 @@ buffer_size = 4
 
 
 def zephon(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "zephon_nodes.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=check)
+    return zephon_process(*args, check=check)
 
 
 @pytest.fixture

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.commands.run import zephon_process
 from tests.fault.common import INLINE, memory_pipeline, write_jsonl
 from zephon_nodes import Pipeline, Recipe, RecipeError, WorkerPool, ZephonError, simulate
 from zephon_nodes.cli import main
@@ -369,12 +367,7 @@ class TestCli:
     def test_real_process_has_no_traceback(self, tmp_path: Path) -> None:
         """The installed entry point: exit 2, one line, no traceback (a real subprocess)."""
         recipe = _recipe_dir(tmp_path)
-        proc = subprocess.run(
-            [sys.executable, "-m", "zephon_nodes.cli", "digest", str(recipe), "--steps", "2",
-             "--dp-world-size", "-1"],
-            capture_output=True, text=True, timeout=120, check=False,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-        )  # fmt: skip
+        proc = zephon_process("digest", recipe, "--steps", 2, "--dp-world-size", -1, timeout=120)
         assert proc.returncode == 2 and proc.stdout == ""
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
         assert "--dp-world-size=-1 must be an integer in [1, " in proc.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.commands.run import zephon_process
 from zephon_nodes import RecipeError
 from zephon_nodes.cli import main
 from zephon_nodes.recipe import Recipe
@@ -59,15 +60,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def zephon(tmp_path: Path, *argv: str, **popen: object) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m zephon_nodes.cli ARGV...`` in ``tmp_path``."""
-    return subprocess.run(  # type: ignore[call-overload]
-        [sys.executable, "-m", "zephon_nodes.cli", *argv],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        text=True,
-        timeout=300,
-        **{"capture_output": True, **popen},
-    )
+    """Run ``python -m zephon_nodes.cli ARGV...`` in ``tmp_path``, with a cache of its own."""
+    return zephon_process(*argv, cwd=tmp_path, env=_env(tmp_path), **popen)
 
 
 def assert_one_line_error(stderr: str, *words: str) -> None:

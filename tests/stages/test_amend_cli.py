@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
+
+from tests.commands.run import zephon_process
 
 BASE = """
 seed = 7
@@ -33,13 +34,7 @@ def _write(root: Path, name: str, seq_len: int, names: str, extra: str = "") -> 
 
 
 def _zephon(*args: Any, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "zephon_nodes.cli", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return zephon_process(*args, cwd=cwd)
 
 
 def _digests(out: str) -> list[str]:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tests.commands.run import zephon_process
 from tests.stages.conftest import digests, recipe
 from tests.stages.test_stages import STAGES
 from zephon_nodes.engine.pipeline import Pipeline
@@ -79,24 +78,7 @@ def test_the_dump_names_every_tokens_source(corpus: tuple[Path, Any], tmp_path: 
     path = root / "dump-recipe.toml"
     path.write_text(RECIPE)
     out = tmp_path / "dump"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "zephon_nodes.cli",
-            "digest",
-            str(path),
-            "--steps",
-            "9",
-            "--dp-world-size",
-            "2",
-            "--dump-batches",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = zephon_process("digest", path, "--steps", 9, "--dp-world-size", 2, "--dump-batches", out)
     assert done.returncode == 0, done.stderr
     # Tracing changes no digest: the same as the staged recipe run without a dump.
     got = [json.loads(x)["digest"] for x in done.stdout.splitlines()]

@@ -18,7 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from zephon_nodes.core.errors import DataError
-from zephon_nodes.io.formats.entrysums import BadEntry, check_index, drop, sums_path, write_sums
+from zephon_nodes.io.formats.entrysums import (
+    BadEntry,
+    check_index,
+    count_bad,
+    drop,
+    sums_path,
+    write_sums,
+)
 from zephon_nodes.io.formats.lines import decompress_to, index_file
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir, umask_mode
 from zephon_nodes.io.storage.checksum import Hasher
@@ -71,7 +78,12 @@ def build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
             the cache directory cannot be written (named, e.g. a full disk).
     """
     try:
-        return _build(src, checksum, compressed)
+        try:
+            return _build(src, checksum, compressed)
+        except BadEntry:  # a copy of an older cache (no sums), or not matching them
+            count_bad()
+            _drop(checksum, compressed)
+            return _build(src, checksum, compressed)
     except OSError as e:
         if not os.path.exists(src) or (e.filename and str(e.filename) == str(src)):
             raise
@@ -83,6 +95,8 @@ def build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
 
 def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
     data_path, index_path = artifacts(checksum)
+    if compressed and data_path.exists() and not data_path.is_file():
+        raise BadEntry(f"{data_path}: not a file where a cache copy should be")
     if compressed and not data_path.exists():
         fd, tmp = tempfile.mkstemp(dir=data_path.parent, prefix=data_path.name + ".", suffix=".tmp")
         try:
@@ -117,9 +131,13 @@ def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
     return data_path, index_path
 
 
-def remake(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
-    """Drop the derived files of ``checksum`` and build them again from ``src``."""
+def _drop(checksum: str, compressed: bool) -> None:
     data_path, index_path = artifacts(checksum)
     drop(*([data_path] if compressed else []), index_path, sums_path(index_path))
     forget_index(str(index_path))
+
+
+def remake(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
+    """Drop the derived files of ``checksum`` and build them again from ``src``."""
+    _drop(checksum, compressed)
     return build(src, checksum, compressed)

@@ -40,6 +40,7 @@ __all__ = [
     "BadEntry",
     "count_bad",
     "bad_entries",
+    "check_copy",
     "check_index",
     "drop",
     "entry_key",
@@ -168,6 +169,35 @@ def check_index(index: np.ndarray, index_path: str) -> None:
     want = int(_sums(index_path)[3])
     if xxhash.xxh3_64_intdigest(np.ascontiguousarray(index).tobytes()) != want:
         raise BadEntry(f"{index_path}: the cached record index does not match its checksum")
+
+
+def check_copy(data_path: str | os.PathLike[str], index_path: str) -> None:
+    """Check a whole cache copy against its sums, read afresh from disk (not remembered).
+
+    For a copy whose read failed and that another reader may have made again meanwhile: a
+    copy that passes is sound now (made again), one that fails is to be dropped.
+
+    Raises:
+        BadEntry: The sums are unreadable, of another entry or of an older cache, or do not
+            cover the copy, or a block, the copy's size or its readability differs.
+    """
+    with _LOCK:
+        _SUMS.pop(str(sums_path(index_path)), None)
+        _SUMS.pop(str(index_path), None)
+    sums = _sums(index_path)
+    size = int(sums[2])
+    if len(sums) != _HEAD + -(-size // BLOCK):
+        raise BadEntry(f"{data_path}: the checksums do not cover the cache copy")
+    try:
+        with open(data_path, "rb") as f:
+            for k, expected in enumerate(sums[_HEAD:].tolist()):
+                block = f.read(BLOCK)
+                if xxhash.xxh3_64_intdigest(block) != expected:
+                    raise BadEntry(f"{data_path}: block {k} of the cache copy is damaged")
+            if f.read(1):
+                raise BadEntry(f"{data_path}: the cache copy is longer than its checksums say")
+    except OSError as e:
+        raise BadEntry(f"{data_path}: cannot read the cache copy: {e.strerror}") from None
 
 
 def read_checked(data_path: str, index_path: str, lo: int, hi: int) -> bytes:

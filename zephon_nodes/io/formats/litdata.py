@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,8 +27,10 @@ from zephon_nodes.core.errors import CORRUPT_ZSTD, TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
     decompressed,
+    offset_table,
     pin,
     read_json,
+    read_listing,
     sibling,
     uint32s,
 )
@@ -77,13 +78,6 @@ class LitDataShard:
     dtype: str
     compression: str = ""
 
-    def _span(self, blob: bytes | None, lo: int, hi: int) -> bytes:
-        if blob is None:
-            return self.file.read(lo, hi)
-        if hi > len(blob):
-            raise DataError(f"{self.path}: a truncated chunk", kind=TRUNCATED_FILE)
-        return blob[lo:hi]
-
     def read(self, start: int, stop: int) -> list[tuple[int, np.ndarray]]:
         """Return items ``[start, stop)`` as ``(item number, ids)`` pairs.
 
@@ -98,15 +92,8 @@ class LitDataShard:
             blob: bytes | None = decompressed(self.file, "litdata-framed", unframe)
         else:
             blob = decompressed(self.file, "zstd") if self.compression else None
-        offsets = uint32s(self._span(blob, 4 * (1 + start), 4 * (2 + stop)), self.path)
-        if np.any(np.diff(offsets) < 0):
-            raise DataError(f"{self.path}: corrupt item offsets", kind=TRUNCATED_FILE)
-        lo = int(offsets[0])
-        data = self._span(blob, lo, int(offsets[-1]))
-        return [
-            (start + k, self._decode(data[a - lo : b - lo], start + k))
-            for k, (a, b) in enumerate(pairwise(offsets.tolist()))
-        ]
+        items = offset_table(self.file, blob, (start, stop), self.path, ("chunk", "item"))
+        return [(k, self._decode(item, k)) for k, item in items]
 
     def _decode(self, item: bytes, record: int) -> np.ndarray:
         sizes = uint32s(item[: 4 * self.leaves], self.where(record)).tolist()
@@ -227,9 +214,7 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
         DataError: An ``index.json`` that is not LitData's, a missing chunk, no token leaf.
     """
     where = storage.redact(index_uri)
-    index = read_json(index_uri)
-    if not isinstance(index, dict) or not isinstance(index.get("chunks"), list):
-        raise DataError(f"{where}: not a LitData index.json (no 'chunks' list)")
+    index = read_listing(index_uri, "chunks", "a LitData")
     config = index.get("config") or {}
     loader = str(config.get("item_loader") or "PyTreeLoader")
     if loader != "PyTreeLoader":

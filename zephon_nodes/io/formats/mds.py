@@ -15,7 +15,6 @@ are fetched whole and decompressed once per process; uncompressed ones are range
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,8 +23,10 @@ from zephon_nodes.core.errors import TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
     decompressed,
+    offset_table,
     pin,
     read_json,
+    read_listing,
     sibling,
     uint32s,
 )
@@ -89,13 +90,6 @@ class MDSShard:
     shape: bool
     compression: str = ""
 
-    def _span(self, blob: bytes | None, lo: int, hi: int) -> bytes:
-        if blob is None:
-            return self.file.read(lo, hi)
-        if hi > len(blob):
-            raise DataError(f"{self.path}: a truncated shard", kind=TRUNCATED_FILE)
-        return blob[lo:hi]
-
     def read(self, start: int, stop: int) -> list[tuple[int, np.ndarray]]:
         """Return samples ``[start, stop)`` as ``(sample number, ids)`` pairs.
 
@@ -109,15 +103,8 @@ class MDSShard:
             return []
         codec = self.compression.split(":")[0]
         blob = decompressed(self.file, codec) if codec else None
-        offsets = uint32s(self._span(blob, 4 * (1 + start), 4 * (2 + stop)), self.path)
-        lo, hi = int(offsets[0]), int(offsets[-1])
-        if np.any(np.diff(offsets) < 0):
-            raise DataError(f"{self.path}: corrupt sample offsets", kind=TRUNCATED_FILE)
-        data = self._span(blob, lo, hi)
-        return [
-            (start + k, self._decode(data[a - lo : b - lo], start + k))
-            for k, (a, b) in enumerate(pairwise(offsets.tolist()))
-        ]
+        samples = offset_table(self.file, blob, (start, stop), self.path, ("shard", "sample"))
+        return [(k, self._decode(sample, k)) for k, sample in samples]
 
     def _decode(self, sample: bytes, record: int) -> np.ndarray:
         nvar = sum(1 for s in self.sizes if not s)
@@ -189,9 +176,7 @@ def open_mds_shards(index_uri: str, field: str) -> list[MDSShard]:
         DataError: An ``index.json`` that is not MDS's, a missing shard, no token column.
     """
     where = storage.redact(index_uri)
-    index = read_json(index_uri)
-    if not isinstance(index, dict) or not isinstance(index.get("shards"), list):
-        raise DataError(f"{where}: not an MDS index.json (no 'shards' list)")
+    index = read_listing(index_uri, "shards", "an MDS")
     out = []
     for i, shard in enumerate(index["shards"]):
         if shard.get("format") != "mds":

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import zstandard
@@ -48,6 +48,8 @@ from zephon_nodes.io.storage.checksum import file_checksum
 from zephon_nodes.io.storage.remote import fetched, known_checksum
 
 __all__ = ["FileShard", "MemoryShard", "Shard", "ShardChanged", "cache_dir", "open_shard"]
+
+T = TypeVar("T")
 
 
 class ShardChanged(DataError):
@@ -200,16 +202,24 @@ class FileShard:
             raise DataError(f"{self.path}: records [{start}, {stop}) out of range")
         if start == stop:
             return []
+        rows = self._remade_if_bad(lambda: self._read(start, stop))
+        self._check_unchanged()  # after the read: what was read is what was opened
+        return rows
+
+    def _remade_if_bad(self, fn: Callable[[], T]) -> T:
+        """``fn()``, run again after making this content's bad cache copy or index again.
+
+        The bad entry is counted. A node-cache entry's :class:`BadEntry` is raised on: its
+        owner (:mod:`~zephon_nodes.io.nodecache.wholeshard`) drops and fetches it again.
+        """
         try:
-            rows = self._read(start, stop)
+            return fn()
         except BadEntry:
             if self._foreign_copy():
                 raise  # the node cache's entry: its owner drops and fetches it again
             count_bad()  # a damaged cache copy or record index: made again, never served
             self._remake()
-            rows = self._read(start, stop)
-        self._check_unchanged()  # after the read: what was read is what was opened
-        return rows
+            return fn()
 
     def _compressed(self) -> bool:
         return (self.uri or self.path).endswith(".zst") and not self.frames
@@ -276,7 +286,7 @@ class FileShard:
 
     def where(self, record: int) -> str:
         """Describe a record's place for error messages: ``path:line``."""
-        return f"{self.path}:{self.line_number(record)}"
+        return f"{self.path}:{self._remade_if_bad(lambda: self.line_number(record))}"
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ A sample is every member sharing a key (the member path up to the first dot of i
 name). Opening a shard builds a member index once (one pass over the headers; the JSON index
 is cached in :func:`~zephon_nodes.io.storage.cache.cache_dir`, keyed by the shard's content
 checksum), so reading any range of samples costs one read (one range request for a remote shard).
+The cached index carries its samples' checksum and the cache key it was written for: one that
+does not match, is read under another key (files swapped or copied over each other) or is of
+an older cache (no key) is dropped, made again and counted (``bad_cache_entries``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ __all__ = ["IMAGE_EXTENSIONS", "TEXT_EXTENSIONS", "TarSample", "TarShard", "open
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 TEXT_EXTENSIONS = ("txt", "json")
-_INDEX_FORMAT = 2  # 2: the samples' checksum is written with them
+_INDEX_FORMAT = 2  # 2: the samples' checksum is written with them (and now their key)
 
 # One indexed sample: key, then (extension, offset, size) of each member in archive order.
 _Entry = tuple[str, tuple[tuple[str, int, int], ...]]
@@ -67,8 +70,19 @@ def _samples_sum(samples: Any) -> str:
     return xxhash.xxh3_128_hexdigest(json.dumps(samples, separators=(",", ":")).encode("utf-8"))
 
 
-def _index_blob(samples: Any) -> bytes:
-    body = {"format": _INDEX_FORMAT, "samples": samples, "sum": _samples_sum(samples)}
+def _entry_key(index_path: str | os.PathLike[str]) -> str:
+    """The cache key a member index is kept under: its file name up to ``.tar-index-v``."""
+    return os.path.basename(os.fspath(index_path)).partition(".tar-index-v")[0]
+
+
+def _index_blob(samples: Any, index_path: str | os.PathLike[str]) -> bytes:
+    """A member index as it is kept, with its checksum and the key it is written for."""
+    body = {
+        "format": _INDEX_FORMAT,
+        "entry": _entry_key(index_path),
+        "samples": samples,
+        "sum": _samples_sum(samples),
+    }
     return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
@@ -86,6 +100,8 @@ def _load(index_path: str) -> list[_Entry]:
             samples = data["samples"]
             if data.get("format") != _INDEX_FORMAT or data.get("sum") != _samples_sum(samples):
                 raise ValueError("its checksum does not match")
+            if data.get("entry") != _entry_key(index_path):  # none: an older cache's
+                raise ValueError(f"it is the index of another entry ({data.get('entry')})")
             entries = [
                 (str(key), tuple((str(e), int(o), int(s)) for e, o, s in members))
                 for key, members in samples
@@ -231,7 +247,7 @@ def _index_path(checksum: str) -> Path:
 
 def _write_index(src: Path, index_path: Path) -> None:
     entries = _index_tar(src)
-    blob = _index_blob([[k, [list(x) for x in m]] for k, m in entries])
+    blob = _index_blob([[k, [list(x) for x in m]] for k, m in entries], index_path)
     atomic_write(index_path, lambda f: f.write(blob))
 
 
@@ -270,7 +286,7 @@ def indexed_tar_shard(uri: str, entry: dict[str, Any]) -> TarShard:
     checksum = str(entry["checksum"])
     index_path = _index_path(checksum)
     if not index_path.exists():
-        blob = _index_blob(entry["samples"])
+        blob = _index_blob(entry["samples"], index_path)
         atomic_write(index_path, lambda f: f.write(blob))
     return TarShard(
         path=storage.redact(uri),

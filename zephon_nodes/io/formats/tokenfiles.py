@@ -17,7 +17,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +34,16 @@ from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import file_checksum
 from zephon_nodes.io.storage.remote import fetched, known_checksum
 
-__all__ = ["FileRef", "decompressed", "pin", "read_json", "sibling"]
+__all__ = [
+    "FileRef",
+    "decompressed",
+    "offset_table",
+    "pin",
+    "read_json",
+    "read_listing",
+    "sibling",
+    "uint32s",
+]
 
 # Decompressed files kept per process (a work item reads a few records of one of them).
 _KEEP = 4
@@ -166,6 +177,23 @@ def read_json(uri: str) -> object:
         raise DataError(f"{storage.redact(uri)}: not a JSON file: {e}") from None
 
 
+def read_listing(index_uri: str, key: str, kind: str) -> dict[str, Any]:
+    """A corpus's ``index.json``: a JSON object whose ``key`` lists the corpus's files.
+
+    Args:
+        index_uri: The ``index.json``.
+        key: The list's key (MDS: ``"shards"``, LitData: ``"chunks"``).
+        kind: The corpus format, for messages.
+
+    Raises:
+        DataError: It is unreadable, not JSON, or has no such list.
+    """
+    index = read_json(index_uri)
+    if not isinstance(index, dict) or not isinstance(index.get(key), list):
+        raise DataError(f"{storage.redact(index_uri)}: not {kind} index.json (no {key!r} list)")
+    return index
+
+
 def decompressed(
     ref: FileRef, codec: str, decode: Callable[[bytes, str], bytes] | None = None
 ) -> bytes:
@@ -217,3 +245,44 @@ def uint32s(blob: bytes, where: str) -> np.ndarray:
     if len(blob) % 4:
         raise DataError(f"{where}: a truncated header", kind=TRUNCATED_FILE)
     return np.frombuffer(blob, dtype="<u4").astype(np.int64)
+
+
+def offset_table(
+    file: FileRef, blob: bytes | None, span: tuple[int, int], where: str, names: tuple[str, str]
+) -> list[tuple[int, bytes]]:
+    """Records ``[start, stop)`` of a file laid out as a count, offsets, then the records.
+
+    The layout of an MDS shard and a LitData chunk: the record count (uint32), ``n + 1``
+    byte offsets (uint32), then the records. Read from ``blob`` (the whole file
+    decompressed) or, when it is None, by two range reads of ``file``.
+
+    Args:
+        file: The file (read by range when there is no ``blob``).
+        blob: The whole file decompressed, or None.
+        span: ``(start, stop)``: the records read.
+        where: The file as messages name it.
+        names: The file's kind and a record's, for messages (``("shard", "sample")``).
+
+    Returns:
+        ``(record number, raw bytes)`` pairs.
+
+    Raises:
+        DataError: The offsets run backwards, or the file is shorter than they say.
+    """
+    start, stop = span
+
+    def part(lo: int, hi: int) -> bytes:
+        if blob is None:
+            return file.read(lo, hi)
+        if hi > len(blob):
+            raise DataError(f"{where}: a truncated {names[0]}", kind=TRUNCATED_FILE)
+        return blob[lo:hi]
+
+    offsets = uint32s(part(4 * (1 + start), 4 * (2 + stop)), where)
+    if np.any(np.diff(offsets) < 0):
+        raise DataError(f"{where}: corrupt {names[1]} offsets", kind=TRUNCATED_FILE)
+    lo = int(offsets[0])
+    data = part(lo, int(offsets[-1]))
+    return [
+        (start + k, data[a - lo : b - lo]) for k, (a, b) in enumerate(pairwise(offsets.tolist()))
+    ]

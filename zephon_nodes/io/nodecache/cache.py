@@ -226,12 +226,8 @@ class NodeCache:
             try:
                 if not try_flock(fd, fcntl.LOCK_EX):
                     return False
-                path = self.root / "data" / name
                 try:
-                    size = path.stat().st_size
-                    before = self._record.data_mtime()
-                    _remove(path)
-                    self._record.record_change(before, -size)
+                    self._remove_entry(self.root / "data" / name)
                 except FileNotFoundError:
                     return False
                 finally:
@@ -239,6 +235,67 @@ class NodeCache:
             finally:
                 os.close(fd)
         return True
+
+    def discard_if(self, key: str, bad: Callable[[Path], bool]) -> bool:
+        """Remove ``key``'s entry if ``bad(path)`` finds it damaged, judged while no one pins it.
+
+        Every reader that found the entry damaged calls this, each after its own pin is gone:
+        the first one to hold the key alone judges the entry and removes it; a later one finds
+        it removed, or made again and sound, and keeps it. ``bad`` runs under the key's
+        exclusive lock (no reader, no fetch of the key meanwhile) but not the node-wide
+        lock, and may drop what is derived from the entry when it answers True.
+
+        Args:
+            key: The entry's key.
+            bad: Called as ``bad(path)`` with the entry's path; whether it is damaged.
+
+        Returns:
+            Whether the entry was removed.
+
+        Raises:
+            DataError: Other readers kept the entry pinned for more than ``wait_s`` seconds.
+        """
+        name = entry_name(key)
+        path = self.root / "data" / name
+        deadline = time.monotonic() + self.wait_s
+        delay = 0.001
+        while True:
+            with self._lock.held():
+                fd = key_lock(self.root, name)
+                if try_flock(fd, fcntl.LOCK_EX):
+                    break
+                os.close(fd)
+            if time.monotonic() > deadline:
+                raise DataError(
+                    f"node cache {self.root}: {key!r} is damaged and stayed in use by other "
+                    f"readers for more than wait_s={self.wait_s:g} s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        try:
+            if not (path.exists() or path.is_symlink()) or not bad(path):
+                return False
+            with self._lock.held():
+                try:
+                    self._remove_entry(path)
+                except FileNotFoundError:
+                    return False
+            return True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _remove_entry(self, path: Path) -> int:
+        """Remove an entry (call under the global lock); return the bytes it held.
+
+        Raises:
+            FileNotFoundError: It is gone already.
+        """
+        size = path.lstat().st_size
+        before = self._record.data_mtime()
+        _remove(path)
+        self._record.record_change(before, -size)
+        return size
 
     def close(self) -> None:
         """Stop prefetching and withdraw this process's plan; entries stay on disk."""

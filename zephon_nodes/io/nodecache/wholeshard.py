@@ -11,6 +11,13 @@ share of its disk's free space
 shard. The small record index stays in the ordinary cache, with its sums (the entry's key,
 the text's size, see :mod:`zephon_nodes.io.formats.entrysums`). Bytes read are the same
 either way.
+
+An entry that fails its sums (damaged, without sums, with sums of an older cache or of
+another key) is never served: its reader waits until no other reader pins it, checks it
+whole against its sums read afresh (another reader may have made it again meanwhile) and,
+if it still fails, drops it with its record index and sums, counts one
+``bad_cache_entries`` and fetches it again; the entry's other readers then read the new
+copy.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from zephon_nodes.core.settings import Settings
 from zephon_nodes.io.formats.copies import artifacts, forget_index, load_index
 from zephon_nodes.io.formats.entrysums import (
     BadEntry,
+    check_copy,
     count_bad,
     drop,
     recorded_size,
@@ -51,6 +59,7 @@ __all__ = [
 ]
 
 D = TypeVar("D")
+_ATTEMPTS = 3  # reads of a shard whose node-cache entry is found damaged (then made again)
 
 
 @dataclass(frozen=True)
@@ -113,43 +122,35 @@ class NodeCachedShard:
             local = Path(storage.local_path(s.uri))
             check_same(s, file_checksum(local))
             decompress(local)
-        index_path = self._index(dest)
+        index_path = str(artifacts(s.checksum)[1])
         try:
-            index = load_index(index_path)
-        except BadEntry:  # no sums yet, or an index not of this copy: made from it now
+            index = load_index(index_path)  # kept when the shard was opened
+        except BadEntry:  # dropped with a bad copy, or never made: made from the copy now
             index = index_file(dest)
             atomic_write(Path(index_path), lambda f: np.save(f, index, allow_pickle=False))
         write_sums(dest, index, index_path)  # the copy is of the checksummed content
         forget_index(index_path)
 
-    def _index(self, data: Path) -> str:
-        """The record index of the decompressed copy (built once, kept in the usual cache)."""
-        index_path = artifacts(self.shard.checksum)[1]
-        if not index_path.exists():
-            index = index_file(data)
-            atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
-        return str(index_path)
-
     def _with_copy(self, fn: Any) -> Any:
         cache = node_cache()
         if cache is None:  # no limit (any more): the shard's own, unbounded copy
             return fn(self.shard)
-        for attempt in (0, 1):
+        index_path = str(artifacts(self.shard.checksum)[1])
+        for attempt in range(_ATTEMPTS):
             try:
                 with cache.open(self.cache_key, self.cache_size, self.cache_fetch) as local:
                     local_shard = dataclasses.replace(
-                        self.shard, data_path=str(local), index_path=self._index(local)
+                        self.shard, data_path=str(local), index_path=index_path
                     )
                     return fn(local_shard)
             except BadEntry:
-                if attempt:
+                if attempt == _ATTEMPTS - 1:
                     raise
-                # A damaged entry (or one without sums): dropped, fetched again, counted.
-                count_bad()
-                index_path = artifacts(self.shard.checksum)[1]
-                drop(index_path, sums_path(index_path))
-                forget_index(str(index_path))
-                cache.discard(self.cache_key)
+                # A damaged entry (or one without sums, of an older cache or of another key):
+                # dropped once no other reader pins it, fetched again, counted once; other
+                # readers of it find it made again.
+                if cache.discard_if(self.cache_key, lambda p: _damaged(p, index_path)):
+                    count_bad()
         raise AssertionError("unreachable")
 
     def read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
@@ -224,6 +225,19 @@ def check_whole_shards_fit(datasets: Sequence[Any], settings: Settings | None = 
                 largest, what = s.cache_size, f"shard {s.path} (decompressed)"
     if largest:
         check_fits(largest, what, settings)
+
+
+def _damaged(copy: Path, index_path: str) -> bool:
+    """Whether a node-cache copy or its record index fails its sums (then both are dropped)."""
+    try:
+        check_copy(copy, index_path)  # the sums read afresh: another reader may have remade it
+        forget_index(index_path)
+        load_index(index_path)
+    except BadEntry:
+        drop(index_path, sums_path(index_path))
+        forget_index(index_path)
+        return True
+    return False
 
 
 def _known_index(checksum: str) -> tuple[np.ndarray, int] | None:
