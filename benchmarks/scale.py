@@ -6,18 +6,22 @@ jsonl shards and reports, per configuration:
 - ``build_s``: ``Pipeline(recipe)`` plus ``rank_node`` (wall and CPU seconds);
 - ``first_s``: from ``reset()`` to the first batch (wall and CPU seconds);
 - ``rss_mb``: the process's RSS after the first batch, and its growth over the RSS after the
-  imports (``psutil`` if installed, else ``resource.getrusage`` peak);
+  imports (``psutil`` if installed, else ``resource.getrusage`` peak); ``anon_growth_mb``:
+  the growth of its private part (``RssAnon``: not the mapped files, whose pages are the
+  node's page cache shared by its ranks);
 - ``state_bytes``: the rank's state file as :func:`zephon_nodes.state.files.save_state`
   writes it, and the TorchTitan DCP tensors (:func:`zephon_nodes.state.dcp.to_dcp_state`),
   in total and per lane of the rank; ``contents_bytes`` is the part of the state file that
   names every shard's content identity (``recipe.contents``, O(shards), not O(lanes)).
 
-Each configuration runs in a fresh interpreter (so RSS is its own). The corpus (``N`` shards
-of 4 records each) is generated and indexed once (``zephon_nodes.io.index.index``, what
-``zephon index`` runs) under ``~/.cache/zephon_bench/scale/<N>``, so start-up reads the index,
-not every shard; a first pipeline is built on it before each row (``first_use_s``: the
-shard table, built from the index on first use in ``$ZEPHON_CACHE_DIR``), so the rows time
-the builds after it.
+Each configuration runs in a fresh interpreter (so RSS is its own), twice, in a new empty
+cache directory (``$ZEPHON_CACHE_DIR``): the **first start** of a rank on a node
+(``first_build_s``, ``first_build_cpu_s``: it converts the dataset index into the shard
+table and computes the dealing's exact token sizes, both kept in the cache directory for
+the node), then a **later start** (every other rank of the node, every restart), whose
+numbers are the row's. The corpus (``N`` shards of 4 records each) is generated and indexed
+once (``zephon_nodes.io.index.index``, what ``zephon index`` runs) under
+``~/.cache/zephon_bench/scale/<N>``, so start-up reads the index, not every shard.
 The table compares every configuration to the first (the small one): the goal is start-up
 and memory per rank flat (<= 1.5x) and checkpoint bytes per lane unchanged.
 
@@ -91,17 +95,20 @@ def corpus(shards: int, root: Path | None = None) -> Path:
     return folder
 
 
-def warm(folder: Path) -> float:
-    """Build a pipeline on ``folder`` once (its shard table in ``$ZEPHON_CACHE_DIR``); seconds.
+def _anon_mb() -> float:
+    """This process's private (anonymous) RSS in MB; 0 where /proc is missing.
 
-    The first build in a cache directory parses the index into the table; the rows measure
-    the builds after it (every rank of a job after the first on a node, every restart).
+    The rest of the RSS is mapped files: libraries and the shard table's columns, whose
+    pages are the node's page cache, shared by every rank of the node.
     """
-    from zephon_nodes import Pipeline
-
-    t0 = time.perf_counter()
-    Pipeline(_recipe(folder, 8))
-    return round(time.perf_counter() - t0, 4)
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def _rss_mb() -> float:
@@ -121,7 +128,7 @@ def measure(folder: Path, lanes: int, dp: int) -> dict[str, Any]:
     from zephon_nodes.state.dcp import to_dcp_state
     from zephon_nodes.state.files import save_state
 
-    base_rss = _rss_mb()
+    base_rss, base_anon = _rss_mb(), _anon_mb()
     recipe = _recipe(folder, lanes)
     w0, c0 = time.perf_counter(), time.process_time()
     p = Pipeline(recipe)
@@ -133,7 +140,7 @@ def measure(folder: Path, lanes: int, dp: int) -> dict[str, Any]:
         w2, c2 = time.perf_counter(), time.process_time()
         state = node.get_state()
         node.close()
-    rss = _rss_mb()
+    rss, anon = _rss_mb(), _anon_mb()
     rank_lanes = lanes // dp
     with tempfile.TemporaryDirectory() as d:
         file_bytes = save_state(d, state).stat().st_size
@@ -151,6 +158,7 @@ def measure(folder: Path, lanes: int, dp: int) -> dict[str, Any]:
         "first_cpu_s": round(c2 - c1, 4),
         "rss_mb": round(rss, 1),
         "rss_growth_mb": round(rss - base_rss, 1),
+        "anon_growth_mb": round(anon - base_anon, 1),
         "file_bytes": file_bytes,
         "file_bytes_per_lane": round(file_bytes / rank_lanes, 1),
         "contents_bytes": len(
@@ -162,9 +170,10 @@ def measure(folder: Path, lanes: int, dp: int) -> dict[str, Any]:
     }
 
 
-def run_one(folder: Path, lanes: int, dp: int) -> dict[str, Any]:
-    """:func:`measure` in a fresh interpreter (its own RSS and caches)."""
+def run_one(folder: Path, lanes: int, dp: int, cache: str) -> dict[str, Any]:
+    """:func:`measure` in a fresh interpreter (its own RSS), cache directory ``cache``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), *sys.path]))}
+    env["ZEPHON_CACHE_DIR"] = cache
     cmd = [sys.executable, "-m", "benchmarks.scale", "--one", str(folder), str(lanes), str(dp)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if out.returncode:
@@ -173,27 +182,49 @@ def run_one(folder: Path, lanes: int, dp: int) -> dict[str, Any]:
     return result
 
 
-GROWN = ("build_cpu_s", "first_cpu_s", "rss_growth_mb", "dcp_lane_bytes_per_lane")
+GROWN = {
+    "first_build_cpu_s": "first start",
+    "build_cpu_s": "later start",
+    "first_cpu_s": "first batch",
+    "rss_growth_mb": "RSS",
+    "anon_growth_mb": "private RSS",
+    "dcp_lane_bytes_per_lane": "DCP per lane",
+}
+
+
+def run_inline(folder: Path, lanes: int, dp: int, cache: str) -> dict[str, Any]:
+    """:func:`measure` in this interpreter, cache directory ``cache`` (RSS accumulates)."""
+    before = os.environ.get("ZEPHON_CACHE_DIR")
+    os.environ["ZEPHON_CACHE_DIR"] = cache
+    try:
+        return measure(folder, lanes, dp)
+    finally:
+        if before is None:
+            os.environ.pop("ZEPHON_CACHE_DIR", None)
+        else:
+            os.environ["ZEPHON_CACHE_DIR"] = before
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one row per configuration, growth against the first."""
     head = (
-        "| shards | lanes | dp | rank lanes | build s (CPU s) | first batch s (CPU s) | RSS MB "
-        "(growth) | state file B (shard contents B) | DCP B (lane B per lane) | first use s "
-        "| growth vs first |\n"
+        "| shards | lanes | dp | rank lanes | first start: build s (CPU s) | later start: build s "
+        "(CPU s) | first batch s (CPU s) | RSS MB (growth; private growth) | state file B (shard "
+        "contents B) "
+        "| DCP B (lane B per lane) | growth vs first |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     first = rows[0]
     lines = []
     for r in rows:
-        growth = ", ".join(f"{k.split('_')[0]} {r[k] / max(first[k], 1e-9):.2f}x" for k in GROWN)
+        growth = ", ".join(f"{name} {r[k] / max(first[k], 1e-9):.2f}x" for k, name in GROWN.items())
         lines.append(
             f"| {r['shards']:,} | {r['lanes']:,} | {r['dp']:,} | {r['rank_lanes']} "
+            f"| {r['first_build_s']} ({r['first_build_cpu_s']}) "
             f"| {r['build_s']} ({r['build_cpu_s']}) | {r['first_s']} ({r['first_cpu_s']}) "
-            f"| {r['rss_mb']} ({r['rss_growth_mb']}) | {r['file_bytes']:,} "
+            f"| {r['rss_mb']} ({r['rss_growth_mb']}; {r['anon_growth_mb']}) | {r['file_bytes']:,} "
             f"({r['contents_bytes']:,}) | {r['dcp_bytes']:,} ({r['dcp_lane_bytes_per_lane']}) "
-            f"| {r.get('first_use_s', '-')} | {growth} |"
+            f"| {growth} |"
         )
     return head + "\n".join(lines)
 
@@ -229,12 +260,21 @@ def main(argv: list[str] | None = None) -> int:
     for s, lanes, _ in _configs(args):
         if s < lanes:
             ap.error(f"{s} shards for {lanes} lanes: each lane needs a shard (a work item)")
-    one = measure if args.inline else run_one
+    one = run_inline if args.inline else run_one
     rows = []
     for s, lanes, dp in _configs(args):
         folder = corpus(s, root)
-        first_use = warm(folder)
-        rows.append({**one(folder, lanes, dp), "first_use_s": first_use})
+        with tempfile.TemporaryDirectory(prefix="zephon-scale-cache-") as cache:
+            first = one(folder, lanes, dp, cache)  # the node's first start
+            later = one(folder, lanes, dp, cache)
+        rows.append(
+            {
+                **later,
+                "first_build_s": first["build_s"],
+                "first_build_cpu_s": first["build_cpu_s"],
+                "first_rss_mb": first["rss_mb"],
+            }
+        )
     res = {"load": os.getloadavg()[0], "rows": rows}
     if args.json == "-":
         json.dump(res, sys.stdout, indent=1)

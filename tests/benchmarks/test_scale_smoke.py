@@ -19,7 +19,7 @@ def test_smoke_rows_and_checkpoint_bytes_per_lane(tmp_path: Path, capsys) -> Non
     # The corpus was indexed: every shard is named in the state's content identities.
     assert len(list(tmp_path.glob("200/*.jsonl"))) == 200
     for r in (small, large):
-        assert r["build_s"] > 0 and r["first_s"] > 0 and r["rss_mb"] > 0 and r["first_use_s"] > 0
+        assert r["build_s"] > 0 and r["first_s"] > 0 and r["rss_mb"] > 0 and r["first_build_s"] > 0
         assert r["file_bytes"] > r["contents_bytes"] > 200 * len('"s000000.jsonl": ""')
         assert r["dcp_bytes"] > r["dcp_lane_bytes_per_lane"] * r["rank_lanes"] > 0
     # The design's promise: a lane's checkpoint bytes do not depend on the rank count.

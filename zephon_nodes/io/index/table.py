@@ -31,6 +31,7 @@ import re
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,28 @@ _LOCK = threading.Lock()
 _PLAIN = re.compile(r"[A-Za-z0-9_:]*")
 # Table key -> loaded table (a key names one manifest content, so it never goes stale).
 _TABLES: dict[str, ShardTable] = {}
+# id of a mapped column -> a descriptor of its file (reads that map no page into the process).
+_FDS: dict[int, int] = {}
+
+
+def _column_fd(column: np.ndarray, path: str) -> int:
+    """A descriptor of a mapped column's file, opened once per column and process.
+
+    Kept while the column lives (the file may be removed meanwhile: the descriptor, like the
+    mapping, still reads it); closed with it.
+    """
+    with _LOCK:
+        fd = _FDS.get(id(column))
+        if fd is None:
+            fd = _FDS[id(column)] = os.open(path, os.O_RDONLY)
+            weakref.finalize(column, _close_fd, id(column), fd)
+        return fd
+
+
+def _close_fd(key: int, fd: int) -> None:
+    with _LOCK:
+        _FDS.pop(key, None)
+    os.close(fd)
 
 
 def verify_data() -> bool:
@@ -147,9 +170,22 @@ class ShardTable:
         return storage.join(self.directory, self.name(k))
 
     def entry(self, k: int) -> dict[str, Any]:
-        """The ``k``-th shard's index entry (parsed on each call)."""
+        """The ``k``-th shard's index entry (parsed on each call).
+
+        Read from the column's file, not through its mapping: touching a mapped page maps
+        its neighbours too (64-128 KB per touch), so a few hundred shards opened at random
+        would map most of the column into every rank's RSS.
+        """
         a, b = int(self.entry_starts[k]), int(self.entry_starts[k + 1]) - 1
-        entry: dict[str, Any] = json.loads(bytes(self.entries[a:b]))
+        path = getattr(self.entries, "filename", None)
+        try:
+            if not path:
+                raise FileNotFoundError
+            fd = _column_fd(self.entries, path)
+            raw = os.pread(fd, b - a, int(getattr(self.entries, "offset", 0)) + a)
+        except OSError:  # no file, or gone since (the mapping still holds it)
+            raw = bytes(self.entries[a:b])
+        entry: dict[str, Any] = json.loads(raw)
         return entry
 
     def identities_json(self, rows: np.ndarray) -> list[bytes | memoryview]:
