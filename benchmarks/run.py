@@ -18,7 +18,8 @@ Suites:
   Then the first-batch table (as the ``first`` suite).
 * ``first``: seconds from building each pipeline to its first batch, fresh and resumed
   (after 20 batches), at dp 1 and dp 4 (rank 0), fresh process each, medians over
-  ``--first-rounds``; ``--peers`` picks pipelines (``zephon_cache``: zephon-nodes with the
+  ``--first-rounds``; ``--peers`` picks pipelines (``--throughput-peers`` those of the
+  throughput suite; ``zephon_cache``: zephon-nodes with the
   token cache on, empty at the start, so that a resume's replay reads what the run before
   the save stored).
 * ``scaling``: 1 vs 32 lanes, 1 vs 2 workers, thread vs process runner with a pure-Python
@@ -289,13 +290,15 @@ def suite_throughput(
     measure: Any,
     first_rounds: int = 3,
     first_peers: Sequence[str] = PEERS,
+    peers: Sequence[str] = PEERS,
 ) -> dict[str, Any]:
-    """The peers on one tokenizer (``base.tokenizer``), then their first batch table.
+    """The peers on one tokenizer (``base.tokenizer``), then the first batch table.
 
-    ``first_peers`` (``--peers``) picks the pipelines; zephon-nodes and the raw tokenizer
-    always run (the tables are relative to them).
+    ``peers`` (``--throughput-peers``) picks the pipelines timed, ``first_peers``
+    (``--peers``) those of the first-batch table; zephon-nodes and the raw tokenizer always
+    run (the tables are relative to them).
     """
-    names = [n for n in PEERS if n in first_peers or n in ALWAYS]
+    names = [n for n in PEERS if n in peers or n in ALWAYS]
     variants = {name: (name, base) for name in names}
     stats, raw = _alternate(variants, rounds, measure)
     ran = [n for n in names if n in stats]
@@ -542,11 +545,14 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         s = tp["stats"]
         sfx = "" if tok == "sp" else f"_{tok}"
         out["zephon_tok_s" + sfx] = s["zephon"]["median"]
-        out["grain_tok_s" + sfx] = max(s["grain"]["median"], s["grain_proc"]["median"])
-        out["torchtitan_tok_s" + sfx] = s["torchtitan"]["median"]
+        if "grain" in s and "grain_proc" in s:  # not when --throughput-peers leaves them out
+            out["grain_tok_s" + sfx] = max(s["grain"]["median"], s["grain_proc"]["median"])
+        if "torchtitan" in s:
+            out["torchtitan_tok_s" + sfx] = s["torchtitan"]["median"]
         if "titan_main" in s:
             out["titan_main_tok_s" + sfx] = s["titan_main"]["median"]
-        out["nodes_tok_s" + sfx] = s["nodes"]["median"]
+        if "nodes" in s:
+            out["nodes_tok_s" + sfx] = s["nodes"]["median"]
         out["raw_tok_s" + sfx] = s["raw"]["median"]
         out["tok_per_cpu_s" + sfx] = tp["tok_per_cpu_s"]
         out["first_batch_s" + sfx] = tp["first"].get("zephon", {})
@@ -728,10 +734,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--first-rounds", type=int, default=3, help="rounds of first-batch timings")
     p.add_argument(
-        "--peers",
+        "--peers", default=",".join(PEERS), help=f"first-batch peers (also {list(FIRST_ONLY)})"
+    )
+    p.add_argument(
+        "--throughput-peers",
         default=",".join(PEERS),
-        help=f"pipelines to run (throughput: zephon and raw always run; first batch also "
-        f"{list(FIRST_ONLY)})",
+        help="throughput peers (zephon and raw always run)",
     )
     p.add_argument(
         "--inprocess",
@@ -782,6 +790,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     suites = _names(args.suite, SUITES, "suite")
     tokenizers = _names(args.tokenizers, tuple(TOKENIZERS), "tokenizer")
     peers = _names(args.peers, PEERS + FIRST_ONLY, "peer")
+    tp_peers = _names(args.throughput_peers, PEERS, "peer")
     fr = args.first_rounds
     cargs = corpus_args(args.tiny, args.root)
     corpus = _build(cargs)
@@ -816,7 +825,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"suite {suite}")
         if suite == "throughput":
             results["throughput"] = {
-                tok: suite_throughput(replace(base, tokenizer=tok), args.rounds, measure, fr, peers)
+                tok: suite_throughput(
+                    replace(base, tokenizer=tok), args.rounds, measure, fr, peers, tp_peers
+                )
                 for tok in tokenizers
             }
         elif suite == "first":
