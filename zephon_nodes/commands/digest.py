@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from zephon_nodes.commands.cache import add_token_cache_args, settings_from_args
+from zephon_nodes.commands.options import add_workers_arg
 from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import Settings, using
@@ -55,14 +56,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("recipe", help="recipe TOML file")
     p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
     p.add_argument("--steps", type=int, required=True, help="global batches to produce")
-    p.add_argument(
-        "--num-workers",
-        "--workers",
-        dest="num_workers",
-        type=int,
-        default=2,
-        help="pool workers per rank (default 2; --workers is the same flag)",
-    )
+    add_workers_arg(p)
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
     p.add_argument(
         "--engine",

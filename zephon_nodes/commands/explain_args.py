@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zephon_nodes.commands.options import add_workers_arg
 from zephon_nodes.engine.pool import RUNNERS
 
 __all__ = ["TOKENS_PER_S", "add_parser"]
@@ -30,14 +31,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("recipe", help="recipe TOML file")
     p.add_argument("--dp-world-size", type=int, default=1, help="data-parallel ranks")
-    p.add_argument(
-        "--num-workers",
-        "--workers",
-        dest="num_workers",
-        type=int,
-        default=2,
-        help="pool workers per rank (default 2; --workers is the same flag)",
-    )
+    add_workers_arg(p)
     p.add_argument("--runner", choices=RUNNERS, default="thread", help="worker runner")
     p.add_argument("--lookahead", type=int, default=4, help="work items each lane submits ahead")
     p.add_argument(

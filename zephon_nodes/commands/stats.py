@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.commands.cache import add_token_cache_args, settings_from_args
+from zephon_nodes.commands.options import add_workers_arg
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import using
 from zephon_nodes.engine.end_of_data import unused_samples
@@ -46,14 +47,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("recipe", help="recipe TOML file")
     p.add_argument("--steps", type=int, required=True, help="global batches to measure")
     p.add_argument("--dp-world-size", type=int, default=1, help="simulated ranks (default 1)")
-    p.add_argument(
-        "--num-workers",
-        "--workers",
-        dest="num_workers",
-        type=int,
-        default=2,
-        help="pool workers per rank (default 2; --workers is the same flag)",
-    )
+    add_workers_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--cache-limit",
