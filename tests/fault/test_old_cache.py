@@ -213,3 +213,41 @@ def test_tar_member_index_of_another_key_or_an_older_cache(tmp_path: Path) -> No
         before = entrysums.bad_entries()
         assert [s.text for _, s in shard.read(0, 3)] == want, what
         assert entrysums.bad_entries() == before + 1, what
+
+
+def test_readers_in_parallel_remake_a_damaged_copy_once(tmp_path: Path) -> None:
+    """Lanes reading one damaged copy at once: every read is the shard's, one remake counted.
+
+    Each reader that finds the copy bad remakes it only if it is still bad, one at a time:
+    before, each dropped the copy (and its sums) under the others' reads, so a reader could
+    fail with "no readable checksums", and every reader counted a bad entry.
+    """
+    _corpus(tmp_path / "d", zst=True)
+    path = tmp_path / "d" / "p1.jsonl.zst"
+    shard = open_shard(path)
+    data_path, _ = copies.artifacts(shard.checksum)
+    blob = bytearray(data_path.read_bytes())
+    blob[len(blob) // 2] ^= 0x20  # one flipped bit in the middle of the copy
+    data_path.write_bytes(bytes(blob))
+    copies._INDEX_CACHE.clear()
+    entrysums._SUMS.clear()
+    before = entrysums.bad_entries()
+    want = _lines(path)
+    start = threading.Barrier(8)
+    results: list[list[str] | BaseException] = []
+
+    def read() -> None:
+        start.wait()
+        try:
+            rows = shard.read(0, shard.num_records)
+            results.append([raw.decode() for _, raw in rows])
+        except BaseException as e:  # reported by the assertion below
+            results.append(e)
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [want] * 8
+    assert entrysums.bad_entries() == before + 1

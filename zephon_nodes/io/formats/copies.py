@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import numpy as np
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.formats.entrysums import (
     BadEntry,
+    check_copy,
     check_index,
     count_bad,
     drop,
@@ -33,6 +35,9 @@ from zephon_nodes.io.storage.checksum import Hasher
 __all__ = ["artifacts", "build", "forget_index", "load_index", "remake"]
 
 _INDEX_CACHE: dict[str, np.ndarray] = {}
+# One remake of a content at a time in a process (see remake).
+_REMAKE_GUARD = threading.Lock()
+_REMAKE_LOCKS: dict[str, threading.Lock] = {}
 
 
 def artifacts(checksum: str) -> tuple[Path, Path]:
@@ -137,7 +142,38 @@ def _drop(checksum: str, compressed: bool) -> None:
     forget_index(str(index_path))
 
 
-def remake(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
-    """Drop the derived files of ``checksum`` and build them again from ``src``."""
-    _drop(checksum, compressed)
-    return build(src, checksum, compressed)
+def _remake_lock(checksum: str) -> threading.Lock:
+    with _REMAKE_GUARD:
+        return _REMAKE_LOCKS.setdefault(checksum, threading.Lock())
+
+
+def _sound(checksum: str, compressed: bool) -> bool:
+    """Whether the derived files of ``checksum`` match their sums, read afresh from disk."""
+    data_path, index_path = artifacts(checksum)
+    forget_index(str(index_path))
+    try:
+        load_index(str(index_path))
+        if compressed:
+            check_copy(data_path, str(index_path))
+    except BadEntry:
+        return False
+    return True
+
+
+def remake(src: Path, checksum: str, compressed: bool) -> bool:
+    """Drop the derived files of ``checksum`` and build them again from ``src``, if still bad.
+
+    A process's lanes read a shard in parallel, so several may find the same bad entry at
+    once: they remake it one at a time, and each first checks the files afresh, so that a
+    copy another lane has just made again is kept, never dropped under a reader.
+
+    Returns:
+        True when the files were bad and were made again (one bad entry to count); False
+        when they were found sound (made again meanwhile by another reader).
+    """
+    with _remake_lock(checksum):
+        if _sound(checksum, compressed):
+            return False
+        _drop(checksum, compressed)
+        build(src, checksum, compressed)
+        return True

@@ -217,8 +217,8 @@ class FileShard:
         except BadEntry:
             if self._foreign_copy():
                 raise  # the node cache's entry: its owner drops and fetches it again
-            count_bad()  # a damaged cache copy or record index: made again, never served
-            self._remake()
+            if self._remake():  # a damaged cache copy or record index: made again, never served
+                count_bad()
             return fn()
 
     def _compressed(self) -> bool:
@@ -229,15 +229,18 @@ class FileShard:
         own = {str(p) for p in _artifacts(self.checksum)}
         return bool(self.data_path) and self._compressed() and self.data_path not in own
 
-    def _remake(self) -> None:
-        """Make this content's cache copy, record index and sums again from the shard."""
+    def _remake(self) -> bool:
+        """Make this content's cache copy, record index and sums again from the shard.
+
+        Returns:
+            Whether they were bad (False: another reader made them again meanwhile).
+        """
         source = self.uri or self.path
         if storage.is_remote(source):
             with fetched(source, self._opened_stat()) as (tmp, checksum):
                 check_same(self, checksum)
-                remake(tmp, checksum, self._compressed())
-        else:
-            remake(Path(storage.local_path(source)), self.checksum, self._compressed())
+                return remake(tmp, checksum, self._compressed())
+        return remake(Path(storage.local_path(source)), self.checksum, self._compressed())
 
     def _read(self, start: int, stop: int) -> list[tuple[int, bytes]]:
         if not self.index_path:
@@ -396,8 +399,8 @@ def _records(shard: FileShard) -> int:
     try:
         return int(_load_index(shard.index_path).shape[0])
     except BadEntry:
-        count_bad()
-        shard._remake()
+        if shard._remake():
+            count_bad()
         return int(_load_index(shard.index_path).shape[0])
 
 
