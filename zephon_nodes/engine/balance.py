@@ -43,8 +43,6 @@ from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
 from zephon_nodes.io.dataset import Dataset
 from zephon_nodes.io.index.lazyshards import LazyShards
 from zephon_nodes.io.nodecache.itemsizes import node_sizes
-from zephon_nodes.io.nodecache.wholeshard import NodeCachedShard
-from zephon_nodes.io.storage import storage
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.parse import ParseJsonl
 from zephon_nodes.operators.tokencache import (
@@ -170,20 +168,11 @@ def _contents_digest(dataset: Dataset) -> str | None:
     """A digest of every shard's content identity and record count, in order (None: unkeyed)."""
     h = hashlib.sha256(dataset.shard_records.astype("<i8").tobytes())
     shards = dataset.shards
-    # Not kept for remote shards and single-frame .zst shards (copies in the node cache): the
-    # sizing pass also checks and remakes their copies one at a time before the lanes read
-    # them in parallel (remade concurrently, a damaged copy's sums can vanish mid-read:
-    # tests/fault/test_adversarial_cache_keys.py).
     if isinstance(shards, LazyShards):  # the index's columns: no shard is opened
-        if shards.whole() or storage.is_remote(shards.files.table.directory):
-            return None
         for chunk in shards.files.table.identities_json(shards.files.rows):
             h.update(chunk)
         return h.hexdigest()
     for shard in shards:
-        where = str(getattr(shard, "uri", "") or getattr(shard, "path", ""))
-        if isinstance(shard, NodeCachedShard) or storage.is_remote(where):
-            return None
         checksum = getattr(shard, "checksum", "") or getattr(
             getattr(shard, "shard", None), "checksum", ""
         )
