@@ -17,6 +17,7 @@ def test_quick_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "zc"))
+    monkeypatch.setenv("ZEPHON_ITEM_SIZES", "off")  # as main() sets it, undone after the test
     out = tmp_path / "tc.json"
     argv = ["--quick", "--records", "600", "--root", str(tmp_path / "b"), "--json", str(out)]
     assert main([*argv, "--eviction", "0.5"]) == 0

@@ -129,6 +129,7 @@ def test_partly_evicted_cache_gives_the_same_digests(
     # Without the node's item sizes, building sizes every item through the token cache
     # (stored, then read back by the lanes: hits in a cache a third of the entries fill).
     shutil.rmtree(cache.parent / "sizes")
+    monkeypatch.setenv("ZEPHON_ITEM_SIZES", "off")
     on(monkeypatch, "3K")  # about a third of the entries fit
     assert digests(r) == off
     assert digests(r, 2) == off

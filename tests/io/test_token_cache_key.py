@@ -68,6 +68,7 @@ def test_a_skip_run_cached_does_not_let_a_raise_run_skip(
     tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under ``skip`` a bad record is dropped and the item cached; under ``raise`` it raises."""
+    monkeypatch.setenv("ZEPHON_ITEM_SIZES", "off")  # every build sizes through the token cache
     write_corpus(tmp_path / "d")
     part = tmp_path / "d" / "part-03.jsonl"
     lines = part.read_text().splitlines()

@@ -36,7 +36,13 @@ __all__ = ["node_sizes"]
 _MASK = (1 << 63) - 1
 
 
+OFF_ENV = "ZEPHON_ITEM_SIZES"
+"""Set to ``off`` to compute work-item sizes at every build (nothing kept in the node cache)."""
+
+
 def _folder() -> Path | None:
+    if os.environ.get(OFF_ENV, "").lower() == "off":
+        return None
     try:
         folder = cache_dir() / "sizes"
         folder.mkdir(exist_ok=True)
