@@ -32,7 +32,7 @@ from zephon_nodes.io.formats.lines import decompress_to, index_file
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir, umask_mode
 from zephon_nodes.io.storage.checksum import Hasher
 
-__all__ = ["artifacts", "build", "forget_index", "load_index", "remake"]
+__all__ = ["artifacts", "build", "forget_index", "load_index", "remake", "sound"]
 
 _INDEX_CACHE: dict[str, np.ndarray] = {}
 # One remake of a content at a time in a process (see remake).
@@ -147,14 +147,21 @@ def _remake_lock(checksum: str) -> threading.Lock:
         return _REMAKE_LOCKS.setdefault(checksum, threading.Lock())
 
 
-def _sound(checksum: str, compressed: bool) -> bool:
-    """Whether the derived files of ``checksum`` match their sums, read afresh from disk."""
-    data_path, index_path = artifacts(checksum)
-    forget_index(str(index_path))
+def sound(data_path: str | os.PathLike[str] | None, index_path: str) -> bool:
+    """Whether a record index (and the copy it indexes, if any) match their sums.
+
+    Read afresh from disk, not as remembered: another reader may have made them again since
+    a read of them failed.
+
+    Args:
+        data_path: The decompressed copy (None: the index is of the shard's own bytes).
+        index_path: Its record index (``<key>.index.npy``).
+    """
+    forget_index(index_path)
     try:
-        load_index(str(index_path))
-        if compressed:
-            check_copy(data_path, str(index_path))
+        if data_path is not None:
+            check_copy(data_path, index_path)
+        load_index(index_path)
     except BadEntry:
         return False
     return True
@@ -171,8 +178,9 @@ def remake(src: Path, checksum: str, compressed: bool) -> bool:
         True when the files were bad and were made again (one bad entry to count); False
         when they were found sound (made again meanwhile by another reader).
     """
+    data_path, index_path = artifacts(checksum)
     with _remake_lock(checksum):
-        if _sound(checksum, compressed):
+        if sound(data_path if compressed else None, str(index_path)):
             return False
         _drop(checksum, compressed)
         build(src, checksum, compressed)

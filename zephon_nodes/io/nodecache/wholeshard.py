@@ -32,10 +32,9 @@ import numpy as np
 
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import Settings
-from zephon_nodes.io.formats.copies import artifacts, forget_index, load_index
+from zephon_nodes.io.formats.copies import artifacts, forget_index, load_index, sound
 from zephon_nodes.io.formats.entrysums import (
     BadEntry,
-    check_copy,
     count_bad,
     drop,
     recorded_size,
@@ -229,15 +228,11 @@ def check_whole_shards_fit(datasets: Sequence[Any], settings: Settings | None = 
 
 def _damaged(copy: Path, index_path: str) -> bool:
     """Whether a node-cache copy or its record index fails its sums (then both are dropped)."""
-    try:
-        check_copy(copy, index_path)  # the sums read afresh: another reader may have remade it
-        forget_index(index_path)
-        load_index(index_path)
-    except BadEntry:
-        drop(index_path, sums_path(index_path))
-        forget_index(index_path)
-        return True
-    return False
+    if sound(copy, index_path):  # read afresh: another reader may have made it again
+        return False
+    drop(index_path, sums_path(index_path))
+    forget_index(index_path)
+    return True
 
 
 def _known_index(checksum: str) -> tuple[np.ndarray, int] | None:
