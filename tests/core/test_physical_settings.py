@@ -60,6 +60,7 @@ def test_every_variable_sets_its_field_with_the_documented_meaning() -> None:
         "ZEPHON_TOKEN_CACHE": "on",
         "ZEPHON_TOKEN_CACHE_LIMIT": "2G",
         "ZEPHON_TOKEN_CACHE_SHARED": "s3://bucket/tokens",
+        "ZEPHON_ITEM_SIZES": "off",
         "STORAGE_EMULATOR_HOST": "http://127.0.0.1:9023",
     }
     assert sorted(env) == sorted(v.name for v in ENVIRONMENT)
@@ -80,10 +81,12 @@ def test_every_variable_sets_its_field_with_the_documented_meaning() -> None:
     assert (s.ray_max_retries, s.ray_address) == (1, "127.0.0.1:6379")
     assert (s.token_cache, s.token_cache_limit) == (True, 2 << 30)
     assert s.token_cache_shared == "s3://bucket/tokens"
+    assert s.item_sizes is False
     assert s.gcs_emulator_host == "http://127.0.0.1:9023"
     unset = Settings.from_env({})
     assert unset == Settings()
     assert (unset.cache_limit, unset.read_cache_mb, unset.use_index) == (None, 128.0, True)
+    assert unset.item_sizes is True
 
 
 @pytest.mark.parametrize(

@@ -155,6 +155,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "ZEPHON_TOKEN_CACHE", "token_cache", parse_bool, "'on' or 'off' (1/0, true/false)", "off"
     ),
     EnvVar(
+        "ZEPHON_ITEM_SIZES",
+        "item_sizes",
+        parse_bool,
+        "'on' or 'off' (1/0, true/false)",
+        "on",
+    ),
+    EnvVar(
         "ZEPHON_TOKEN_CACHE_SHARED",
         "token_cache_shared",
         str,

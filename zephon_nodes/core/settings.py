@@ -116,6 +116,8 @@ class Settings:
             shared mount) whose entries every node reads and the first writes, behind each
             node's own token cache (``ZEPHON_TOKEN_CACHE_SHARED`` / ``--token-cache URI``,
             which also turns the cache on); None: node-local only.
+        item_sizes: Keep work-item sizes in the node cache for later builds
+            (``ZEPHON_ITEM_SIZES=off``: compute them at every build; default on).
 
     Raises:
         RecipeError: A value of the wrong type or outside its bounds, naming the field, what
@@ -140,6 +142,7 @@ class Settings:
     token_cache_limit: int = TOKEN_CACHE_LIMIT
     gcs_emulator_host: str | None = None
     token_cache_shared: str | None = None
+    item_sizes: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -258,7 +261,7 @@ def _problem(name: str, value: Any) -> str | None:
     if name == "token_cache_limit":
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
         return None if ok else f"must be a byte count >= 0, got {value!r}"
-    if name in ("verify_data", "immutable_data", "use_index", "token_cache"):
+    if name in ("verify_data", "immutable_data", "use_index", "token_cache", "item_sizes"):
         return None if isinstance(value, bool) else f"must be a bool, got {type(value).__name__}"
     bound = PHYSICAL.get(name)
     if bound is None:

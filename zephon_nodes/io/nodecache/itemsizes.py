@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from zephon_nodes.core import settings
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.formats.entrysums import count_bad
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
@@ -36,12 +37,8 @@ __all__ = ["node_sizes"]
 _MASK = (1 << 63) - 1
 
 
-OFF_ENV = "ZEPHON_ITEM_SIZES"
-"""Set to ``off`` to compute work-item sizes at every build (nothing kept in the node cache)."""
-
-
 def _folder() -> Path | None:
-    if os.environ.get(OFF_ENV, "").lower() == "off":
+    if not settings.current().item_sizes:  # ZEPHON_ITEM_SIZES=off
         return None
     try:
         folder = cache_dir() / "sizes"
