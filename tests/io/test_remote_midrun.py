@@ -59,6 +59,22 @@ def _same_size_edit(blob: bytes) -> bytes:
     return out
 
 
+def _replace_served(dest: Path, blob: bytes) -> None:
+    """Replace a file nginx serves as an object store replaces an object: at once.
+
+    The new bytes go to a file beside it, dated 10 s after the old one (nginx's ETag and
+    Last-Modified are the mtime in seconds and the size: a rewrite within the same second
+    would keep them), then renamed over it. Written in place, a read running beside the
+    rewrite (the run's read-ahead) could see the truncated file (416) or the new bytes under
+    the old mtime and size, which no object store serves.
+    """
+    old = dest.stat().st_mtime
+    fresh = dest.with_name(dest.name + ".new")
+    fresh.write_bytes(blob)
+    os.utime(fresh, (old + 10, old + 10))
+    os.replace(fresh, dest)
+
+
 def _digests(r: Recipe, steps: int = STEPS) -> list[str]:
     return [x.digest for x, _ in simulate(Pipeline(r), 1, steps, num_workers=1)]
 
@@ -91,12 +107,7 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
             return str(server.url(f"{where}/a.jsonl"))
 
         def over_http(path: Path, where: str) -> None:
-            dest = server.root / where / path.name
-            old = dest.stat().st_mtime
-            dest.write_bytes(path.read_bytes())
-            # nginx's ETag is mtime (seconds) and size: a rewrite within the same second
-            # would keep it, so the new version is dated visibly later.
-            os.utime(dest, (old + 10, old + 10))
+            _replace_served(server.root / where / path.name, path.read_bytes())
 
         yield request.param, put_http, over_http
     else:
@@ -427,9 +438,7 @@ def test_http_without_etag_pins_last_modified(http_server, tmp_path, monkeypatch
     dest = http_server.root / where / "a.jsonl"
 
     def overwrite() -> None:
-        old = dest.stat().st_mtime
-        dest.write_bytes(_same_size_edit(local.read_bytes()))
-        os.utime(dest, (old + 10, old + 10))
+        _replace_served(dest, _same_size_edit(local.read_bytes()))
 
     got, error = _run_with_overwrite(recipe([uri]), overwrite)
     assert error is not None and "412 Precondition Failed to If-Unmodified-Since" in str(error)
