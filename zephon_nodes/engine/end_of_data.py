@@ -8,7 +8,6 @@ from typing import Any
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.relane import for_state
 
 __all__ = ["all_ranks_continue", "format_unused", "unused_samples"]
 
@@ -29,7 +28,6 @@ def unused_samples(
     Raises:
         CheckpointError: If the data does not end at ``state`` (a full step still fits).
     """
-    pipeline = for_state(pipeline, state)  # a re-laned checkpoint's streams
     own = pool is None
     pool = pool if pool is not None else WorkerPool(0, "thread")
     try:

@@ -23,7 +23,6 @@ from torchdata.nodes import Loader
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.relane import for_state
 from zephon_nodes.state.locate import LocatedState, locate_state, replace_state, unwrap_state
 from zephon_nodes.state.merge import merge_states
 from zephon_nodes.state.schema import FORMAT, LANES_KEY, LAYOUT_KEY, MICRO_KEY, STEP_KEY, is_int
@@ -111,7 +110,7 @@ def rank_state(
     start[MICRO_KEY] = 0
 
     with WorkerPool(num_workers, "thread") as pool:
-        node = for_state(pipeline, start).rank_node(lanes=owned, pool=pool)
+        node = pipeline.rank_node(lanes=owned, pool=pool)  # its timeline: any segment
         node.reset(start)
         for _ in range(step - s):
             try:

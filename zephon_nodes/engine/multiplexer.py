@@ -19,7 +19,7 @@ from zephon_nodes.engine.metrics import StepMetrics, rank_metrics
 from zephon_nodes.engine.parallel_map import prime_lanes, reset_lanes
 from zephon_nodes.engine.replay_check import check_by_replay
 from zephon_nodes.engine.restore_checks import check_rank_state
-from zephon_nodes.engine.stages import enter_next_stage, segment_for_state
+from zephon_nodes.engine.timeline import Timeline
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.io.nodecache.workercounts import bad_cache_entries
 from zephon_nodes.operators.batch import collate
@@ -133,6 +133,10 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         local_batch_size: Rows per micro-batch; default ``G/R`` (one micro-batch per step).
         work_source: The work source the lanes read (default the pipeline's); decisions are
             installed into it, so each rank node should have its own (``fork()``).
+        lane_builder: Builds lane ``i`` of another segment (``lane_builder(segment, i)``);
+            without it the node cannot change segment (a stage, a re-laned state).
+        timeline: The run's timeline (default ``Timeline(pipeline)``): the segment each
+            state resumes, re-laned or in a stage, is the timeline's to say.
     """
 
     def __init__(
@@ -142,6 +146,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         local_batch_size: int | None = None,
         work_source: WorkSource | None = None,
         lane_builder: Callable[[Any, int], Lane] | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         super().__init__()
         # A node stacked under torchdata's ParallelMapper can be reset by a new iterator
@@ -150,6 +155,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._driving = threading.RLock()
         self.lanes = dict(sorted(lanes.items()))
         self.pipeline = pipeline
+        #: The run's timeline: which segment a state resumes, and the planned stages.
+        self.timeline = timeline if timeline is not None else Timeline(pipeline)
         self.work_source = work_source if work_source is not None else pipeline.work_source
         self._mixture = MixtureLog()
         if not self.lanes:
@@ -294,7 +301,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._partial, self._unused = {}, None
         self._last, self._pending_last, self._last_checks = {}, {}, None
         if initial_state is None:
-            self._switch(segment_for_state(self.pipeline, None))
+            self._switch(self.timeline.segment(None))
             if self._used and self.pipeline.recipe.stages:
                 raise RecipeError(
                     "a second pass (a new iter() without a state) over a recipe with [[stages]] "
@@ -316,7 +323,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             self._notify_positions()
             return
         # The checks every caller shares (engine/restore_checks.py: the TorchTitan loaders too).
-        checked = check_rank_state(self.pipeline, initial_state, self.lanes)
+        checked = check_rank_state(self.timeline.run, initial_state, self.lanes)
         self._switch(checked.segment)
         p = self.pipeline
         positions, mixture = checked.positions, checked.mixture
@@ -494,7 +501,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
 
     def _enter_stage(self) -> None:
         """Move to the recipe's stage starting now (see :mod:`zephon_nodes.engine.stages`)."""
-        enter_next_stage(self)
+        self.timeline.enter_planned_stage(self)
 
     def unused_samples(self) -> dict[int, int]:
         """Count, per owned lane, the samples of this pass never delivered (end of data).

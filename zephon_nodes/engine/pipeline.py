@@ -22,6 +22,7 @@ from zephon_nodes.engine.parallel_map import OrderedParallelMap
 from zephon_nodes.engine.pool import WorkerPool
 from zephon_nodes.engine.relane import for_state
 from zephon_nodes.engine.stages import check_stage_batches
+from zephon_nodes.engine.timeline import Timeline
 from zephon_nodes.engine.torchdata_stage import TorchdataStage
 from zephon_nodes.engine.work import WorkItem, WorkSource
 from zephon_nodes.io.dataset import Dataset
@@ -468,6 +469,7 @@ class Pipeline:
                 local_batch_size=local_batch_size,
                 work_source=ws,
                 lane_builder=lane_builder,
+                timeline=Timeline(self),
             )
         except BaseException:
             for p in owned:

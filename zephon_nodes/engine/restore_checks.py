@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_nodes.engine.stages import segment_for_state
+from zephon_nodes.engine.timeline import segment_for
 from zephon_nodes.state.lineage import check_lineage
 from zephon_nodes.state.mixture import MIXTURE_KEY, check_effects, parse_mixture_state
 from zephon_nodes.state.schema import LINEAGE_KEY, STEP_KEY
@@ -41,8 +41,9 @@ def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[in
     """Check ``state`` for the rank that owns ``lanes`` of ``pipeline``'s run.
 
     Args:
-        pipeline: The run's compiled recipe (a ``Pipeline``; a recipe with stages or an
-            amendment is checked against the segment the state is in).
+        pipeline: The run's compiled recipe (a ``Pipeline``; a re-laned state, a recipe with
+            stages or an amendment is checked against the segment the state is in:
+            :func:`~zephon_nodes.engine.timeline.segment_for`).
         state: The rank state (plain data).
         lanes: The lanes the rank owns.
 
@@ -55,7 +56,7 @@ def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[in
         RecipeError: A state whose stage cannot run on this rank's lanes.
     """
     own = list(lanes)
-    segment = segment_for_state(pipeline, state)
+    segment = segment_for(pipeline, state)
     samples = segment.recipe.samples_per_lane
     positions = validate_state(
         dict(state) if isinstance(state, Mapping) else state,  # validate_state names a non-dict

@@ -12,7 +12,6 @@ from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.operator_pools import PoolSpec
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
-from zephon_nodes.engine.relane import for_state
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.state.merge import merge_states
 from zephon_nodes.verification.digest import digest_microbatches
@@ -87,8 +86,6 @@ def simulate(
     own_pool = pool is None
     pool = pool if pool is not None else WorkerPool(num_workers, runner)
     per_op, created = _operator_pools(operator_pools or {}, pool.timeout_s)
-    if resume_state is not None and nodes is None:
-        pipeline = for_state(pipeline, resume_state)  # a re-laned checkpoint's streams
     try:
         ranks: list[Multiplexer] = list(nodes or [])
         if nodes is None:
