@@ -26,6 +26,7 @@ from zephon_nodes.engine.relane import for_state, relane_state
 from zephon_nodes.operators import IGNORE_INDEX
 from zephon_nodes.recipe import MixtureSpec, PackSpec
 from zephon_nodes.state import merge_states
+from zephon_nodes.verification.digest import digest_microbatches
 
 # Each dataset writes its own letters (byte tokenizer: id = byte + 3, bos 1, eos 2).
 ALPHABETS = ("abcdefgh ", "nopqrstu\n")
@@ -228,19 +229,30 @@ class TestRefusals:
         p = Pipeline(_recipe())
         new = relane_state(p, _saved(p, 1, 2), 6)
         p6 = Pipeline(_recipe(6))
-        # A pipeline not built for the re-laned checkpoint is refused, naming what to do.
-        node = p6.rank_node()
-        with pytest.raises(CheckpointError, match=r"re-laned \(after step 2, from 4 lanes\)"):
-            node.reset(new)
         # A lineage whose old recipe is another one is refused.
         forged = dict(new, lineage=dict(new["lineage"], fingerprint="0" * 64))
         with pytest.raises(CheckpointError, match="lineage does not match this recipe"):
             run(p6, 1, 1, forged)
-        # A pipeline built for one lineage refuses another checkpoint's.
+
+    def test_any_node_of_the_run_reads_the_state_s_own_streams(self) -> None:
+        """A node's timeline picks the streams of the state it resumes (issue 32): a plain
+        node resumes a re-laned state, a node built for one lineage another lineage's state,
+        each giving the batches of the pipeline built for that state."""
+        p = Pipeline(_recipe())
+        new = relane_state(p, _saved(p, 1, 2), 6)
         other = relane_state(p, _saved(p, 1, 3), 6)
-        node = for_state(p6, new).rank_node()
-        with pytest.raises(CheckpointError, match="lineage differs"):
-            node.reset(other)
+        p6 = Pipeline(_recipe(6))
+
+        def digests(node: Any, state: Any) -> list[str]:
+            node.reset(dict(state))
+            out = [digest_microbatches([next(node)]) for _ in range(3)]
+            node.close()
+            return out
+
+        for built_for, state in ((p6, new), (for_state(p6, new), other)):
+            expected = digests(for_state(p6, state).rank_node(), state)
+            assert digests(built_for.rank_node(), state) == expected
+        assert digests(p6.rank_node(), new) != digests(p6.rank_node(), other)
 
     def test_positions_beyond_the_relaned_streams(self) -> None:
         recipe = _recipe(work=WorkSpec(chunk_size=4, epochs=1))
