@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from tests.integrations.test_step_check import build as build_loader
+from tests.integrations.test_torchtitan_loader import build as titan_build
+from tests.integrations.test_torchtitan_loader import run_ranks
+from tests.integrations.test_torchtitan_relane import expected, recipes  # noqa: F401
 from tests.integrations.titan_main.helpers import dcp_load, union
-from zephon_nodes.core.errors import RecipeError
-from zephon_nodes.integrations.torchtitan import ZephonDataLoader
 
 
 def build(recipe: Path, world: int, rank: int, engine: str) -> Any:
@@ -64,6 +65,32 @@ def test_process_engine_gives_the_thread_engines_batches_and_resumes_at_another_
             loader.close()
 
 
-def test_process_engine_refuses_a_relane() -> None:
-    with pytest.raises(RecipeError, match=r"dataloader.engine='process' does not read re-laned"):
-        ZephonDataLoader.Config(recipe="r.toml", engine="process", relane_from=4)
+def test_process_engine_relanes_at_load_and_resumes_after_it(
+    recipes: dict[int, Path],  # noqa: F811 (the fixture)
+) -> None:
+    """``relane_from`` and ``relaned`` with the process engine (refused before the rank node
+    resolved re-laned states on its timeline): the thread engine's batches, which are the
+    engine's re-laned simulation."""
+    pytest.importorskip("zephon_nodes.engine.child", reason="needs zephon_nodes/engine/child.py")
+    first = [titan_build(recipes[4], 2, r) for r in range(2)]
+    loaders: list[Any] = list(first)
+    try:
+        run_ranks(first, [iter(x) for x in first], 3)
+        stored = union([x.state_dict() for x in first])
+        want = expected(recipes, 4)
+        relaned = [titan_build(recipes[6], 2, r, lbs=6, relane_from=4, engine="process")
+                   for r in range(2)]  # fmt: skip
+        loaders += relaned
+        for loader in relaned:
+            dcp_load(loader, {k: v.clone() for k, v in stored.items()})
+        assert run_ranks(relaned, [iter(x) for x in relaned], 2) == want[:2]
+        after = union([x.state_dict() for x in relaned])
+        resumed = [titan_build(recipes[6], 3, r, lbs=4, relaned=True, engine="process")
+                   for r in range(3)]  # fmt: skip
+        loaders += resumed
+        for loader in resumed:
+            dcp_load(loader, {k: v.clone() for k, v in after.items()})
+        assert run_ranks(resumed, [iter(x) for x in resumed], 2) == want[2:]
+    finally:
+        for loader in loaders:
+            loader.close()

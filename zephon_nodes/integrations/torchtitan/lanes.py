@@ -200,11 +200,10 @@ class LaneLoader:
         if pipeline is self.pipeline:
             return
         if self.config.engine == "process":
-            raise CheckpointError(
-                "the checkpoint was written after a re-lane (it carries a lineage); "
-                "dataloader.engine='process' does not read re-laned streams yet: resume it "
-                "with dataloader.engine='thread'"
-            )
+            # The child's rank node resumes the state on its timeline (the re-laned streams);
+            # the loader keeps the re-laned pipeline for its own checks of the state.
+            self.pipeline = pipeline
+            return
         old = self.multiplexer
         self.pipeline = pipeline
         self._build_node()

@@ -159,12 +159,6 @@ def check_config(config: Any) -> None:
         raise RecipeError(f"dataloader.runner={config.runner!r} must be one of {RUNNERS}")
     if config.engine not in ENGINES:
         raise RecipeError(f"dataloader.engine={config.engine!r} must be one of {ENGINES}")
-    if config.engine == "process" and (config.relane_from or config.relaned):
-        raise RecipeError(
-            "dataloader.engine='process' does not read re-laned streams yet "
-            f"(dataloader.relane_from={config.relane_from}, dataloader.relaned="
-            f"{config.relaned}): use dataloader.engine='thread'"
-        )
     try:
         parse_operator_workers(config.operator_workers)
     except RecipeError as e:
