@@ -26,9 +26,7 @@ from zephon_nodes.operators.batch import collate
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.state.last_sample import (
-    LAST_SAMPLE_KEY,
     check_last_samples,
-    parse_last_samples,
     sample_check,
 )
 from zephon_nodes.state.mixture import (
@@ -367,14 +365,14 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._pass, self._used = pass_index, True
         self._positions = {i: positions[i] for i in self.lanes}
         self._step = step
-        self._check_last_samples(initial_state)
+        self._check_last_samples(checked.last_sample)
         self._micro = 0
         if micro:
             self._build_step()
             self._micro = micro
 
-    def _check_last_samples(self, state: Mapping[str, Any]) -> None:
-        """Compare the lanes' replayed last samples with the state's ``last_sample`` section.
+    def _check_last_samples(self, saved: Mapping[int, int] | None) -> None:
+        """Compare the lanes' replayed last samples with the state's ``last_sample`` checks.
 
         Called after the lanes replayed their windows (``self._step``, ``self._pass`` and
         ``self._positions`` are the state's); see :mod:`zephon_nodes.state.last_sample`.
@@ -382,7 +380,6 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self._last = {
             i: lane.last_sample for i, lane in self.lanes.items() if lane.last_sample is not None
         }
-        saved = parse_last_samples(state.get(LAST_SAMPLE_KEY), self.pipeline.num_lanes)
         if saved is None:  # a state written before the section existed: checked as before
             return
         checks = self._sample_checks()

@@ -17,7 +17,7 @@ from zephon_nodes.engine.timeline import segment_for
 from zephon_nodes.state.lineage import check_lineage
 from zephon_nodes.state.mixture import MIXTURE_KEY, check_effects, parse_mixture_state
 from zephon_nodes.state.schema import LINEAGE_KEY, STEP_KEY
-from zephon_nodes.state.validate import validate_state
+from zephon_nodes.state.validate import check_rank
 
 __all__ = ["CheckedState", "check_rank_state"]
 
@@ -30,11 +30,14 @@ class CheckedState:
         segment: The segment (a ``Pipeline``) the state is in.
         positions: ``{lane: (flush window, samples consumed in it)}`` for the rank's lanes.
         mixture: The state's mixture log (``state.mixture``), parsed.
+        last_sample: ``{lane: check}`` of the state's ``last_sample`` section (None: a state
+            written before it existed; see :mod:`zephon_nodes.state.last_sample`).
     """
 
     segment: Any
     positions: dict[int, tuple[int, int]]
     mixture: Any
+    last_sample: dict[int, int] | None = None
 
 
 def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[int]) -> CheckedState:
@@ -58,8 +61,8 @@ def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[in
     own = list(lanes)
     segment = segment_for(pipeline, state)
     samples = segment.recipe.samples_per_lane
-    positions = validate_state(
-        dict(state) if isinstance(state, Mapping) else state,  # validate_state names a non-dict
+    rank = check_rank(
+        dict(state) if isinstance(state, Mapping) else state,  # check_rank names a non-dict
         fingerprint=segment.fingerprint,
         summary=segment.summary,
         num_lanes=segment.num_lanes,
@@ -67,6 +70,7 @@ def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[in
         samples_per_lane=samples,
         base_step=segment.base_step,
     )
+    positions = dict(rank.lanes)
     if segment.stage is not None:
         segment.stage.require_lanes(own)
     check_lineage(state.get(LINEAGE_KEY), segment.lineage)
@@ -76,4 +80,5 @@ def check_rank_state(pipeline: Any, state: Mapping[str, Any], lanes: Iterable[in
     )
     if state.get(LINEAGE_KEY) is None:
         check_effects(mixture, positions, step, samples)
-    return CheckedState(segment, positions, mixture)
+    last = None if rank.last_sample is None else dict(rank.last_sample)
+    return CheckedState(segment, positions, mixture, last)

@@ -19,7 +19,7 @@ from zephon_nodes.state.identity import fingerprint_pair, summary_diff
 from zephon_nodes.state.invariants import check_stage_invariants
 from zephon_nodes.state.schema import FINGERPRINT_KEY, RankState
 
-__all__ = ["check_positions", "check_recipe", "check_replayed", "validate_state"]
+__all__ = ["check_positions", "check_rank", "check_recipe", "check_replayed", "validate_state"]
 
 
 def check_recipe(rank: RankState, fingerprint: str, summary: Mapping[str, Any]) -> None:
@@ -68,6 +68,35 @@ def validate_state(
 ) -> dict[int, tuple[int, int]]:
     """Check a state against the running recipe and return ``{lane: (window, consumed)}``.
 
+    :func:`check_rank` with the same arguments, keeping only the positions.
+
+    Raises:
+        CheckpointError: Naming what is wrong (format, recipe fields, lanes, values).
+    """
+    rank = check_rank(
+        state,
+        fingerprint=fingerprint,
+        summary=summary,
+        num_lanes=num_lanes,
+        lanes=lanes,
+        samples_per_lane=samples_per_lane,
+        base_step=base_step,
+    )
+    return dict(rank.lanes)
+
+
+def check_rank(
+    state: Any,
+    *,
+    fingerprint: str,
+    summary: Mapping[str, Any],
+    num_lanes: int,
+    lanes: Iterable[int],
+    samples_per_lane: int | None = None,
+    base_step: int = 0,
+) -> RankState:
+    """Check a state against the running recipe and return it parsed.
+
     Besides structure, types and ranges (:meth:`RankState.from_dict`), the positions are
     checked against the step (:func:`check_positions`) when ``samples_per_lane`` is given
     and the stream was never re-laned (a re-laned lane's position also counts the samples
@@ -105,7 +134,7 @@ def validate_state(
                 f"{base_step} its positions count from"
             )
         check_positions(rank.lanes, rank.step - base_step, samples_per_lane)
-    return dict(rank.lanes)
+    return rank
 
 
 def check_positions(
