@@ -13,14 +13,10 @@ from typing import Any
 from zephon_nodes.commands.inspect import load_any, report
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
-from zephon_nodes.engine.relane import for_state
-from zephon_nodes.engine.stages import segment_for_state
+from zephon_nodes.engine.restore_checks import check_rank_state
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.identity import summary_diff
-from zephon_nodes.state.lineage import LINEAGE_KEY, check_lineage
-from zephon_nodes.state.mixture import check_effects, parse_mixture_state
-from zephon_nodes.state.schema import LANES_KEY, MIXTURE_KEY, RECIPE_KEY, STEP_KEY
-from zephon_nodes.state.validate import validate_state
+from zephon_nodes.state.schema import LANES_KEY, RECIPE_KEY
 
 __all__ = ["resume_check", "run"]
 
@@ -47,26 +43,9 @@ def resume_check(state: dict[str, Any], recipe: Recipe) -> tuple[bool, str, list
     lanes = state.get(LANES_KEY)
     owned = [int(k) for k in lanes if str(k).isdigit()] if isinstance(lanes, dict) else []
     try:
-        # A checkpoint after a recipe change is held to the stage it is in (its batch size,
-        # its positions counted from the change), as a resume holds it.
-        resuming = for_state(segment_for_state(pipeline, state), state)
-        in_force = resuming.recipe
-        positions = validate_state(
-            state,
-            fingerprint=resuming.fingerprint,
-            summary=resuming.summary,
-            num_lanes=recipe.num_lanes,
-            lanes=owned,
-            samples_per_lane=in_force.samples_per_lane,
-            base_step=resuming.base_step,
-        )
-        if resuming.stage is not None:
-            resuming.stage.require_lanes(owned)
-        check_lineage(state.get(LINEAGE_KEY), resuming.lineage)
-        names = [d.name for d in in_force.datasets]
-        log = parse_mixture_state(state.get(MIXTURE_KEY), names, owned, state[STEP_KEY])
-        if state.get(LINEAGE_KEY) is None:
-            check_effects(log, positions, state[STEP_KEY], in_force.samples_per_lane)
+        # The checks a resume makes (engine/restore_checks.py): a checkpoint after a recipe
+        # change is held to the stage it is in, a re-laned one to its streams.
+        check_rank_state(pipeline, state, owned)
     except CheckpointError as e:
         return False, str(e), diffs
     missing = sorted(set(range(recipe.num_lanes)) - set(owned))
