@@ -447,7 +447,11 @@ class Pipeline:
             owned.extend(created)
 
         def lane_builder(segment: Pipeline, lane: int) -> Lane:
-            # A stage's lanes run its own chain on the rank's pool (one fused chain).
+            # A segment with this recipe's own operator chain (a re-laned stream the timeline
+            # resolves at reset) keeps the per-operator pools; a stage's lanes run its own
+            # chain on the rank's pool (one fused chain).
+            if chain_stages is not None and segment.stateless is self.stateless:
+                return segment.build_lane(lane, pool, lookahead, chain_stages=chain_stages)
             return segment.build_lane(lane, pool, lookahead)
 
         # Each rank node gets its own copy of a mixing work source (its decisions are per
