@@ -200,3 +200,73 @@ def test_run_together_runs_every_call_and_bounds_its_threads() -> None:
     run_together([partial(call, k) for k in range(10)], max_threads=3)
     assert sorted(k for k, _ in names) == list(range(10))
     assert len({n for _, n in names}) == 3
+
+
+def test_a_hurried_call_runs_next_and_only_once() -> None:
+    """A queued call its reader waits for jumps the queue; it still runs exactly once."""
+    pool = WorkerPool(1, "thread")
+    gate = threading.Event()
+    ran: list[str] = []
+    try:
+        blocker = pool.submit(lambda _: gate.wait(10), None)
+        futs = {
+            name: pool.submit(ran.append, name, priority=p)
+            for name, p in (("a", 0), ("b", 1), ("c", 2))
+        }
+        pool.hurry(futs["c"])
+        pool.hurry(futs["c"])  # hurried twice: still one run
+        gate.set()
+        blocker.result(10)
+        for f in futs.values():
+            f.result(10)
+        pool.hurry(futs["a"])  # done: nothing queued again
+        pool.submit(ran.append, "last").result(10)
+    finally:
+        pool.close()
+    assert ran == ["c", "a", "b", "last"]
+
+
+def _first_maps(node: Any) -> list[OrderedParallelMap]:
+    return [m for lane in node.lanes.values() for m in _lane_maps(lane) if not _lane_maps(m.source)]
+
+
+@pytest.mark.parametrize("path", ["replay check", "window replay"])
+def test_a_restore_leaves_no_look_ahead_queued_behind_the_first_batch(path: str) -> None:
+    """Replaying lanes (4 lanes, 2 workers) keep one item queued each, not their look-ahead.
+
+    A look-ahead item started while the lanes replay is work the first batch waits behind.
+    After the replay the full look-ahead is back, and the batches are the uninterrupted ones.
+    """
+    texts = [f"text {i} " * (2 + i % 7) for i in range(200)]
+    recipe = texts_recipe(texts, shuffle=ShuffleSpec(6))
+    reference = Pipeline(recipe).rank_node(1, 0, pool=WorkerPool(0))
+    it = iter(reference)
+    for _ in range(7):
+        next(it)
+    state = reference.state_dict()
+    expected = [next(it)["input"].tolist() for _ in range(4)]
+    pool = _CountingPool(2)
+    try:
+        node = Pipeline(recipe).rank_node(1, 0, pool=pool)
+        maps = _first_maps(node)
+        if path == "replay check":
+            node.reset(state)
+        else:  # what a restore past the replay check runs: each lane replays its window
+            node.reset(None)
+            reset_lanes(
+                [
+                    (lane, {"window": w, "consumed": c})
+                    for lane, (w, c) in (
+                        (node.lanes[i], state["lanes"][str(i)]) for i in node.lanes
+                    )
+                ]
+            )
+        queued = [len(m._queue) for m in maps]
+        depths = [m._depth for m in maps]
+        got = [next(node)["input"].tolist() for _ in range(4)] if path == "replay check" else None
+    finally:
+        pool.close()
+    assert maps and all(q <= 1 for q in queued), f"items left queued after the replay: {queued}"
+    assert all(d == m.lookahead for d, m in zip(depths, maps, strict=True)), depths
+    if got is not None:
+        assert got == expected

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import Any
@@ -19,7 +20,7 @@ from zephon_nodes.core.operator import operator_name
 from zephon_nodes.engine.metrics import OperatorClock, TimedCall
 from zephon_nodes.engine.pool import WorkerPool
 
-__all__ = ["OrderedParallelMap", "prime_lanes", "reset_lanes", "run_together"]
+__all__ = ["OrderedParallelMap", "prime_lanes", "replaying", "reset_lanes", "run_together"]
 
 
 def _describe(item: Any) -> str:
@@ -111,6 +112,14 @@ class OrderedParallelMap(BaseNode[Any]):
                     fut.set_exception(e)
                 self._queue.append((state, item, fut))
 
+    def limit_lookahead(self, depth: int | None) -> None:
+        """Keep at most ``depth`` items queued from now on (None: the full look-ahead again).
+
+        Items already submitted stay queued; only what :meth:`next` submits changes.
+        """
+        full = self.lookahead if self.pool.num_workers else 1
+        self._depth = full if depth is None else max(1, min(full, depth))
+
     def prime(self) -> None:
         """Submit the look-ahead now (before the first ``next``): see :func:`prime_lanes`."""
         if self._error is None:
@@ -132,6 +141,8 @@ class OrderedParallelMap(BaseNode[Any]):
         if fut is None:
             return item
         try:
+            if not fut.done():
+                self.pool.hurry(fut)  # needed now: before other lanes' look-ahead
             out, times = fut.result(timeout=self.pool.timeout_s)
             self.clock.add(times)
             self.clock.add_skipped(getattr(out, "skipped", ()))
@@ -209,13 +220,17 @@ def prime_lanes(lanes: Iterable[BaseNode[Any]]) -> None:
     multiplexer's hook-up is one line at the start of building its first step.
     """
     for lane in lanes:
-        first = _FIRST_STAGES.get(lane)
-        if first is None:  # a lane's nodes never change: found once, not at every step
-            # The first stage only: a later one would wait for it.
-            first = [m for m in _maps(lane) if not _maps(m.source)]
-            _FIRST_STAGES[lane] = first
-        for m in first:
+        for m in _first_stages(lane):
             m.prime()
+
+
+def _first_stages(lane: BaseNode[Any]) -> list[OrderedParallelMap]:
+    """The lane's first-stage maps (a later stage would wait for them), found once per lane."""
+    first = _FIRST_STAGES.get(lane)
+    if first is None:  # a lane's nodes never change: found once, not at every step
+        first = [m for m in _maps(lane) if not _maps(m.source)]
+        _FIRST_STAGES[lane] = first
+    return first
 
 
 def run_together(calls: Sequence[Callable[[], None]], max_threads: int = 64) -> None:
@@ -263,4 +278,27 @@ def reset_lanes(resets: Sequence[tuple[BaseNode[Any], dict[str, Any] | None]]) -
     one thread only; the output is unchanged. The first error, in lane order, is raised
     once every reset has ended (a failed restore leaves no thread behind).
     """
-    run_together([partial(lane.reset, state) for lane, state in resets])
+    with replaying([lane for lane, state in resets if state is not None]):
+        run_together([partial(lane.reset, state) for lane, state in resets])
+
+
+@contextlib.contextmanager
+def replaying(lanes: Sequence[BaseNode[Any]]) -> Iterator[None]:
+    """While ``lanes`` replay together: no look-ahead beyond what keeps the pool busy.
+
+    A replay takes every item its lane asks for at once (:meth:`WorkerPool.hurry`), and a
+    look-ahead item a free worker started meanwhile is work the first batch waits behind:
+    each lane keeps ``ceil(workers / lanes)`` items queued (one for 8 lanes on 2 workers,
+    two for a lane alone), and its full look-ahead again once the replays are over. A
+    physical setting: the items and every output are unchanged.
+    """
+    maps = [m for lane in lanes for m in _first_stages(lane)]
+    workers = max((m.pool.num_workers for m in maps), default=0)
+    depth = max(1, -(-workers // max(1, len(lanes))))
+    for m in maps:
+        m.limit_lookahead(depth)
+    try:
+        yield
+    finally:
+        for m in maps:
+            m.limit_lookahead(None)

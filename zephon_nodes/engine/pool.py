@@ -69,6 +69,8 @@ def _watch_parent(parent: int, interval_s: float = 0.5) -> None:
 
 # Priority of the stop sentinels: after every call queued before them.
 _LAST = float("inf")
+# Priority of a hurried call (one its reader waits for): before every other call.
+_HURRIED = float("-inf")
 
 
 class _DaemonThreadExecutor(cf.Executor):
@@ -79,11 +81,17 @@ class _DaemonThreadExecutor(cf.Executor):
     error: the job exits and can be restarted. Calls of equal priority run in submission
     order; a lane's work item ``k`` has priority ``k`` (see
     :class:`~zephon_nodes.engine.parallel_map.OrderedParallelMap`), so every lane's first
-    items run before any lane's look-ahead (the first step's work first).
+    items run before any lane's look-ahead (the first step's work first). A queued call that
+    its reader now waits for can be hurried (:meth:`hurry`): it runs before every call no
+    one waits for yet, so the pool never spends a free thread on look-ahead while a lane
+    that needs one more item waits behind other lanes' look-ahead of the same priority.
     """
 
     def __init__(self, num_workers: int, prefix: str) -> None:
         self._queue: queue.PriorityQueue[Any] = queue.PriorityQueue()
+        # Calls not taken yet, by their future; a queue entry names its future only, so a
+        # hurried call (queued twice) runs once: whoever takes it from here first.
+        self._pending: dict[cf.Future[Any], tuple[Callable[..., Any], Any, Any]] = {}
         self._order = itertools.count()
         self._lock = threading.Lock()
         self._shutdown = False
@@ -97,12 +105,14 @@ class _DaemonThreadExecutor(cf.Executor):
 
     def _work(self) -> None:
         while True:
-            task = self._queue.get()[2]
-            if task is None:
+            fut = self._queue.get()[2]
+            if fut is None:
                 return
-            fut, fn, args, kwargs = task
-            if not fut.set_running_or_notify_cancel():
-                continue
+            with self._lock:
+                task = self._pending.pop(fut, None)
+            if task is None or not fut.set_running_or_notify_cancel():
+                continue  # the other entry of a hurried call, or a cancelled call
+            fn, args, kwargs = task
             try:
                 result = fn(*args, **kwargs)
             except BaseException as e:
@@ -110,7 +120,7 @@ class _DaemonThreadExecutor(cf.Executor):
                 del e
             else:
                 fut.set_result(result)
-            del task, fut
+            del task, fut, fn, args, kwargs
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
         """Schedule ``fn(*args, **kwargs)`` (priority 0)."""
@@ -124,8 +134,19 @@ class _DaemonThreadExecutor(cf.Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new calls after the pool was closed")
-            self._queue.put((priority, next(self._order), (fut, fn, args, kwargs)))
+            self._pending[fut] = (fn, args, kwargs)
+            self._queue.put((priority, next(self._order), fut))
         return fut
+
+    def hurry(self, fut: cf.Future[Any]) -> None:
+        """Queue ``fut``'s call again, ahead of every call no one waits for yet.
+
+        For a reader about to block on ``fut``: a call already taken (running, done or
+        cancelled) is left alone, as is a future of another executor.
+        """
+        with self._lock:
+            if fut in self._pending and not self._shutdown:
+                self._queue.put((_HURRIED, next(self._order), fut))
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the threads once they finish their current call."""
@@ -134,11 +155,11 @@ class _DaemonThreadExecutor(cf.Executor):
             if cancel_futures:
                 while True:
                     try:
-                        task = self._queue.get_nowait()[2]
+                        fut = self._queue.get_nowait()[2]
                     except queue.Empty:
                         break
-                    if task is not None:
-                        task[0].cancel()
+                    if fut is not None and self._pending.pop(fut, None) is not None:
+                        fut.cancel()
             for _ in self._threads:
                 self._queue.put((_LAST, next(self._order), None))
         if wait:
@@ -301,6 +322,15 @@ class WorkerPool:
         except BaseException as e:
             fut.set_exception(e)
         return fut
+
+    def hurry(self, fut: cf.Future[Any]) -> None:
+        """Run ``fut``'s call (from :meth:`submit`) next, if it is still queued: its reader waits.
+
+        The thread runner only (the others take calls in their own order). A physical
+        setting, like the priorities: it changes when a call runs, never what it returns.
+        """
+        if isinstance(self._executor, _DaemonThreadExecutor):
+            self._executor.hurry(fut)
 
     def close(self) -> None:
         """Stop the workers (pending calls are cancelled; worker processes are killed).

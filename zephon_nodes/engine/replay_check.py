@@ -12,7 +12,7 @@ from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.lane import Lane
-from zephon_nodes.engine.parallel_map import run_together
+from zephon_nodes.engine.parallel_map import replaying, run_together
 from zephon_nodes.state.schema import STEP_KEY
 from zephon_nodes.state.validate import check_replayed
 
@@ -53,12 +53,13 @@ def check_by_replay(
     samples = (step - base) * node.samples_per_lane
     if not 0 < samples <= REPLAY_CHECK_SAMPLES:
         return False
-    run_together(
-        [
-            partial(_replay_lane, i, lane, positions[i], step, samples, pass_index)
-            for i, lane in node.lanes.items()
-        ]
-    )
+    with replaying(list(node.lanes.values())):
+        run_together(
+            [
+                partial(_replay_lane, i, lane, positions[i], step, samples, pass_index)
+                for i, lane in node.lanes.items()
+            ]
+        )
     return True
 
 
