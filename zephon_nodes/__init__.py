@@ -11,6 +11,7 @@ loader is ``zephon_nodes.integrations.torchtitan.ZephonDataLoader``. ``docs/arch
 says where each concept lives.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from zephon_nodes.core.errors import (
@@ -121,7 +122,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'zephon_nodes' has no attribute {name!r}")
-    import importlib
 
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

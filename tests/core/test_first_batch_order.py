@@ -143,8 +143,8 @@ class _CountingPool(WorkerPool):
         return super().submit(fn, arg, priority)
 
 
-def test_resume_inside_the_replay_check_replays_each_work_item_once() -> None:
-    """The check's replay leaves the lanes in place: no work item is computed twice."""
+def _saved_after_seven_steps() -> tuple[Any, dict[str, Any], list[list[int]]]:
+    """A 4-lane recipe, its state after 7 steps (inline) and the 4 batches that follow."""
     texts = [f"text {i} " * (2 + i % 7) for i in range(200)]
     recipe = texts_recipe(texts, shuffle=ShuffleSpec(6))
     reference = Pipeline(recipe).rank_node(1, 0, pool=WorkerPool(0))
@@ -152,7 +152,12 @@ def test_resume_inside_the_replay_check_replays_each_work_item_once() -> None:
     for _ in range(7):
         next(it)
     state = reference.state_dict()
-    expected = [next(it)["input"].tolist() for _ in range(4)]
+    return recipe, state, [next(it)["input"].tolist() for _ in range(4)]
+
+
+def test_resume_inside_the_replay_check_replays_each_work_item_once() -> None:
+    """The check's replay leaves the lanes in place: no work item is computed twice."""
+    recipe, state, expected = _saved_after_seven_steps()
     steps = state["step"] * recipe.samples_per_lane
     assert 0 < steps <= REPLAY_CHECK_SAMPLES  # the restore checks this state by replay
     pool = _CountingPool(2)
@@ -237,14 +242,7 @@ def test_a_restore_leaves_no_look_ahead_queued_behind_the_first_batch(path: str)
     A look-ahead item started while the lanes replay is work the first batch waits behind.
     After the replay the full look-ahead is back, and the batches are the uninterrupted ones.
     """
-    texts = [f"text {i} " * (2 + i % 7) for i in range(200)]
-    recipe = texts_recipe(texts, shuffle=ShuffleSpec(6))
-    reference = Pipeline(recipe).rank_node(1, 0, pool=WorkerPool(0))
-    it = iter(reference)
-    for _ in range(7):
-        next(it)
-    state = reference.state_dict()
-    expected = [next(it)["input"].tolist() for _ in range(4)]
+    recipe, state, expected = _saved_after_seven_steps()
     pool = _CountingPool(2)
     try:
         node = Pipeline(recipe).rank_node(1, 0, pool=pool)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from zephon_nodes.core.errors import RecipeError
@@ -72,8 +73,6 @@ def run(args: argparse.Namespace) -> int:
     elif storage.is_remote(directory):
         location = directory.rstrip("/") + "/" + INDEX_NAME
     else:
-        import os
-
         location = os.path.join(directory, INDEX_NAME)
     write_index(manifest, location, directory)
     shards = manifest["shards"]

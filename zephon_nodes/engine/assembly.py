@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +55,6 @@ def stateless_chain(recipe: Recipe, tokenizer: Tokenizer, *, trace: bool = False
 
 
 def _no_wrap(recipe: Recipe) -> Any:
-    import dataclasses
 
     return dataclasses.replace(recipe.work, end_of_data="drop_report")
 

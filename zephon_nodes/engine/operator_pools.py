@@ -20,6 +20,7 @@ A key names an operator (``parse``, ``filter:<name>``, ``map:<name>``, ``tokeniz
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -123,8 +124,6 @@ def parse_operator_workers(text: str) -> dict[str, PoolSpec]:
 
 def operator_workers_arg(text: str) -> dict[str, PoolSpec]:
     """:func:`parse_operator_workers` for ``argparse`` (errors become usage errors)."""
-    import argparse
-
     try:
         return parse_operator_workers(text)
     except RecipeError as e:

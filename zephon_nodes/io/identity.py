@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, overload
 
+import xxhash
+
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.discovery import RecipeDataset, dataset_files
 from zephon_nodes.io.formats.pretokenized import corpus_files, pretokenized_format
@@ -107,8 +109,6 @@ class FileIdentities(Sequence[dict[str, Any]]):
 
     def content_token(self) -> str:
         """A string naming this list's exact text: the index's cache key and the rows."""
-        import xxhash
-
         rows = self.files.rows
         digest = xxhash.xxh3_128_hexdigest(rows.astype("<i8").tobytes())
         return f"{self.files.table.folder}|{len(rows)}|{digest}"

@@ -15,6 +15,7 @@ Upper bounds are far beyond any real job and only stop absurd sizes (``seq_len =
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -95,7 +96,6 @@ def check_setting(name: str, value: Any, *, where: str = "", bound: Bound | None
 
 
 def _key(name: str) -> str:
-    import re
 
     return re.sub(r"\[[^\]]*\]", "", name.lstrip("-")).replace("-", "_")
 

@@ -10,6 +10,7 @@ of the tokenizer file and the list of data files with their sizes.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -444,8 +445,6 @@ _TABLES = ("tokenizer", "datasets", "mixture", "work", "shuffle", "pack", "chat"
 
 def _misspelled_tables(data: Mapping[str, Any], where: str) -> None:
     """Refuse a misspelled table (``[tokeniser]``) before its absence is blamed instead."""
-    import difflib
-
     for key, value in data.items():
         if key in _TABLES or not isinstance(value, (Mapping, list)) or len(key) > MAX_SHOWN_KEY:
             continue

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.verification.matrix import VerifyResult
 
@@ -193,7 +195,6 @@ def render_png(data: ReportData, path: str | os.PathLike[str], dpi: int = 100) -
             "a .png report needs matplotlib: pip install 'zephon-nodes[report]' "
             "(or write a .html report, which needs nothing)"
         ) from None
-    import numpy as np
 
     cmap = ListedColormap([RED, GREY, GREEN])
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import zstandard
 
 from zephon_nodes.core.errors import CORRUPT_ZSTD, TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
@@ -131,8 +132,6 @@ def unframe(raw: bytes, where: str) -> bytes:
     Raises:
         DataError: A chunk that is not framed, or a corrupt frame.
     """
-    import zstandard
-
     if len(raw) < _PREFIX.size or raw[:8] != _FRAMED_MAGIC:
         raise DataError(f"{where}: not a framed zstd LitData chunk", kind=TRUNCATED_FILE)
     _, version, _, n, _, frames = _PREFIX.unpack_from(raw, 0)

@@ -12,8 +12,11 @@ decompressed in a small per-process cache.
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zstandard
 
 from zephon_nodes.core.errors import (
     CORRUPT_ZSTD,
@@ -162,8 +166,6 @@ def read_json(uri: str) -> object:
     Raises:
         DataError: If it cannot be read or is not JSON.
     """
-    import json
-
     try:
         if storage.is_remote(uri):
             st = storage.stat(uri)
@@ -216,17 +218,12 @@ def decompressed(
     if decode is not None:
         blob = decode(raw, where)
     elif codec == "zstd":
-        import zstandard
-
         try:
             reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
             blob = reader.read()
         except zstandard.ZstdError as e:
             raise DataError(f"{where}: corrupt zstd data: {e}", kind=CORRUPT_ZSTD) from None
     elif codec == "gz":
-        import gzip
-        import zlib
-
         try:
             blob = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as e:
