@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from zephon_nodes.operators import tokenize as tokmod
@@ -79,6 +79,9 @@ texts = st.lists(st.tuples(st.sampled_from(WORDS), st.sampled_from(SEPS)), max_s
 
 @settings(max_examples=40, deadline=None)
 @given(text=texts, piece=st.integers(8, 60), window=st.integers(4, 40))
+# Found by Hypothesis: byte-level BPE merges " quick" into one id, but the 4-character windows
+# around a cut after the space (" " | "quic") agreed; a cut needs the whole word in a window.
+@example(text="½ quick ", piece=8, window=4)
 def test_pieces_are_the_ids_of_the_whole_text(
     tokenizers: dict[str, Any], text: str, piece: int, window: int
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ PIECE_CHARS = 1 << 20
 # that size, each cut checked on CUT_WINDOW characters either side (see _cut_pieces).
 CUT_WINDOW = 1000
 _CUT_TRIES = 16
+_SEPARATOR = re.compile(r"\s")
 
 
 def _cut_pieces(
@@ -66,9 +68,10 @@ def _cut_pieces(
 
     A cut goes just before or after a newline (else a space) near the end of the piece, and
     only where the tokenizer agrees: the ``2 x CUT_WINDOW`` characters around the cut give
-    the same ids encoded whole as encoded in two parts (so a cut never splits a word, a
-    whitespace run, a normalization or a pre-token, and a tokenizer that prefixes every
-    call's text, as some do, is never cut). Where no such place is found the rest of the
+    the same ids encoded whole as encoded in two parts, and each side's window holds the
+    whole word next to the cut (so a cut never splits a word, a whitespace run, a
+    normalization or a pre-token, and a tokenizer that prefixes every call's text, as some
+    do, is never cut). Where no such place is found the rest of the
     text is encoded whole: the ids are those of the whole text, pieces only bound memory.
     """
     size = max(1, PIECE_CHARS // divisor)
@@ -96,7 +99,14 @@ def _find_cut(text: str, lo: int, size: int, encode: Callable[[str], list[int]])
                 tries += 1
                 left = text[max(lo, cut - CUT_WINDOW) : cut]
                 right = text[cut : cut + CUT_WINDOW]
-                if left and right and encode(left) + encode(right) == encode(left + right):
+                # Each window must also hold the whole word at the cut (a separator beyond
+                # it): a word longer than the window could merge across the cut in the
+                # whole text (byte-level BPE's "Ġword") and agree in the windows only.
+                if (
+                    _SEPARATOR.search(left, 0, len(left) - 1)
+                    and _SEPARATOR.search(right, 1)
+                    and encode(left) + encode(right) == encode(left + right)
+                ):
                     return cut
     return None
 
