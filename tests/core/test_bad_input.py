@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,34 @@ def test_missing_file_is_named(tmp_path, data):
     """A literal path that does not exist is reported by name."""
     with pytest.raises(RecipeError, match=r"missing\.jsonl"):
         Pipeline(Recipe.from_toml(write_recipe(tmp_path, "data/missing.jsonl")))
+
+
+@pytest.mark.parametrize("target", ["gone.jsonl", "loop.jsonl"])
+def test_a_link_that_leads_nowhere_is_named(tmp_path, data, target):
+    """A matched symbolic link to a missing file, or one that loops, is an error naming it.
+
+    Left out, its records would be lost without a word (a half-copied folder, a cache link
+    to a deleted blob); the other shard alone runs.
+    """
+    (data / "a.jsonl").write_bytes(lines(6))
+    os.symlink(data / target, data / "loop.jsonl")
+    with pytest.raises(RecipeError, match=r"loop\.jsonl is a symbolic link to .*cannot be opened"):
+        Pipeline(Recipe.from_toml(write_recipe(tmp_path)))
+
+
+def test_a_fifo_among_the_shards_is_named(tmp_path, data):
+    """A FIFO matched by the pattern is refused, not read (it would block) nor left out."""
+    (data / "a.jsonl").write_bytes(lines(6))
+    os.mkfifo(data / "b.jsonl")
+    with pytest.raises(RecipeError, match=r"b\.jsonl is not a regular file"):
+        Pipeline(Recipe.from_toml(write_recipe(tmp_path)))
+
+
+def test_a_folder_named_as_the_pattern_says_so(tmp_path, data):
+    """A pattern naming a folder (no wildcard) says it is one and how to name its files."""
+    (data / "a.jsonl").write_bytes(lines(6))
+    with pytest.raises(RecipeError, match=r"it is a folder: name its files \('data/\*\.jsonl'\)"):
+        Pipeline(Recipe.from_toml(write_recipe(tmp_path, "data")))
 
 
 def test_errors_are_zephon_errors(tmp_path, data):

@@ -83,6 +83,23 @@ def test_invalid_recipes_are_refused_with_the_field(tmp_path, text, message):
     assert "r.toml" in str(info.value)
 
 
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    """A recipe saved with a UTF-8 byte-order mark (Windows editors) is the same recipe."""
+    text = ISSUE_RECIPE.replace('kind = "sentencepiece"\npath = "tok.model"', 'kind = "bytes"')
+    (tmp_path / "r.toml").write_text(text)
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    with_mark = Recipe.from_toml(tmp_path / "bom.toml")
+    assert with_mark.seed == 7
+    assert with_mark == Recipe.from_toml(tmp_path / "r.toml")
+
+
+def test_a_recipe_in_another_encoding_is_named(tmp_path):
+    """UTF-16 is not TOML: one error naming the file, not a decoding traceback."""
+    (tmp_path / "r.toml").write_bytes(ISSUE_RECIPE.encode("utf-16"))
+    with pytest.raises(RecipeError, match=r"r\.toml: not a valid TOML file"):
+        Recipe.from_toml(tmp_path / "r.toml")
+
+
 def test_missing_recipe_file_is_named(tmp_path):
     with pytest.raises(RecipeError, match=r"nope\.toml"):
         Recipe.from_toml(tmp_path / "nope.toml")

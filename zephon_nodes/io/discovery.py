@@ -67,6 +67,27 @@ class RecipeDataset(Protocol):
         """Records per work item of this dataset (None: the recipe's)."""
 
 
+def _is_shard(dataset: RecipeDataset, match: str) -> bool:
+    """Whether a local match is a file to read; a folder is not (as ``glob`` returns them).
+
+    Raises:
+        RecipeError: A match that is neither a file nor a folder: a symbolic link whose
+            target is missing or that loops, a FIFO, a device. Left out, it would be data
+            silently lost (a shard of a half-copied folder, a cache link to a deleted blob).
+    """
+    if os.path.isfile(match):
+        return True
+    if os.path.isdir(match):
+        return False
+    if os.path.islink(match):
+        why = (
+            f"a symbolic link to {os.readlink(match)!r}, which cannot be opened (missing or a loop)"
+        )
+    else:
+        why = "not a regular file (a FIFO, a socket or a device)"
+    raise RecipeError(f"dataset {dataset.name!r}: {match} is {why}; remove it or fix the link")
+
+
 def dataset_files(dataset: RecipeDataset) -> list[Any]:
     """Resolve a dataset's glob patterns into a sorted list of files.
 
@@ -76,7 +97,8 @@ def dataset_files(dataset: RecipeDataset) -> list[Any]:
     per pipeline build (:func:`~zephon_nodes.io.storage.checksum.build_memo`).
 
     Raises:
-        RecipeError: If a pattern matches no file.
+        RecipeError: If a pattern matches no file, or a match is neither a file nor a
+            folder (a dangling or looping symbolic link, a FIFO).
     """
     memo = build_memo()  # one listing per pipeline build
     if memo is not None and ("files", id(dataset)) in memo:
@@ -91,15 +113,20 @@ def dataset_files(dataset: RecipeDataset) -> list[Any]:
             matches = sorted(glob.glob(full, recursive=True))
             # A Hugging Face `datasets` folder stands for its .arrow files (formats/arrow.py).
             named = not glob.has_magic(local)
-            matches = [m for m in expand_dataset_dirs(matches, named) if os.path.isfile(m)]
+            matches = [m for m in expand_dataset_dirs(matches, named) if _is_shard(dataset, m)]
         if not matches:
             if storage.is_remote(pattern):
                 where = storage.redact(pattern)
             else:
                 where = str((Path(dataset.base_dir) / storage.local_path(pattern)).parent)
+            named_dir = not storage.is_remote(pattern) and os.path.isdir(
+                Path(dataset.base_dir) / storage.local_path(pattern)
+            )
+            folder = pattern.rstrip("/")
+            hint = f"; it is a folder: name its files ('{folder}/*.jsonl')" if named_dir else ""
             raise RecipeError(
                 f"dataset {dataset.name!r}: pattern {storage.redact(pattern)!r} matches no "
-                f"file (looked in {where})"
+                f"file (looked in {where}){hint}"
             )
         out.extend(m if storage.is_remote(m) else Path(m) for m in matches)
     seen: set[Any] = set()

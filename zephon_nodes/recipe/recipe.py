@@ -9,6 +9,7 @@ of the tokenizer file and the list of data files with their sizes.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import difflib
 import os
@@ -244,8 +245,9 @@ class Recipe:
         if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO would block, /dev/zero
             raise RecipeError(f"{p}: not a regular file (a recipe is a TOML file)")  # never end
         try:
-            with open(p, "rb") as f:
-                data = tomllib.load(f)
+            raw = p.read_bytes()
+            # Editors on Windows write a UTF-8 byte-order mark, which tomllib refuses.
+            data = tomllib.loads(raw.removeprefix(codecs.BOM_UTF8).decode("utf-8"))
         except FileNotFoundError:
             raise RecipeError(f"recipe file not found: {p}") from None
         except IsADirectoryError:
