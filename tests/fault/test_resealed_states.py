@@ -120,3 +120,74 @@ def test_an_edited_stage_row_is_refused(
     resumed = reseal(tmp_path, copy.deepcopy(state), make_edit(state))
     with pytest.raises(CheckpointError, match=r"checkpoint 'stage'.*" + message):
         digests(pipeline, 1, 1, resume=resumed)
+
+
+def _sampled_lane(state: dict[str, Any]) -> tuple[str, int, int]:
+    """A lane with a ``last_sample`` entry and a head: (lane key, head dataset, width)."""
+    stage = state["stage"]
+    n = len(stage["names"])
+    for key, row in stage["lanes"].items():
+        if key in state["last_sample"] and 1 <= row[n] <= n:
+            return key, row[n] - 1, n
+    raise AssertionError("no lane with a last sample and a head in the saved state")
+
+
+def _row_edit(pick: Callable[[int, int], int]) -> Callable[[dict[str, Any]], Any]:
+    """An edit of one value of a sampled lane's row: ``pick(head dataset, width)`` its index."""
+
+    def make(state: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+        lane, d, n = _sampled_lane(state)
+
+        def edit(raw: dict[str, Any]) -> None:
+            raw["stage"]["lanes"][lane][pick(d, n)] += 1
+
+        return edit
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "make_edit",
+    [
+        _row_edit(lambda d, n: (d + 1) % n),  # t of a dataset that is not the head's
+        _row_edit(lambda d, n: n + 2),  # the head's first record
+        _row_edit(lambda d, n: n + 3),  # dropped samples
+        _row_edit(lambda d, n: n + 4),  # dropped tokens
+    ],
+    ids=["t of another dataset +1", "head record +1", "dropped samples +1", "dropped tokens +1"],
+)
+def test_a_stage_value_no_invariant_ties_is_refused_by_the_last_sample_check(
+    tmp_path: Path,
+    run: tuple[Pipeline, dict[str, Any], list[str]],
+    make_edit: Callable[[dict[str, Any]], Callable[[dict[str, Any]], None]],
+) -> None:
+    """The lane's stage row is in its ``last_sample`` check: an edit of it is refused.
+
+    Before, the counts of other datasets and the drop counters were checked by nothing
+    (resumed with other batches; the counters printed as recorded); the head record was
+    caught only because the replayed window reads from it.
+    """
+    pipeline, state, _ = run
+    resumed = reseal(tmp_path, copy.deepcopy(state), make_edit(state))
+    with pytest.raises(CheckpointError, match=r"lanes\['\d+'\].*does not match last_sample"):
+        digests(pipeline, 1, 1, resume=resumed)
+
+
+def test_a_state_checked_without_its_stage_row_still_resumes(
+    tmp_path: Path,
+    run: tuple[Pipeline, dict[str, Any], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A staged state written before the row was in the check (2026-12-03) resumes as then."""
+    from tests.stages.conftest import batches
+    from zephon_nodes.engine import multiplexer
+    from zephon_nodes.state.last_sample import sample_check
+
+    pipeline, state, after = run
+    with monkeypatch.context() as patch:
+        patch.setattr(multiplexer, "sample_check", lambda *a, stage=None: sample_check(*a))
+        saved: list[dict[str, Any]] = []
+        list(batches(pipeline, SAVE_AT, 1, save_at=SAVE_AT, saved=saved))
+    old = saved[0]
+    assert old["last_sample"] and old["last_sample"] != state["last_sample"]
+    assert digests(pipeline, 3, 1, resume=reseal(tmp_path, old, lambda raw: None)) == after

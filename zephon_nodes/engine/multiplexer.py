@@ -384,13 +384,38 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             return
         checks = self._sample_checks()
         reached = {i: checks.get(i) for i in self.lanes}
+        if self.pipeline.stage is not None:
+            # States of a changed recipe written before the stage row was in the check
+            # (2026-12-03/04): their lanes' checks without it (the same bar: a value that
+            # needs the replayed sample, which the state does not hold).
+            unfolded = {
+                i: sample_check(self._pass, self._step, i, self._positions[i], sample)
+                for i, sample in self._last.items()
+            }
+            reached = {
+                i: unfolded[i] if saved.get(i) == unfolded.get(i) else v for i, v in reached.items()
+            }
         check_last_samples(saved, reached, self._positions, self._step)
 
     def _sample_checks(self) -> dict[int, int]:
-        """Per owned lane with a last sample, its check (computed once per committed step)."""
+        """Per owned lane with a last sample, its check (computed once per committed step).
+
+        After a recipe change the lane's row of the ``stage`` section (its dataset counts,
+        head and drops) and the section's shared values are in the check too, so an edited
+        stage count or drop counter is refused like an edited position.
+        """
         if self._last_checks is None:
+            stage = self._stage_section()
+            rows = {} if stage is None else stage.pop("lanes")
             self._last_checks = {
-                i: sample_check(self._pass, self._step, i, self._positions[i], sample)
+                i: sample_check(
+                    self._pass,
+                    self._step,
+                    i,
+                    self._positions[i],
+                    sample,
+                    stage=None if stage is None else {"row": rows.get(str(i)), "section": stage},
+                )
                 for i, sample in sorted(self._last.items())
             }
         return dict(self._last_checks)

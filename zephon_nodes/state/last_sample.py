@@ -7,6 +7,8 @@ step, the lane, its position and the tokens of the last sample the lane handed o
 restore replays each lane's flush window up to its position anyway; the last sample it
 replays must give the same value. A moved position replays another sample, swapped lanes
 another lane's sample (and lane number), a relabelled step or pass another step or pass.
+After a recipe change the lane's row of the ``stage`` section (its dataset counts, head and
+drops) and the section's shared values are hashed too: none of them can be edited alone.
 
 The value is computed when the state is taken (:meth:`Multiplexer.get_state
 <zephon_nodes.engine.multiplexer.Multiplexer.get_state>`), from the sample the lane handed
@@ -16,6 +18,7 @@ out last, never per sample. A lane that has handed out no sample of its current 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +46,13 @@ def _feed(h: Any, value: Any) -> None:
 
 
 def sample_check(
-    pass_index: int, step: int, lane: int, position: tuple[int, int], sample: Any
+    pass_index: int,
+    step: int,
+    lane: int,
+    position: tuple[int, int],
+    sample: Any,
+    *,
+    stage: Any = None,
 ) -> int:
     """The check of a lane's last sample: 62 bits of an xxh3-64 (a non-negative int64).
 
@@ -53,9 +62,14 @@ def sample_check(
         lane: The lane.
         position: The lane's ``(window, consumed)``.
         sample: The last sample the lane handed out (a dict of arrays).
+        stage: After a recipe change, the lane's row of the ``stage`` section and the
+            section's shared values (JSON-safe; hashed as canonical JSON), else ``None``.
     """
     h = xxhash.xxh3_64()
     h.update(f"{pass_index}:{step}:{lane}:{position[0]}:{position[1]}".encode("ascii"))
+    if stage is not None:
+        h.update(b"|stage=")
+        h.update(json.dumps(stage, sort_keys=True, separators=(",", ":")).encode("ascii"))
     if isinstance(sample, Mapping):
         for key in sorted(sample, key=str):
             h.update(f":{key}=".encode("utf-8", "backslashreplace"))
@@ -130,6 +144,6 @@ def check_last_samples(
             raise CheckpointError(
                 f"{where}: position {pos} at step={step} does not match "
                 f"{LAST_SAMPLE_KEY}[{str(lane)!r}]: the sample the lane replays there is not "
-                f"the last one it handed out (the step, the lane positions, the lanes' order "
-                f"or {LAST_SAMPLE_KEY!r} were edited)"
+                f"the last one it handed out (the step, the lane positions, the lanes' order, "
+                f"the lane's 'stage' row or {LAST_SAMPLE_KEY!r} were edited)"
             )
