@@ -1,4 +1,4 @@
-"""A hostile table, round two (issue 35): hostile arguments, odd files and edited states.
+"""A hostile table, rounds two and three (issue 35): hostile arguments, odd files, edited states.
 
 Each case is run and sorted into one outcome: ``ok`` (refused with one line and a non-zero
 status, or resumed to the same batches), ``silent`` (other batches, no error), ``traceback``
@@ -194,6 +194,35 @@ def _step_down(raw: dict[str, Any]) -> None:
     raw["step"] -= 1
 
 
+def _set(*path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(raw: dict[str, Any]) -> None:
+        node = raw
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value(node[path[-1]]) if callable(value) else value
+
+    return edit
+
+
+def _drop(*path: str) -> Callable[[dict[str, Any]], None]:
+    def edit(raw: dict[str, Any]) -> None:
+        node = raw
+        for key in path[:-1]:
+            node = node[key]
+        del node[path[-1]]
+
+    return edit
+
+
+def _checks_swapped(raw: dict[str, Any]) -> None:
+    checks = raw["last_sample"]
+    checks["0"], checks["1"] = checks["1"], checks["0"]
+
+
+def _lane_renamed(raw: dict[str, Any]) -> None:
+    raw["lanes"]["00"] = raw["lanes"].pop("0")
+
+
 EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
     "step +1": _step,
     "step -1": _step_down,
@@ -201,6 +230,23 @@ EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
     "lane 0 consumed -1": _lane0_down,
     "lanes 0 and 1 swapped": _swap,
     "every lane consumed +1": _every_lane,
+    # Round three (session 11): each refused, none resumed with other batches.
+    "lane 3 removed": _drop("lanes", "3"),
+    "lane 4 added": _set("lanes", "4", value=[0, 0]),
+    "lane 0 window +1": _set("lanes", "0", value=lambda pos: [pos[0] + 1, pos[1]]),
+    "lane 0 consumed 10**30": _set("lanes", "0", value=lambda pos: [pos[0], 10**30]),
+    "lane 0 position as floats": _set("lanes", "0", value=lambda pos: [float(p) for p in pos]),
+    "lane key '0' as '00'": _lane_renamed,
+    "pass 1": _set("pass", value=1),
+    "micro 1": _set("micro", value=1),
+    "num_lanes 8": _set("num_lanes", value=8),
+    "step true": _set("step", value=True),
+    "last_sample checks of lanes 0 and 1 swapped": _checks_swapped,
+    "last_sample of lane 0, one bit": _set("last_sample", "0", value=lambda c: c ^ 1),
+    "a mixture log added": _set("mixture", value=[[3, {"d": 1.0}]]),
+    "an unknown key": _set("zz_extra", value=1),
+    "fingerprint zeroed": _set("fingerprint", value="0" * 64),
+    "format zephon-nodes/9": _set("format", value="zephon-nodes/9"),
 }
 
 
