@@ -76,6 +76,14 @@ class TestIndexCommand:
         assert zephon("index", str(tmp_path / "*.jsonl")) == 2
         assert "matches no file" in capsys.readouterr().out
 
+    def test_a_folder_is_named_as_one(self, tmp_path, capsys):
+        """A folder given as the pattern: one line saying so and how to name its shards."""
+        (tmp_path / "data").mkdir()
+        (tmp_path / "data" / "a.jsonl").write_text('{"text": "x"}\n')
+        assert zephon("index", str(tmp_path / "data")) == 2
+        out = capsys.readouterr().out
+        assert "it is a folder; name its shards" in out and "data/*.jsonl" in out
+
 
 class TestIndexedStartup:
     """With an index, building the pipeline reads no shard; digests do not change."""

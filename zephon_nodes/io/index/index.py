@@ -470,7 +470,11 @@ def build_index(
     for pattern in patterns:
         matches = storage.expand(pattern)
         if not matches:
-            raise DataError(f"pattern {storage.redact(pattern)!r} matches no file")
+            local = not storage.is_remote(pattern) and os.path.isdir(storage.local_path(pattern))
+            hint = f": it is a folder; name its shards ('{pattern.rstrip('/')}/*.jsonl')"
+            raise DataError(
+                f"pattern {storage.redact(pattern)!r} matches no file{hint if local else ''}"
+            )
         files.extend(_normal(m) for m in matches)
     files = sorted(set(files))
     directory = _common_dir([_dirname(f) for f in files] + _pattern_dirs(patterns))
