@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.io.conftest import AzureServer, FaultProxy, HttpServer, Store, free_port, use_store
-from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.errors import DataError, RecipeError
+from zephon_nodes.io.discovery import dataset_files
 from zephon_nodes.io.storage import storage
+from zephon_nodes.recipe.datasets import DatasetSpec
 
 
 def _tree(root: Path) -> None:
@@ -81,6 +83,20 @@ class TestObjectStores:
             with pytest.raises(DataError, match=uri.replace(".", r"\.") + ".*not found"):
                 storage.stat(uri)
             assert time.monotonic() - t < 5
+
+    def test_a_missing_bucket_is_told_from_an_empty_match(self, store: Store, tmp_path):
+        """A pattern that matches nothing in a bucket that does not exist says so."""
+        _tree(tmp_path)
+        base = store.put_tree("present", tmp_path)
+        assert storage.missing_container(base + "/*.parquet") is None  # empty, bucket there
+        gone = f"{store.scheme}://no-such-bucket-zn"
+        assert storage.missing_container(gone + "/x/*.jsonl") == gone
+        spec = DatasetSpec("d", paths=(gone + "/x/*.jsonl",))
+        # GCS answers the listing itself with a 404; S3 and Azure list nothing
+        with pytest.raises(
+            (RecipeError, DataError), match=f"{gone}.*(does not exist or these|missing bucket)"
+        ):
+            dataset_files(spec)
 
     def test_access_denied_fails_fast(self, store: Store, tmp_path, monkeypatch):
         """A 403 fails at once naming the URI, for a read and for a listing.

@@ -117,6 +117,9 @@ def dataset_files(dataset: RecipeDataset) -> list[Any]:
         if not matches:
             if storage.is_remote(pattern):
                 where = storage.redact(pattern)
+                gone = storage.missing_container(pattern)
+                if gone is not None:
+                    where += f"; {gone} does not exist or these credentials cannot see it"
             else:
                 where = str((Path(dataset.base_dir) / storage.local_path(pattern)).parent)
             named_dir = not storage.is_remote(pattern) and os.path.isdir(

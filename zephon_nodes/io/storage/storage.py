@@ -52,6 +52,7 @@ __all__ = [
     "is_transient",
     "join",
     "local_path",
+    "missing_container",
     "read_range",
     "redact",
     "stat",
@@ -286,6 +287,25 @@ def expand(pattern: str, base_dir: str | os.PathLike[str] | None = None) -> list
             # Sizes and version tags come with the listing: no request per shard in a build.
             memo[("stat", uri)] = FileStat(int(info["size"]), _version(info))
     return files
+
+
+def missing_container(pattern: str) -> str | None:
+    """The bucket or container of a remote ``pattern`` when it does not exist (else None).
+
+    What a pattern that matches nothing says besides: a mistyped bucket, or credentials that
+    cannot see it, is not an empty folder. Any error while asking is no answer (None).
+    """
+    sch = scheme(pattern)
+    if sch in ("http", "https", "file", "hf") or not is_remote(pattern):
+        return None
+    container = pattern.partition("://")[2].split("/", 1)[0]
+    if not container or _GLOB_CHARS.search(container):
+        return None
+    try:
+        fs = filesystem(pattern)
+        return None if fs.exists(container) else f"{sch}://{container}"
+    except Exception:  # only a hint for an error already being raised
+        return None
 
 
 BLOCK = 1 << 20
