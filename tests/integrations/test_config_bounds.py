@@ -55,3 +55,37 @@ def test_a_missing_amend_from_names_the_field(tmp_path: Path) -> None:
     missing = tmp_path / "old.toml"
     with pytest.raises(RecipeError, match=r"dataloader\.amend_from=.*old\.toml.*: not found"):
         ZephonDataLoader.Config(recipe="r.toml", amend_from=str(missing))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("operator_workers", 2, "must be a string, got int"),
+        ("amend_from", 1.5, "must be a string, got float"),
+        ("dump_batches", ["x"], "must be a string, got list"),
+        ("check_tokenizer", "maybe", "must be true or false"),
+        ("relaned", 1, "must be true or false, got int"),
+        ("amended", None, "must be true or false, got NoneType"),
+        ("token_cache", 5, "must be true/false or a storage URI, got int"),
+    ],
+)
+def test_a_value_of_another_type_is_refused_naming_the_field(
+    field: str, value: Any, message: str
+) -> None:
+    """Round three of the hostile table: these ended in AttributeError or TypeError, or
+    were taken by truthiness (``check_tokenizer="false"`` was on)."""
+    with pytest.raises(RecipeError, match=rf"^dataloader\.{field}=.* {message}"):
+        ZephonDataLoader.Config(recipe="r.toml", **{field: value})
+
+
+def test_switches_given_as_text_and_paths_given_as_paths_are_read(tmp_path: Path) -> None:
+    old = tmp_path / "old.toml"
+    old.write_text("")
+    config = ZephonDataLoader.Config(
+        recipe=tmp_path / "r.toml",  # type: ignore[arg-type]
+        check_tokenizer="false",  # type: ignore[arg-type]
+        amended="on",  # type: ignore[arg-type]
+        amend_from=old,  # type: ignore[arg-type]
+    )
+    assert config.check_tokenizer is False and config.amended is True
+    assert config.recipe == str(tmp_path / "r.toml") and config.amend_from == str(old)

@@ -11,6 +11,7 @@ here imports TorchTitan.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -119,8 +120,47 @@ class LoaderConfig(CheckpointPlumbing, LoaderSettings):
         check_config(self)
 
 
+_TEXT = ("recipe", "operator_workers", "dump_batches", "amend_from")
+"""Fields that hold text (a path may be given as a ``PathLike``)."""
+
+_SWITCHES = ("check_tokenizer", "relaned", "amended")
+"""Fields that are true or false: ``"false"`` from Python must not read as true."""
+
+
+def _check_types(config: Any) -> None:
+    """Text fields are text, switches are booleans (given as text: read as on/off)."""
+    for name in _TEXT:
+        value = getattr(config, name)
+        if isinstance(value, os.PathLike):
+            setattr(config, name, os.fspath(value))
+        elif not isinstance(value, str):
+            raise RecipeError(
+                f"dataloader.{name}={value!r} must be a string, got {type(value).__name__}"
+            )
+    for name in _SWITCHES:
+        value = getattr(config, name)
+        if isinstance(value, str):
+            try:
+                setattr(config, name, parse_bool(value.strip()))
+            except ValueError:
+                raise RecipeError(
+                    f"dataloader.{name}={value!r} must be true or false (on/off, 1/0)"
+                ) from None
+        elif not isinstance(value, bool):
+            raise RecipeError(
+                f"dataloader.{name}={value!r} must be true or false, got {type(value).__name__}"
+            )
+    token_cache = config.token_cache
+    if token_cache is not None and not isinstance(token_cache, (bool, str)):
+        raise RecipeError(
+            f"dataloader.token_cache={token_cache!r} must be true/false or a storage URI, got "
+            f"{type(token_cache).__name__}"
+        )
+
+
 def _typed(config: Any) -> None:
     """Read a size or switch given as text (Python, an override's JSON) as its type."""
+    _check_types(config)
     if isinstance(config.cache_limit, str):
         config.cache_limit = parse_limit(config.cache_limit, "dataloader.cache_limit")
     if isinstance(config.token_cache_limit, str):
