@@ -53,6 +53,21 @@ def raising(n: int) -> Multiplexer:
     return node
 
 
+def stuck(n: int) -> Multiplexer:
+    """A factory whose node blocks for ever on its third micro-batch (a deadlock, say)."""
+    node = build(n, 1, 0)
+    inner = node.next
+    count = iter(range(1000))
+
+    def next_or_block() -> dict[str, torch.Tensor]:
+        if next(count) == 2:
+            threading.Event().wait()  # never set
+        return inner()
+
+    node.next = next_or_block  # type: ignore[method-assign]
+    return node
+
+
 def mine() -> set[str]:
     """This process's shared-memory files (names carry the creating rank's pid)."""
     return {n for n in os.listdir(SHM) if n.startswith(f"zephon-{os.getpid()}-")}
@@ -167,6 +182,25 @@ def test_error_in_child_is_raised_with_its_type(clean: None) -> None:
         assert node.state_dict()["step"] == 0
     finally:
         node.close()
+
+
+def test_a_stuck_child_is_a_named_error_with_its_stacks(
+    clean: None, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A live child that sends nothing for ``stall_s``: its threads' stacks on stderr, the
+    child stopped, ChildEngineError naming the rank; before, the trainer waited for ever."""
+    node = ChildRankNode(functools.partial(stuck, 100), prefetch=1, label="rank 5", stall_s=3)
+    next(node)
+    next(node)
+    t = time.monotonic()
+    with pytest.raises(ChildEngineError, match=r"rank 5 \(pid \d+\) sent nothing for 3 s"):
+        within(60, lambda: next(node))
+    assert time.monotonic() - t < 30
+    assert node.pid is None
+    err = capfd.readouterr().err
+    assert "most recent call first" in err and "next_or_block" in err
+    with pytest.raises(ChildEngineError):
+        next(node)  # still an error, until a reset
 
 
 def test_sigkill_is_a_named_error_and_leaves_nothing(clean: None) -> None:

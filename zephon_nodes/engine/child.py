@@ -14,7 +14,9 @@ and a ``reset(state)`` restarts the child's node at that state (batches prefetch
 dropped).
 
 Death: the parent waits on the pipe and the process sentinel together, so a child killed,
-crashed or raising is a :class:`ChildEngineError` (or the child's own error) at once. Files:
+crashed or raising is a :class:`ChildEngineError` (or the child's own error) at once; a live
+child that sends nothing for ``stall_s`` (15 minutes by default) is stuck: its threads' stacks
+go to stderr, it is stopped and the error says so. Files:
 without ``memfd`` a slot file ``/dev/shm/zephon-<parent pid>-engine<n>-...`` is unlinked as
 soon as it is made; ``close()``, garbage collection and interpreter exit stop the child; a
 child whose parent is gone exits (its mappings go with it).
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import faulthandler
 import itertools
 import mmap
 import multiprocessing
@@ -46,13 +49,19 @@ from torchdata.nodes import BaseNode
 from zephon_nodes.core.errors import WorkerError
 from zephon_nodes.engine import shm
 
-__all__ = ["ChildEngineError", "ChildRankNode"]
+__all__ = ["STALL_S", "ChildEngineError", "ChildRankNode"]
 
 _ALIGN = 64
 _MIN_SLOT = 1 << 20
 _IDS = itertools.count()
 # Longest wait for the child to stop after "close" before it is terminated.
 _CLOSE_S = 5.0
+STALL_S = 900.0
+"""Default longest wait for a message from a live child before it is declared stuck.
+
+A work item that runs too long is the child's own error (``worker_timeout_s``, 300 s by
+default) and comes back as one; silence beyond this is a child stuck outside its operators
+(a deadlock, a blocked read), which would otherwise hang the trainer."""
 
 
 class ChildEngineError(WorkerError):
@@ -267,6 +276,8 @@ def _child_main(
 ) -> None:
     """Entry point of the child process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (Ctrl-C goes there)
+    # A parent that finds the child stuck asks for its threads' stacks before stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     _watch_parent(parent, prefix)
     torch.set_num_threads(1)  # collation only; the trainer's cores are not ours
     try:
@@ -284,10 +295,13 @@ def _child_main(
 class _Process:
     """The parent's handle on one child: its process, pipe and mapped slots."""
 
-    def __init__(self, factory: Callable[[], Any], prefetch: int, label: str) -> None:
+    def __init__(
+        self, factory: Callable[[], Any], prefetch: int, label: str, stall_s: float | None
+    ) -> None:
         shm.remove_stale_segments()  # files of trainers that were killed
         self.prefix = f"zephon-{os.getpid()}-engine{next(_IDS)}-"
         self.label = label
+        self.stall_s = stall_s
         ctx = multiprocessing.get_context("spawn")
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
@@ -319,14 +333,30 @@ class _Process:
             f"no batch was lost: restart from the last checkpoint"
         )
 
+    def describe_stall(self) -> str:
+        """Ask the stuck child for its threads' stacks (on stderr); say what happened."""
+        with contextlib.suppress(OSError):
+            os.kill(self.proc.pid or 0, signal.SIGUSR1)
+            time.sleep(1.0)  # faulthandler writes at once; give it the time to
+        return (
+            f"the engine child process of {self.label} (pid {self.proc.pid}) sent nothing for "
+            f"{self.stall_s:g} s: alive but stuck outside its operators (their own limit is "
+            f"worker_timeout_s); its threads' stacks are on stderr above, and it was stopped; "
+            f"no batch was lost: restart from the last checkpoint"
+        )
+
     def recv(self) -> tuple[Any, ...]:
-        """The next message; ChildEngineError as soon as the child is dead."""
+        """The next message; ChildEngineError as soon as the child is dead or stuck."""
         if self.inbox:
             return self.inbox.popleft()
         if self.closed:
             raise ChildEngineError(f"the engine child process of {self.label} is closed")
         while True:
-            ready = wait([self.conn, self.proc.sentinel])
+            ready = wait([self.conn, self.proc.sentinel], timeout=self.stall_s)
+            if not ready:
+                message = self.describe_stall()
+                self.close(wait_s=0.0)  # a stuck child does not read "close"
+                raise ChildEngineError(message)
             if self.conn in ready or self.conn.poll(0):
                 try:
                     msg: tuple[Any, ...] = self.conn.recv()
@@ -366,14 +396,14 @@ class _Process:
         out.update(rest)
         return {k: out[k] for k in order}
 
-    def close(self) -> None:
-        """Stop the child (politely, then by signal), close the pipe, remove every file."""
+    def close(self, wait_s: float = _CLOSE_S) -> None:
+        """Stop the child (``wait_s`` to end politely, then a signal); remove every file."""
         if self.closed:
             return
         self.closed = True
         with contextlib.suppress(Exception):
             self.conn.send(("close",))
-        self.proc.join(_CLOSE_S)
+        self.proc.join(wait_s)
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(2.0)
@@ -410,17 +440,28 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
             :meth:`~zephon_nodes.engine.pipeline.Pipeline.rank_node` returns) in the child.
         prefetch: Batches the child prepares ahead (slots of the shared-memory ring).
         label: Names the child in errors (e.g. ``"rank 3"``).
+        stall_s: Longest wait for a message from a live child (:data:`STALL_S`; ``None``:
+            for ever); beyond it the child is declared stuck, its threads' stacks are
+            written to stderr, it is stopped and :class:`ChildEngineError` is raised.
     """
 
     def __init__(
-        self, factory: Callable[[], Any], *, prefetch: int = 4, label: str = "the rank"
+        self,
+        factory: Callable[[], Any],
+        *,
+        prefetch: int = 4,
+        label: str = "the rank",
+        stall_s: float | None = STALL_S,
     ) -> None:
         super().__init__()
         if prefetch < 1:
             raise ValueError(f"{prefetch=} must be >= 1")
+        if stall_s is not None and not stall_s > 0:
+            raise ValueError(f"{stall_s=} must be > 0 (None: wait for ever)")
         self._factory = factory
         self._prefetch = prefetch
         self._label = label
+        self._stall_s = stall_s
         self._proc: _Process | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._epoch = 0
@@ -436,7 +477,7 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
 
     def _start(self) -> _Process:
         if self._proc is None or self._proc.closed:
-            self._proc = _Process(self._factory, self._prefetch, self._label)
+            self._proc = _Process(self._factory, self._prefetch, self._label, self._stall_s)
             self._finalizer = weakref.finalize(self, self._proc.close)
         return self._proc
 

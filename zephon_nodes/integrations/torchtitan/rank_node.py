@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zephon_nodes.core.settings import Settings, using
-from zephon_nodes.engine.child import ChildRankNode
+from zephon_nodes.engine.child import STALL_S, ChildRankNode
 from zephon_nodes.engine.operator_pools import parse_operator_workers
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
@@ -74,5 +74,9 @@ def child_rank_node(config: Any, settings: Settings, **geometry: Any) -> Any:
         **geometry,
     )
     return ChildRankNode(
-        factory, prefetch=max(1, config.prefetch), label=f"rank {geometry['dp_rank']}"
+        factory,
+        prefetch=max(1, config.prefetch),
+        label=f"rank {geometry['dp_rank']}",
+        # silence well beyond one work item's own limit is a child stuck elsewhere
+        stall_s=max(STALL_S, 3 * config.worker_timeout_s),
     )
