@@ -11,6 +11,7 @@ import numpy as np
 
 from zephon_nodes.core.errors import DataError, classify_file_error, os_error_kind, skip_reason
 from zephon_nodes.core.work_item import WorkItem
+from zephon_nodes.io.formats.lines import is_text_lines
 from zephon_nodes.operators.documents import DocBatch, Skipped, TextBatch, add_skipped
 
 __all__ = ["ParseJsonl", "classify_file_error", "record_object", "skip_reason", "token_batch"]
@@ -64,6 +65,16 @@ def _lone_surrogate(line: str, record: Any) -> bool:
     return False
 
 
+def _line_text(raw: Any) -> tuple[str | None, str, str]:
+    """The text of one line of a plain-text shard (a CRLF line's carriage return dropped)."""
+    if not isinstance(raw, bytes):
+        return None, "non_string_field", f"a text line must be bytes, got {type(raw).__name__}"
+    try:
+        return raw.removesuffix(b"\r").decode("utf-8"), "", ""
+    except UnicodeDecodeError as e:
+        return None, "invalid_utf8", f"invalid UTF-8 at byte {e.start}"
+
+
 def _text_of(raw: Any, field_name: str) -> tuple[str | None, str, str]:
     """Return ``(text, "", "")`` or ``(None, reason, message)`` for one raw record."""
     record, reason, message = record_object(raw)
@@ -88,6 +99,9 @@ def _text_of(raw: Any, field_name: str) -> tuple[str | None, str, str]:
 @dataclass(frozen=True)
 class ParseJsonl:
     """Stateless operator: ``WorkItem -> TextBatch`` (JSON lines -> the text field).
+
+    The lines of a plain-text shard (``.txt``, ``.txt.zst``) are texts themselves: each
+    non-blank line is a document (UTF-8, a CRLF line's carriage return dropped).
 
     Raises :class:`~zephon_nodes.core.errors.DataError` naming the dataset, file, line and reason
     for invalid UTF-8, invalid JSON, a record that is not an object, or a missing or
@@ -131,8 +145,9 @@ class ParseJsonl:
             return token_batch(item, rows, self.vocab_size, skipped)
         texts = []
         records = []
+        plain = is_text_lines(item.shard.path)  # .txt: a line is a document's text
         for record_no, raw in rows:
-            text, reason, message = _text_of(raw, item.text_field)
+            text, reason, message = _line_text(raw) if plain else _text_of(raw, item.text_field)
             if text is not None:
                 texts.append(text)
                 records.append(record_no)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from zephon_nodes.core.errors import FILE_ERROR_KINDS
+from zephon_nodes.io.formats.lines import is_text_lines
 from zephon_nodes.io.nodecache.tokenstore import (
     Entry,
     default_root,
@@ -156,6 +157,8 @@ class CachedParse:
                 int(item.stop),
                 item.text_field,
                 item.dataset in self.parse.skip,
+                # plain-text lines are parsed otherwise than JSON ones of the same bytes
+                *(["text-lines"] if is_text_lines(item.shard.path) else []),
             ]
         )
         return "t-" + hashlib.sha256(text.encode()).hexdigest()[:40]

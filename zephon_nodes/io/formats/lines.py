@@ -17,9 +17,25 @@ import zstandard
 
 from zephon_nodes.core.errors import CORRUPT_ZSTD, TRUNCATED_FILE, DataError
 
-__all__ = ["BLOCK", "LineCounter", "decompress_to", "index_file", "split_records"]
+__all__ = [
+    "BLOCK",
+    "TEXT_SUFFIXES",
+    "LineCounter",
+    "decompress_to",
+    "index_file",
+    "is_text_lines",
+    "split_records",
+]
 
 BLOCK = 16 << 20
+
+TEXT_SUFFIXES = (".txt", ".txt.zst")
+"""Plain-text shards: each non-blank line is one document (its text, not a JSON object)."""
+
+
+def is_text_lines(path: Any) -> bool:
+    """Whether a shard's records are lines of plain text (``.txt``, ``.txt.zst``), not JSON."""
+    return str(path).endswith(TEXT_SUFFIXES)
 
 
 def decompress_to(src: Path, dst: Any, hasher: Any = None) -> None:
