@@ -393,7 +393,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
                 for i, sample in self._last.items()
             }
             reached = {
-                i: unfolded[i] if saved.get(i) == unfolded.get(i) else v for i, v in reached.items()
+                i: unfolded[i] if i in unfolded and saved.get(i) == unfolded[i] else v
+                for i, v in reached.items()
             }
         check_last_samples(saved, reached, self._positions, self._step)
 
