@@ -100,6 +100,16 @@ def test_a_recipe_in_another_encoding_is_named(tmp_path):
         Recipe.from_toml(tmp_path / "r.toml")
 
 
+def test_one_pattern_may_be_a_string(tmp_path):
+    """``paths = "data/*.jsonl"`` is ``paths = ["data/*.jsonl"]`` (it was 'must be list')."""
+    text = ISSUE_RECIPE.replace('kind = "sentencepiece"\npath = "tok.model"', 'kind = "bytes"')
+    (tmp_path / "list.toml").write_text(text)
+    (tmp_path / "one.toml").write_text(text.replace('["data/*.jsonl.zst"]', '"data/*.jsonl.zst"'))
+    one = Recipe.from_toml(tmp_path / "one.toml")
+    assert one.datasets[0].paths == ("data/*.jsonl.zst",)
+    assert one == Recipe.from_toml(tmp_path / "list.toml")
+
+
 def test_missing_recipe_file_is_named(tmp_path):
     with pytest.raises(RecipeError, match=r"nope\.toml"):
         Recipe.from_toml(tmp_path / "nope.toml")

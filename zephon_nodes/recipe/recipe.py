@@ -291,7 +291,7 @@ class Recipe:
             raw_datasets = top.raw("datasets", list, [])
             for i, raw in enumerate(raw_datasets):
                 ds = _Fields(raw, f"{where}datasets[{i}]", "datasets")
-                paths = ds.get("paths", list, [])
+                paths = ds.get("paths", (list, str), [])  # one pattern may be a string
                 if isinstance(paths, str):
                     paths = [paths]
                 if not all(isinstance(x, str) for x in paths):
