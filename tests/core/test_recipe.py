@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.core.helpers import digests, texts_recipe
-from zephon_nodes import CheckpointError, Pipeline, Recipe, RecipeError, simulate
+from zephon_nodes import CheckpointError, DatasetSpec, Pipeline, Recipe, RecipeError, simulate
 
 ISSUE_RECIPE = """
 seed = 7
@@ -108,6 +108,15 @@ def test_one_pattern_may_be_a_string(tmp_path):
     one = Recipe.from_toml(tmp_path / "one.toml")
     assert one.datasets[0].paths == ("data/*.jsonl.zst",)
     assert one == Recipe.from_toml(tmp_path / "list.toml")
+
+
+def test_a_dataset_spec_takes_one_pattern_whole(tmp_path):
+    """In Python, ``paths="data/*.jsonl"`` is one pattern, not its characters."""
+    assert DatasetSpec("d", paths="data/*.jsonl").paths == ("data/*.jsonl",)  # type: ignore[arg-type]
+    assert DatasetSpec("d", paths=Path("a/b.jsonl")).paths == ("a/b.jsonl",)  # type: ignore[arg-type]
+    assert DatasetSpec("d", paths=["a", "b"]).paths == ("a", "b")  # type: ignore[arg-type]
+    with pytest.raises(RecipeError, match=r"paths=\(5,\) must be patterns"):
+        DatasetSpec("d", paths=[5])  # type: ignore[list-item]
 
 
 def test_missing_recipe_file_is_named(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +31,9 @@ class DatasetSpec:
 
     Args:
         name: Name used in errors, stats and the fingerprint.
-        paths: Glob patterns of ``.jsonl`` / ``.jsonl.zst`` / ``.parquet`` / ``.arrow``
-            shards or Hugging Face ``save_to_disk`` folders, relative to ``base_dir``.
+        paths: Glob patterns of ``.jsonl`` / ``.jsonl.zst`` / ``.txt`` / ``.parquet`` /
+            ``.arrow`` shards or Hugging Face ``save_to_disk`` folders, relative to
+            ``base_dir`` (one pattern may be given as a string or a path).
         text_field: JSON field holding the document text.
         weight: Mixture weight (a token share when several datasets are mixed).
         records: In-memory records (dicts) instead of files; for tests and notebooks.
@@ -72,6 +74,14 @@ class DatasetSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise RecipeError("dataset name must be a non-empty string")
+        if isinstance(self.paths, (str, os.PathLike)):  # one pattern, not its characters
+            object.__setattr__(self, "paths", (os.fspath(self.paths),))
+        elif not isinstance(self.paths, tuple):  # a list from Python code: hashable as a tuple
+            object.__setattr__(self, "paths", tuple(self.paths))
+        if not all(isinstance(p, str) for p in self.paths):
+            raise RecipeError(
+                f"dataset {self.name!r}: paths={self.paths!r} must be patterns (strings)"
+            )
         if self.records is None and not self.paths:
             raise RecipeError(f"dataset {self.name!r}: give `paths` (glob patterns) or `records`")
         check_setting("weight", self.weight, where=f"dataset {self.name!r}: ", bound=_WEIGHT)
