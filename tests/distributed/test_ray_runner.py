@@ -197,12 +197,16 @@ def test_retry_budget_then_worker_error(
 
 
 def test_node_lost_mid_run_costs_time_not_bytes(cluster: LocalRayCluster, tmp_path: Path) -> None:
-    """The second node is killed mid-run: its tasks run again on the head, digests unchanged."""
+    """The second node is killed mid-run: its tasks run again on the head, digests unchanged.
+
+    The run is long enough for the second node to take work even on a loaded machine (a CI
+    run of 2 x STEPS steps once ended before its Ray worker had started: all on the head).
+    """
+    steps = 4 * STEPS
     pipeline = tag_recipe(tmp_path, delay=0.02)
-    reference = [r.digest for r, _ in simulate(pipeline, 2, 2 * STEPS, num_workers=2)]
+    reference = [r.digest for r, _ in simulate(pipeline, 2, steps, num_workers=2)]
     got: list[str] = []
     killed_after = None
-    steps = 2 * STEPS
     for result, _ in simulate(pipeline, 2, steps, num_workers=2, runner="ray"):
         got.append(result.digest)
         if killed_after is None and len(nodes_seen(tmp_path)) == 2:
