@@ -273,26 +273,40 @@ class WorkerPool:
         self.settings = settings
         self._prefix = ""
         self._executor: cf.Executor | None = None
+        # Lanes restored together (engine.parallel_map.run_together) submit from several
+        # threads at once: one executor is started, never one per thread (leaked workers).
+        self._start_lock = threading.Lock()
 
     def _get_executor(self) -> cf.Executor | None:
         if self.num_workers == 0:
             return None
-        if self._executor is None:
-            if self.runner == "thread":
-                self._executor = _DaemonThreadExecutor(self.num_workers, "zephon-worker")
-            elif self.runner == "ray":  # the optional extra: imported only when asked for
-                self._executor = RayExecutor(self.num_workers, settings=self.settings)
-            else:
-                if self.shared_memory:
-                    shm.remove_stale_segments()
-                    self._prefix = shm.pool_prefix(next(_POOL_IDS))
-                self._executor = cf.ProcessPoolExecutor(
-                    self.num_workers,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_start_worker,
-                    initargs=(os.getpid(), self.settings or current()),
-                )
-        return self._executor
+        executor = self._executor
+        if executor is not None:
+            return executor
+        with self._start_lock:
+            return self._start_executor()
+
+    def _start_executor(self) -> cf.Executor:
+        """Start the executor, or return the one another thread started meanwhile."""
+        if self._executor is not None:
+            return self._executor
+        executor: cf.Executor
+        if self.runner == "thread":
+            executor = _DaemonThreadExecutor(self.num_workers, "zephon-worker")
+        elif self.runner == "ray":  # the optional extra: imported only when asked for
+            executor = RayExecutor(self.num_workers, settings=self.settings)
+        else:
+            if self.shared_memory:
+                shm.remove_stale_segments()
+                self._prefix = shm.pool_prefix(next(_POOL_IDS))
+            executor = cf.ProcessPoolExecutor(
+                self.num_workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker,
+                initargs=(os.getpid(), self.settings or current()),
+            )
+        self._executor = executor
+        return executor
 
     def submit(self, fn: Callable[[Any], Any], arg: Any, priority: int = 0) -> cf.Future[Any]:
         """Schedule ``fn(arg)``; inline pools run it now and return a finished future.
@@ -338,7 +352,8 @@ class WorkerPool:
         Worker processes are killed rather than awaited: one blocked in an operator would
         otherwise keep the interpreter from exiting. A later :meth:`submit` starts new ones.
         """
-        executor, self._executor = self._executor, None
+        with self._start_lock:
+            executor, self._executor = self._executor, None
         if executor is None:
             return
         processes = getattr(executor, "_processes", None) or {}

@@ -1,0 +1,87 @@
+"""The rank's worker pool started once, whatever number of threads submit to it at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.core.helpers import texts_recipe
+from zephon_nodes import Pipeline, ShuffleSpec
+from zephon_nodes.engine import pool as pool_module
+from zephon_nodes.engine.pool import WorkerPool
+
+
+def test_concurrent_first_submits_start_one_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight threads submitting to a fresh pool at once share one executor of its workers.
+
+    Lanes restored together submit from a thread each; a pool that started an executor per
+    thread ran 8 x num_workers threads and leaked all but the last executor's.
+    """
+    started: list[Any] = []
+    real_init = pool_module._DaemonThreadExecutor.__init__
+
+    def slow_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.05)  # widens the window in which another thread sees no executor
+        real_init(self, *args, **kwargs)
+        started.append(self)
+
+    monkeypatch.setattr(pool_module._DaemonThreadExecutor, "__init__", slow_init)
+    pool = WorkerPool(2, "thread")
+    barrier = threading.Barrier(8)
+    results: list[Any] = []
+
+    def submit(k: int) -> None:
+        barrier.wait()
+        results.append(pool.submit(lambda x: x * 2, k).result(10))
+
+    threads = [threading.Thread(target=submit, args=(k,)) for k in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert sorted(results) == [2 * k for k in range(8)]
+        assert len(started) == 1, f"{len(started)} executors started for one pool"
+    finally:
+        pool.close()
+    assert not any(t.is_alive() for ex in started for t in ex._threads)
+
+
+def _workers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("zephon-worker")}
+
+
+def test_a_restore_of_eight_lanes_runs_on_the_pools_workers_only() -> None:
+    """A restore replays eight lanes on threads of their own over a pool of 2 workers: the
+    pool runs 2 worker threads, and none is left once it is closed."""
+    before = _workers()
+    pipeline = Pipeline(
+        texts_recipe(
+            [f"doc {k} " * (k % 7 + 1) for k in range(200)],
+            num_lanes=8,
+            shuffle=ShuffleSpec(buffer_size=4),
+        )
+    )
+    pool = WorkerPool(2, "thread")
+    node = pipeline.rank_node(1, 0, pool=pool)
+    try:
+        it = iter(node)
+        for _ in range(3):
+            next(it)
+        state = node.state_dict()
+    finally:
+        node.close()
+        pool.close()
+    pool = WorkerPool(2, "thread")
+    node = pipeline.rank_node(1, 0, pool=pool)
+    try:
+        node.reset(state)
+        next(node)
+        assert len(_workers() - before) == 2
+    finally:
+        node.close()
+        pool.close()
+    assert not _workers() - before
