@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from multiprocessing import resource_tracker
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,3 +88,48 @@ def test_a_restore_of_eight_lanes_runs_on_the_pools_workers_only() -> None:
         node.close()
         pool.close()
     assert not _workers() - before
+
+
+def _live_children() -> set[int]:
+    """Pids of this process's running children, read from /proc (a reaped or zombie child
+    is not running; ``multiprocessing.active_children`` may still list a child that the
+    executor's own thread reaped)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if fields[0] != "Z" and int(fields[1]) == os.getpid():
+            out.add(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_process_runner_restore_starts_num_workers_processes() -> None:
+    """Restored together, eight lanes start one process pool: 2 worker processes, none left
+    after close (before the fix: 2-4 pools, 4-6 processes, one left after close)."""
+    texts = [f"doc {k} " * (k % 7 + 1) for k in range(400)]
+    pipeline = Pipeline(texts_recipe(texts, num_lanes=8, shuffle=ShuffleSpec(buffer_size=4)))
+    pool = WorkerPool(2, "thread")
+    node = pipeline.rank_node(1, 0, pool=pool)
+    try:
+        it = iter(node)
+        for _ in range(3):
+            next(it)
+        state = node.state_dict()
+    finally:
+        node.close()
+        pool.close()
+    resource_tracker.ensure_running()  # a child of its own, started at the first pool
+    before = _live_children()
+    pool = WorkerPool(2, "process")
+    node = pipeline.rank_node(1, 0, pool=pool)
+    try:
+        node.reset(state)
+        next(node)
+        assert len(_live_children() - before) == 2
+    finally:
+        node.close()
+        pool.close()
+    assert not _live_children() - before
