@@ -563,7 +563,15 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             )
 
     def get_state(self) -> dict[str, Any]:
-        """Return the checkpoint state (a fresh, JSON-safe dict)."""
+        """Return the checkpoint state (a fresh, JSON-safe dict).
+
+        Safe to call from another thread than the one calling :meth:`next`: it waits for a
+        step being committed, so positions, step and sample checks are of one moment.
+        """
+        with self._driving:
+            return self._get_state()
+
+    def _get_state(self) -> dict[str, Any]:
         p = self.pipeline
         return RankState(
             fingerprint=p.fingerprint,
