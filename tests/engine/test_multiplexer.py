@@ -7,11 +7,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import torch
 
 from tests.core.helpers import texts_recipe
 from zephon_nodes import Pipeline, ShuffleSpec
+from zephon_nodes.engine import multiplexer
 from zephon_nodes.engine.pool import WorkerPool
 
 
@@ -59,3 +62,57 @@ def test_a_state_taken_during_next_is_of_one_moment(frequent_switches: None) -> 
     assert steps > 100 and len(states) >= steps // 2
     torn = {k: len(v) for k, v in by_step.items() if len(v) > 1}
     assert not torn, f"steps with more than one state: {torn}"
+
+
+def test_set_mixture_from_another_thread_acts_between_two_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A controller thread's set_mixture lands between two steps: the run then equals one
+    where the same decision was made, in the reader's thread, after the logged step.
+
+    The decision is slowed down (50 ms between taking the state and restoring it): without
+    the lock the reader went on meanwhile, and the restore rewound it by a step.
+    """
+    from tests.mixing.test_dynamic import mixed_recipe
+
+    real = multiplexer.with_decision
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(multiplexer, "with_decision", slow)
+
+    pipeline = Pipeline(mixed_recipe(2))
+    weights = {"d0": 0.2, "d1": 0.8}
+
+    def node() -> Any:
+        return pipeline.rank_node(1, 0, pool=WorkerPool(0, "thread"))
+
+    threaded, seen = node(), []
+    it = iter(threaded)
+    controller = threading.Thread(
+        target=lambda: (_wait_for_step(threaded, 3), threaded.set_mixture(weights))
+    )
+    controller.start()
+    try:
+        for _ in range(12):
+            seen.append(next(it))
+            time.sleep(0.01)  # a trainer's step: the controller decides meanwhile
+    finally:
+        controller.join(30)
+    [(step, _)] = threaded.mixture_log
+    assert step < 10
+    reference, expected = node(), []
+    it = iter(reference)
+    for k in range(12):
+        if k == step:
+            reference.set_mixture(weights)
+        expected.append(next(it))
+    for k, (a, b) in enumerate(zip(seen, expected, strict=True)):
+        assert all(torch.equal(a[f], b[f]) for f in b), f"batch {k} differs (decision at {step})"
+
+
+def _wait_for_step(node: Any, step: int) -> None:
+    while node.step < step:
+        time.sleep(1e-4)

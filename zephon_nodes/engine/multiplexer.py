@@ -453,7 +453,8 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self.work_source.refuse_decisions()  # a re-laned stream refuses
         names = [d.name for d in self.pipeline.recipe.datasets]
         normalized = normalize_weights(names, weights, where="set_mixture")
-        self.reset_own(with_decision(self.get_state(), normalized))
+        with self._driving:  # between two next() calls, whichever thread calls it
+            self.reset_own(with_decision(self._get_state(), normalized))
 
     def reset_own(self, state: dict[str, Any]) -> None:
         """Restore a state this node just made itself (no replay check: it is its own)."""
