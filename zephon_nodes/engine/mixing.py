@@ -36,6 +36,7 @@ of any dataset is skipped or taken twice.
 from __future__ import annotations
 
 import copy
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -232,6 +233,9 @@ class MixingWorkSource(WorkSource):
         self._blocks: OrderedDict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = (
             OrderedDict()
         )
+        # The rank's lanes restore on a thread each (engine.parallel_map.run_together) and
+        # share this source: a block one lane looks up may be evicted by another meanwhile.
+        self._blocks_lock = threading.Lock()
         self._bases: dict[int, list[list[int]]] = {}
         self._plans: dict[tuple[int, int], ScheduledLanePlan | StaticPlan] = {}
         self._ends: dict[int, int | None] = {}
@@ -409,10 +413,11 @@ class MixingWorkSource(WorkSource):
     def _block(self, lane: int, j: int, seg: int) -> tuple[np.ndarray, np.ndarray]:
         """Return (dataset, count within segment) of every position of a block (cached)."""
         key = (lane, j, seg)
-        got = self._blocks.get(key)
-        if got is not None:
-            self._blocks.move_to_end(key)
-            return got
+        with self._blocks_lock:
+            got = self._blocks.get(key)
+            if got is not None:
+                self._blocks.move_to_end(key)
+                return got
         S, D = self.block, len(self.datasets)
         plan = self._plan_of(lane, j)
         x, a = plan.state(seg)
@@ -430,9 +435,10 @@ class MixingWorkSource(WorkSource):
             mask = labels == d
             ks[mask] = before[d] + np.arange(int(mask.sum()), dtype=np.int64)
         got = (labels, ks)
-        self._blocks[key] = got
-        while len(self._blocks) > 2 * self.num_lanes + 16:
-            self._blocks.popitem(last=False)
+        with self._blocks_lock:
+            self._blocks[key] = got
+            while len(self._blocks) > 2 * self.num_lanes + 16:
+                self._blocks.popitem(last=False)
         return got
 
     def _plan_counts(self, lane: int, j: int, n: int) -> list[int]:

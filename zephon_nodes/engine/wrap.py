@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import threading
 from collections import OrderedDict
 
 from zephon_nodes.core.work_item import WorkItem
@@ -44,20 +45,22 @@ class WrappedWorkSource(WorkSource):
         self.flush_every = flush_every
         self.first = first
         self._passes: OrderedDict[int, WorkSource | None] = OrderedDict()
+        self._passes_lock = threading.Lock()  # lanes restored on threads of their own
         # Per lane: the end (lane item index) and the item count of each pass read so far.
         self._ends: dict[int, list[int]] = {}
         self._counts: dict[int, list[int]] = {}
 
     def _pass(self, q: int) -> WorkSource | None:
-        src = self._passes.get(q)
-        if src is None and q not in self._passes:
-            src = self.base if q == 0 else self.base.make_pass(q)
-            self._passes[q] = src
-            while len(self._passes) > _KEEP_PASSES:
-                self._passes.popitem(last=False)
-        else:
-            self._passes.move_to_end(q)
-        return src
+        with self._passes_lock:
+            src = self._passes.get(q)
+            if src is None and q not in self._passes:
+                src = self.base if q == 0 else self.base.make_pass(q)
+                self._passes[q] = src
+                while len(self._passes) > _KEEP_PASSES:
+                    self._passes.popitem(last=False)
+            else:
+                self._passes.move_to_end(q)
+            return src
 
     def _count(self, lane: int, q: int) -> int:
         """Items of ``lane`` in base pass ``q``."""
