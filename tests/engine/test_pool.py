@@ -9,11 +9,13 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.core.helpers import texts_recipe
 from zephon_nodes import Pipeline, ShuffleSpec
 from zephon_nodes.engine import pool as pool_module
+from zephon_nodes.engine import shm
 from zephon_nodes.engine.pool import WorkerPool
 
 
@@ -133,3 +135,41 @@ def test_a_process_runner_restore_starts_num_workers_processes() -> None:
         node.close()
         pool.close()
     assert not _live_children() - before
+
+
+def _big(x: int) -> np.ndarray:
+    return np.full(1 << 17, x, dtype=np.int64)  # 1 MiB: sent through shared memory
+
+
+def _slow(x: int) -> int:
+    time.sleep(1.5)
+    return x
+
+
+@pytest.mark.skipif(not shm.available(), reason="shared memory (Linux /dev/shm)")
+def test_close_while_another_thread_starts_a_new_pool_releases_the_old_memory() -> None:
+    """A lane that timed out closes the pool while another lane submits: close releases
+    the shared memory of the workers it stopped (it released the new pool's instead, and
+    the old arena mappings stayed for the life of the process)."""
+    pool = WorkerPool(1, "process", timeout_s=60)
+    try:
+        assert int(pool.submit(_big, 1).result(60)[0]) == 1
+        old = pool._prefix
+        pool.submit(_slow, 0)  # running when close() starts: close waits in its joins
+        time.sleep(0.5)
+        results: list[int] = []
+
+        def submit_meanwhile() -> None:
+            time.sleep(0.2)
+            results.append(int(pool.submit(_big, 2).result(60)[0]))
+
+        threads = [threading.Thread(target=pool.close), threading.Thread(target=submit_meanwhile)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results == [2]
+        assert pool._prefix and pool._prefix != old
+    finally:
+        pool.close()
+    assert not [n for n in shm._ReaderArena._open if n.startswith(old)]

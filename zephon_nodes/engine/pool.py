@@ -352,8 +352,9 @@ class WorkerPool:
         Worker processes are killed rather than awaited: one blocked in an operator would
         otherwise keep the interpreter from exiting. A later :meth:`submit` starts new ones.
         """
-        with self._start_lock:
+        with self._start_lock:  # a submit meanwhile starts a new executor of its own prefix
             executor, self._executor = self._executor, None
+            prefix, self._prefix = self._prefix, ""
         if executor is None:
             return
         processes = getattr(executor, "_processes", None) or {}
@@ -372,9 +373,9 @@ class WorkerPool:
                 proc.kill()
         for proc in procs:
             proc.join(timeout=5)
-        if self._prefix:  # results a killed worker never sent
-            shm.remove_segments(self._prefix)
-            shm.forget(self._prefix)
+        if prefix:  # results a killed worker never sent
+            shm.remove_segments(prefix)
+            shm.forget(prefix)
 
     def __enter__(self) -> WorkerPool:
         return self
