@@ -19,9 +19,7 @@ be written only costs the computation at every build.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ import xxhash
 from zephon_nodes.core import settings
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.io.formats.entrysums import count_bad
+from zephon_nodes.io.nodecache.locks import entry_lock
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 
 __all__ = ["node_sizes"]
@@ -74,21 +73,6 @@ def _read(path: Path) -> np.ndarray | None:
     return None
 
 
-@contextlib.contextmanager
-def _node_lock(path: Path) -> Iterator[None]:
-    """Hold the key's file lock (other processes and threads wait); nothing if it can't."""
-    try:
-        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a new open file: other threads' locks hold it off too
-        yield
-    finally:
-        os.close(fd)
-
-
 def node_sizes(
     key: str | None, compute: Callable[[], tuple[np.ndarray, bool]]
 ) -> tuple[np.ndarray, bool]:
@@ -110,7 +94,7 @@ def node_sizes(
     found = _read(path)
     if found is not None:
         return found, False
-    with _node_lock(path):
+    with entry_lock(path.with_suffix(".lock")):
         found = _read(path)  # another process of the node made them meanwhile
         if found is not None:
             return found, False

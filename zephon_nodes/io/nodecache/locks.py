@@ -4,7 +4,8 @@ A node cache's processes share nothing but its directory: a global ``flock`` on
 ``root/.lock`` around every decision, one lock file per key under ``root/lock/`` (shared:
 the entry is pinned; exclusive: it is being fetched) and one per plan under ``root/plan/``
 (held exclusively by its living owner). Locks die with their process, so a crashed rank
-leaves no stale pin, reservation or plan behind.
+leaves no stale pin, reservation or plan behind. :func:`entry_lock` is a per-key lock for
+files kept beside the node cache (work-item sizes, the remake of a bad cache copy or index).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["GlobalLock", "fetch_in_flight", "key_lock", "try_flock"]
+__all__ = ["GlobalLock", "entry_lock", "fetch_in_flight", "key_lock", "try_flock"]
 
 
 class GlobalLock:
@@ -87,5 +88,25 @@ def fetch_in_flight(root: Path, name: str) -> bool:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return False
         return True
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def entry_lock(path: Path) -> Iterator[None]:
+    """Hold the exclusive ``flock`` on the lock file ``path`` (created) inside the block.
+
+    The node's other processes wait for it, and so do this process's other threads: each
+    block locks an open file of its own. Not re-entrant. Nothing is held when the lock file
+    cannot be created (a read-only cache directory: whatever the block writes fails anyway).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)
