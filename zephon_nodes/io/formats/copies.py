@@ -5,7 +5,9 @@ byte range of every record), for a ``.jsonl.zst`` ``K.jsonl`` (its decompressed 
 ``K.sums.npy`` (see :mod:`zephon_nodes.io.formats.entrysums`). A copy is made in a temporary file,
 its record index and sums are written, and only then is it renamed into place, so a copy
 that exists always has its sums; a copy without them (an older cache) or not matching them
-is dropped and made again by :func:`remake`.
+is dropped and made again by :func:`remake`, under the entry's file lock ``K.lock``: a
+node's processes (its ranks, a loader's worker processes) share the cache directory, and
+the threads of each share the entry.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -29,15 +30,13 @@ from zephon_nodes.io.formats.entrysums import (
     write_sums,
 )
 from zephon_nodes.io.formats.lines import decompress_to, index_file
+from zephon_nodes.io.nodecache.locks import entry_lock
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir, umask_mode
 from zephon_nodes.io.storage.checksum import Hasher
 
 __all__ = ["artifacts", "build", "forget_index", "load_index", "remake", "sound"]
 
 _INDEX_CACHE: dict[str, np.ndarray] = {}
-# One remake of a content at a time in a process (see remake).
-_REMAKE_GUARD = threading.Lock()
-_REMAKE_LOCKS: dict[str, threading.Lock] = {}
 
 
 def artifacts(checksum: str) -> tuple[Path, Path]:
@@ -83,19 +82,23 @@ def build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
             the cache directory cannot be written (named, e.g. a full disk).
     """
     try:
-        try:
-            return _build(src, checksum, compressed)
-        except BadEntry:  # a copy of an older cache (no sums), or not matching them
+        return _build(src, checksum, compressed)
+    except BadEntry:  # a copy of an older cache (no sums), or not matching them
+        if remake(src, checksum, compressed):
             count_bad()
-            _drop(checksum, compressed)
-            return _build(src, checksum, compressed)
+        return artifacts(checksum)
     except OSError as e:
-        if not os.path.exists(src) or (e.filename and str(e.filename) == str(src)):
-            raise
-        raise DataError(
-            f"cache directory {cache_dir()}: cannot write the copy of {src.name} "
-            f"({e.strerror or e}); free space there or set ZEPHON_CACHE_DIR"
-        ) from None
+        raise _unwritable(src, e) from None
+
+
+def _unwritable(src: Path, e: OSError) -> OSError | DataError:
+    """``e`` as raised by a build of ``src``'s copy: a cache directory's error named."""
+    if not os.path.exists(src) or (e.filename and str(e.filename) == str(src)):
+        return e
+    return DataError(
+        f"cache directory {cache_dir()}: cannot write the copy of {src.name} "
+        f"({e.strerror or e}); free space there or set ZEPHON_CACHE_DIR"
+    )
 
 
 def _build(src: Path, checksum: str, compressed: bool) -> tuple[Path, Path]:
@@ -142,11 +145,6 @@ def _drop(checksum: str, compressed: bool) -> None:
     forget_index(str(index_path))
 
 
-def _remake_lock(checksum: str) -> threading.Lock:
-    with _REMAKE_GUARD:
-        return _REMAKE_LOCKS.setdefault(checksum, threading.Lock())
-
-
 def sound(data_path: str | os.PathLike[str] | None, index_path: str) -> bool:
     """Whether a record index (and the copy it indexes, if any) match their sums.
 
@@ -170,18 +168,25 @@ def sound(data_path: str | os.PathLike[str] | None, index_path: str) -> bool:
 def remake(src: Path, checksum: str, compressed: bool) -> bool:
     """Drop the derived files of ``checksum`` and build them again from ``src``, if still bad.
 
-    A process's lanes read a shard in parallel, so several may find the same bad entry at
-    once: they remake it one at a time, and each first checks the files afresh, so that a
-    copy another lane has just made again is kept, never dropped under a reader.
+    A process's lanes read a shard in parallel, and a node's processes share the cache
+    directory, so several readers may find the same bad entry at once: they remake it one at
+    a time, under the entry's file lock, and each first checks the files afresh, so that a
+    copy another reader has just made again is kept, never dropped under a reader.
 
     Returns:
         True when the files were bad and were made again (one bad entry to count); False
         when they were found sound (made again meanwhile by another reader).
+
+    Raises:
+        DataError: As :func:`build`.
     """
     data_path, index_path = artifacts(checksum)
-    with _remake_lock(checksum):
+    with entry_lock(data_path.with_suffix(".lock")):
         if sound(data_path if compressed else None, str(index_path)):
             return False
         _drop(checksum, compressed)
-        build(src, checksum, compressed)
+        try:
+            _build(src, checksum, compressed)
+        except OSError as e:
+            raise _unwritable(src, e) from None
         return True

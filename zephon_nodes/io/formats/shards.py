@@ -210,7 +210,9 @@ class FileShard:
         """``fn()``, run again after making this content's bad cache copy or index again.
 
         The bad entry is counted. A node-cache entry's :class:`BadEntry` is raised on: its
-        owner (:mod:`~zephon_nodes.io.nodecache.wholeshard`) drops and fetches it again.
+        owner (:mod:`~zephon_nodes.io.nodecache.wholeshard`) drops and fetches it again. One
+        still bad after it was made again (a failing disk) is raised even under
+        ``on_error = "skip"``: a cache's fault must not leave out records silently.
         """
         try:
             return fn()
@@ -219,7 +221,11 @@ class FileShard:
                 raise  # the node cache's entry: its owner drops and fetches it again
             if self._remake():  # a damaged cache copy or record index: made again, never served
                 count_bad()
+        try:
             return fn()
+        except BadEntry as e:
+            e.refused_under_skip = True
+            raise
 
     def _compressed(self) -> bool:
         return (self.uri or self.path).endswith(".zst") and not self.frames

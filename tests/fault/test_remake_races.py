@@ -1,0 +1,147 @@
+"""Readers that find the same bad cache entry at once make it again once, and lose nothing.
+
+A node's ranks and a loader's worker processes share the cache directory
+(``ZEPHON_CACHE_DIR``), and a process's lanes read in threads: several readers can find one
+bad entry (a decompressed copy with its record index and sums, or a tar shard's member
+index) at the same time. Each remakes it under the entry's file lock and only if it is still
+bad, so no reader drops the files another has just made, every read is the shard's, and
+the bad entry is counted once. The windows between the steps are held open by events in
+the readers, so the interleavings that lost the race before happen on every run.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import multiprocessing.synchronize
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.work_item import WorkItem
+from zephon_nodes.io.formats import copies, entrysums, shards
+from zephon_nodes.io.formats.shards import FileShard, open_shard
+from zephon_nodes.io.index import index
+from zephon_nodes.operators.parse import ParseJsonl
+
+# How long the first reader holds its remake open for the second to step in: the second
+# cannot while the first holds the entry's lock, so a run of the fixed code waits this once.
+HOLD_S = 1.5
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / "cache"))
+    index.forget()
+    yield
+    index.forget()
+
+
+def _zst_shard(path: Path, n: int) -> list[str]:
+    """Write a ``.jsonl.zst`` shard of ``n`` records; return its lines."""
+    lines = [json.dumps({"text": f"document {k} " * 20}) for k in range(n)]
+    path.write_bytes(zstandard.ZstdCompressor().compress(("\n".join(lines) + "\n").encode()))
+    return lines
+
+
+def _copy_reader(
+    role: str,
+    shard: FileShard,
+    events: dict[str, mp.synchronize.Event],
+    out: mp.Queue[tuple[str, Any, int]],
+) -> None:
+    """Read a shard whose cache copy is bad, in a child process, as ``role`` "P" or "Q".
+
+    P remakes the copy first and, once its new sums are written (before its index and copy
+    are in place), waits for Q to drop the entry. Q reads once P's sums are written, drops
+    the entry (then tells P) and waits for P's read before writing sums of its own.
+    """
+    real_write_sums, real_drop = copies.write_sums, copies._drop
+
+    def write_sums_p(*args: Any, **kwargs: Any) -> None:
+        real_write_sums(*args, **kwargs)
+        events["p_sums"].set()
+        events["q_dropped"].wait(HOLD_S)  # never set while P holds the entry's lock
+
+    def drop_q(*args: Any, **kwargs: Any) -> None:
+        real_drop(*args, **kwargs)
+        events["q_dropped"].set()
+
+    def write_sums_q(*args: Any, **kwargs: Any) -> None:
+        events["p_read"].wait(10)
+        real_write_sums(*args, **kwargs)
+
+    if role == "P":
+        copies.write_sums = write_sums_p
+    else:
+        copies.write_sums, copies._drop = write_sums_q, drop_q
+        events["p_sums"].wait(10)
+    try:
+        got: Any = [raw.decode() for _, raw in shard.read(0, shard.num_records)]
+    except Exception as e:  # reported by the test's assertion
+        got = f"{type(e).__name__}: {e}"
+    if role == "P":
+        events["p_read"].set()
+    out.put((role, got, entrysums.bad_entries()))
+
+
+def test_processes_remake_a_bad_copy_once(tmp_path: Path) -> None:
+    """Two processes find a ``.zst`` copy without sums: both read the shard, one counts it.
+
+    Before, the remake was serialised per process only: the second process dropped the
+    entry (the first's new sums with it) while the first installed its copy, and the first
+    process's read after its remake failed with "no readable checksums" (under
+    ``on_error = "skip"``: its work item's records skipped as a missing file); both counted
+    a bad entry.
+    """
+    path = tmp_path / "shard.jsonl.zst"
+    want = _zst_shard(path, 200)
+    shard = open_shard(path)
+    _, index_path = copies.artifacts(shard.checksum)
+    entrysums.sums_path(index_path).unlink()  # an older cache's copy: no sums
+    copies._INDEX_CACHE.clear()
+    entrysums._SUMS.clear()
+    before = entrysums.bad_entries()  # each child starts counting from it
+    ctx = mp.get_context("fork")
+    events = {name: ctx.Event() for name in ("p_sums", "q_dropped", "p_read")}
+    out: mp.Queue[tuple[str, Any, int]] = ctx.Queue()
+    procs = [ctx.Process(target=_copy_reader, args=(r, shard, events, out)) for r in "PQ"]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(out.get(timeout=30) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert [(role, rows) for role, rows, _ in got] == [("P", want), ("Q", want)]
+    assert [bad - before for _, _, bad in got] == [1, 0]
+    assert os.path.exists(entrysums.sums_path(index_path))
+
+
+def test_a_copy_bad_again_after_its_remake_is_never_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy still bad when read right after it was made again (a failing disk, or files
+    dropped by someone else) fails the read even under ``on_error = "skip"``.
+
+    Before, that read's :class:`BadEntry` reached the parse, which skipped the work item's
+    records as a missing file: records lost without an error, on one machine only.
+    """
+    path = tmp_path / "shard.jsonl.zst"
+    _zst_shard(path, 20)
+    shard = open_shard(path)
+    _, index_path = copies.artifacts(shard.checksum)
+    entrysums.sums_path(index_path).unlink()
+    copies._INDEX_CACHE.clear()
+    entrysums._SUMS.clear()
+    monkeypatch.setattr(shards, "remake", lambda *args: True)  # made again, bad again
+    item = WorkItem(0, "web", "text", 0, 0, shard, 0, 20, 0, 0, 0)
+    with pytest.raises(DataError, match="no readable checksums"):
+        ParseJsonl(skip=frozenset({0}))(item)
