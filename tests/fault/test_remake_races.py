@@ -15,17 +15,21 @@ import json
 import multiprocessing as mp
 import multiprocessing.synchronize
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zstandard
 
+from tests.multimodal.helpers import write_tar
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.io.formats import copies, entrysums, shards
+from zephon_nodes.io.formats import tar as tarmod
 from zephon_nodes.io.formats.shards import FileShard, open_shard
+from zephon_nodes.io.formats.tar import open_tar_shard
 from zephon_nodes.io.index import index
 from zephon_nodes.operators.parse import ParseJsonl
 
@@ -145,3 +149,87 @@ def test_a_copy_bad_again_after_its_remake_is_never_skipped(
     item = WorkItem(0, "web", "text", 0, 0, shard, 0, 20, 0, 0, 0)
     with pytest.raises(DataError, match="no readable checksums"):
         ParseJsonl(skip=frozenset({0}))(item)
+
+
+def _in_thread(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run by the reader thread ``name`` only; the real function for the others."""
+
+    def hook(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            if threading.current_thread().name != name:
+                return real(*args)
+            return fn(real, *args)
+
+        return call
+
+    return hook
+
+
+def test_threads_remake_a_bad_tar_member_index_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads find a tar shard's member index bad: both read the samples, one counts it.
+
+    Before, nothing serialised the remake: B, whose first load failed before A made the
+    index again, dropped A's new index, and A's load after its remake raised
+    FileNotFoundError (an OSError the multimodal parse does not catch: a WorkerError); each
+    thread counted a bad entry and indexed the whole tar again.
+    """
+    members = [(f"{k:04d}.txt", f"sample {k}".encode()) for k in range(20)]
+    shard = open_tar_shard(write_tar(tmp_path / "shard.tar", members))
+    Path(shard.index_path).write_text("{garbage")  # a damaged member index
+    tarmod._INDEXES.clear()
+    names = ("a_remaking", "b_failed", "a_remade", "b_dropped", "a_read")
+    events = {name: threading.Event() for name in names}
+    real_load = tarmod._load
+
+    def load(index_path: str) -> Any:
+        try:
+            return real_load(index_path)
+        except BaseException:
+            if threading.current_thread().name == "B":
+                events["b_failed"].set()
+            raise
+
+    def remake_a(real: Callable[..., Any], *args: Any) -> None:
+        events["a_remaking"].set()  # with the entry's lock held: B waits for it
+        events["b_failed"].wait(10)  # B found the index bad too
+        real(*args)
+        events["a_remade"].set()
+        events["b_dropped"].wait(HOLD_S)  # never set while A holds the entry's lock
+
+    def drop_b(real: Callable[..., Any], *args: Any) -> None:
+        events["a_remade"].wait(10)
+        real(*args)
+        events["b_dropped"].set()
+
+    def remake_b(real: Callable[..., Any], *args: Any) -> None:
+        events["a_read"].wait(10)
+        real(*args)
+
+    monkeypatch.setattr(tarmod, "_load", load)
+    hooked_remake = _in_thread("B", remake_b)(_in_thread("A", remake_a)(tarmod._remake))
+    monkeypatch.setattr(tarmod, "_remake", hooked_remake)
+    monkeypatch.setattr(tarmod, "drop", _in_thread("B", drop_b)(tarmod.drop))
+    before = entrysums.bad_entries()
+    results: dict[str, Any] = {}
+
+    def read() -> None:
+        name = threading.current_thread().name
+        if name == "B":
+            events["a_remaking"].wait(10)
+        try:
+            results[name] = [s.text for _, s in shard.read(0, 5)]
+        except Exception as e:  # reported by the assertion below
+            results[name] = f"{type(e).__name__}: {e}"
+        if name == "A":
+            events["a_read"].set()
+
+    threads = [threading.Thread(target=read, name=name) for name in "AB"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    want = [blob for _, blob in members[:5]]
+    assert results == {"A": want, "B": want}
+    assert entrysums.bad_entries() == before + 1

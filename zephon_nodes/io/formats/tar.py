@@ -6,7 +6,8 @@ is cached in :func:`~zephon_nodes.io.storage.cache.cache_dir`, keyed by the shar
 checksum), so reading any range of samples costs one read (one range request for a remote shard).
 The cached index carries its samples' checksum and the cache key it was written for: one that
 does not match, is read under another key (files swapped or copied over each other) or is of
-an older cache (no key) is dropped, made again and counted (``bad_cache_entries``).
+an older cache (no key) is dropped, made again and counted (``bad_cache_entries``), once, under
+the entry's file lock: a process's threads and a node's processes share the cache directory.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from zephon_nodes.core.errors import (
     os_error_kind,
 )
 from zephon_nodes.io.formats.entrysums import BadEntry, count_bad, drop
+from zephon_nodes.io.nodecache.locks import entry_lock
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir
 from zephon_nodes.io.storage.checksum import file_checksum
@@ -180,11 +182,7 @@ class TarShard:
         try:
             return _load(self.index_path)
         except (BadEntry, FileNotFoundError):
-            pass
-        drop(self.index_path)
-        count_bad()
-        _remake(self)
-        entries = _load(self.index_path)
+            entries = _reindexed(self)
         if len(entries) != self.num_records:
             raise DataError(
                 f"{self.path}: {len(entries)} samples now, {self.num_records} when opened"
@@ -256,10 +254,28 @@ def _count(shard: TarShard) -> int:
     try:
         return len(_load(shard.index_path))
     except BadEntry:
+        return len(_reindexed(shard))
+
+
+def _reindexed(shard: TarShard) -> list[_Entry]:
+    """``shard``'s member index, dropped, made again and counted if it is still bad.
+
+    Under the entry's file lock, checked afresh first: readers that find the same bad index
+    at once (a process's threads, a node's processes) make it once, and none drops the index
+    another has just made.
+
+    Raises:
+        DataError: If the shard's content is no longer the one it was opened with.
+    """
+    with entry_lock(Path(shard.index_path).with_suffix(".lock")):
+        try:
+            return _load(shard.index_path)  # made again meanwhile by another reader
+        except (BadEntry, FileNotFoundError):
+            pass
         drop(shard.index_path)
         count_bad()
         _remake(shard)
-        return len(_load(shard.index_path))
+        return _load(shard.index_path)
 
 
 def _remake(shard: TarShard) -> None:
