@@ -265,3 +265,23 @@ def test_multi_frame_zst_is_read_frame_by_frame(tmp_path, monkeypatch):
     assert [r.decode() for _, r in got] == lines[25:30]
     assert seen == [(len(blobs[0]), len(blobs[0]) + len(blobs[1]))]
     assert [r.decode() for _, r in shard.read(0, 60)] == lines
+
+
+def test_an_index_in_its_data_folder_is_never_a_shard(tmp_path):
+    """``zephon index 'data/*'`` writes ``data/zephon-index.json``; the next ``data/*``
+    (another ``zephon index``, or a recipe's pattern) must not read it as a shard.
+
+    Before: the second index listed 3 shards (its own manifest one of them), and a recipe
+    over ``data/*`` was refused ("the dataset index says 487 bytes, the file has 670;
+    rebuild it"), which rebuilding only repeated.
+    """
+    data = tmp_path / "data"
+    names = write_corpus(data)
+    for _ in range(2):
+        assert zephon("index", str(data / "*"), "--quiet") == 0
+        manifest = json.loads((data / index.INDEX_NAME).read_text())
+        assert sorted(manifest["shards"]) == sorted(names)
+    wildcard = run(recipe([str(data / "*")]))
+    assert wildcard == run(recipe([str(data / n) for n in sorted(names)]))
+    assert index.is_index_file("s3://bucket/data/zephon-index.json")
+    assert not index.is_index_file("s3://bucket/data/zephon-index.json.zst")

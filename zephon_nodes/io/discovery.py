@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.io.formats.arrow import expand_dataset_dirs
-from zephon_nodes.io.index.index import use_index
+from zephon_nodes.io.index.index import is_index_file, use_index
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.checksum import build_memo
 
@@ -106,14 +106,18 @@ def dataset_files(dataset: RecipeDataset) -> list[Any]:
     out: list[Any] = []
     for pattern in dataset.paths:
         if storage.is_remote(pattern):
-            matches = storage.expand(pattern)
+            matches = [m for m in storage.expand(pattern) if not is_index_file(m)]
         else:
             local = storage.local_path(pattern)
             full = local if os.path.isabs(local) else str(Path(dataset.base_dir) / local)
             matches = sorted(glob.glob(full, recursive=True))
             # A Hugging Face `datasets` folder stands for its .arrow files (formats/arrow.py).
             named = not glob.has_magic(local)
-            matches = [m for m in expand_dataset_dirs(matches, named) if _is_shard(dataset, m)]
+            matches = [
+                m
+                for m in expand_dataset_dirs(matches, named)
+                if _is_shard(dataset, m) and not is_index_file(m)
+            ]
         if not matches:
             if storage.is_remote(pattern):
                 where = storage.redact(pattern)

@@ -56,12 +56,23 @@ __all__ = [
     "build_index",
     "find_entry",
     "indexed_identity",
+    "is_index_file",
     "load_index",
     "read_manifest",
     "write_index",
 ]
 
 INDEX_NAME = "zephon-index.json"
+
+
+def is_index_file(path: object) -> bool:
+    """Whether ``path`` (a local path or URI) is a dataset index, never a shard of its data.
+
+    ``zephon index 'data/*'`` writes its index into ``data/``: the next ``data/*`` matches it.
+    """
+    return posixpath.basename(str(path).rstrip("/")) == INDEX_NAME
+
+
 FORMAT = "zephon-index"
 VERSION = 1
 EVERY = 64
@@ -468,7 +479,7 @@ def build_index(
     """
     files: list[str] = []
     for pattern in patterns:
-        matches = storage.expand(pattern)
+        matches = [m for m in storage.expand(pattern) if not is_index_file(m)]
         if not matches:
             local = not storage.is_remote(pattern) and os.path.isdir(storage.local_path(pattern))
             hint = f": it is a folder; name its shards ('{pattern.rstrip('/')}/*.jsonl')"
