@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from zephon_nodes.state import (
     checkpoint_path,
     commit_checkpoint,
     latest_checkpoint,
+    layout,
     load_checkpoint,
     save_rank_state,
 )
@@ -105,6 +107,24 @@ def test_rank_file_deleted_after_commit(tmp_path: Path) -> None:
     (checkpoint_path(tmp_path, 2) / "rank_00000.json").unlink()
     with pytest.raises(CheckpointError, match=r"rank_00000\.json' listed in COMMITTED\.json is"):
         load_checkpoint(tmp_path)
+
+
+def test_a_step_pruned_while_the_root_is_loaded_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retention policy removes the newest step between the listing and its load: the
+    load falls back to the step before (a raw FileNotFoundError escaped the fallback)."""
+    _save(tmp_path, 2, 2)
+    _save(tmp_path, 2, 4)
+    listed = layout._committed_steps
+
+    def listed_then_pruned(root: Path) -> list[tuple[int, Path]]:
+        out = listed(root)
+        shutil.rmtree(checkpoint_path(tmp_path, 4))
+        return out
+
+    monkeypatch.setattr(layout, "_committed_steps", listed_then_pruned)
+    assert load_checkpoint(tmp_path)["step"] == 2
 
 
 @pytest.mark.parametrize(

@@ -224,7 +224,11 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _load_step(d: Path) -> dict[str, Any]:
     marker_path = d / COMMIT_FILE
-    if marker_path.stat().st_size > MAX_FILE_BYTES:
+    try:
+        size = marker_path.stat().st_size
+    except OSError as e:  # removed since it was listed (a retention policy pruning it)
+        raise CheckpointError(f"{marker_path}: cannot read the commit marker: {e}") from None
+    if size > MAX_FILE_BYTES:
         raise CheckpointError(f"{marker_path}: too large for a commit marker")
     # Markers written before checksums existed are accepted when they hold exactly the
     # marker keys (a damaged checksum header leaves an extra key and is refused).
