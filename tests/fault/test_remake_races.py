@@ -31,6 +31,9 @@ from zephon_nodes.io.formats import tar as tarmod
 from zephon_nodes.io.formats.shards import FileShard, open_shard
 from zephon_nodes.io.formats.tar import open_tar_shard
 from zephon_nodes.io.index import index
+from zephon_nodes.io.nodecache import wholeshard
+from zephon_nodes.io.nodecache.nodecache import set_cache_limit
+from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
 from zephon_nodes.operators.parse import ParseJsonl
 
 # How long the first reader holds its remake open for the second to step in: the second
@@ -233,3 +236,102 @@ def test_threads_remake_a_bad_tar_member_index_once(
     want = [blob for _, blob in members[:5]]
     assert results == {"A": want, "B": want}
     assert entrysums.bad_entries() == before + 1
+
+
+def test_threads_drop_a_bad_whole_shard_record_index_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads open a whole-read ``.zst`` whose kept record index is damaged: both read
+    the shard through the node cache, one counts the bad index, and it is sound after.
+
+    Before, :func:`wholeshard._known_index` counted and dropped a bad index with no lock: B,
+    whose first load failed before A made the index again, dropped A's new index and sums and
+    counted the same bad entry a second time; B's index, made after A's read, then replaced
+    the sums of the node cache's copy with sums of no copy, and B's read of that copy failed
+    ("longer than its checksums say"): a third count and the copy decompressed again.
+    """
+    path = tmp_path / "shard.jsonl.zst"
+    want = _zst_shard(path, 50)
+    set_cache_limit("64M")
+    try:
+        checksum = open_whole_shard(str(path)).checksum  # keeps the record index and sums
+        index_path = copies.artifacts(checksum)[1]
+        index_path.write_bytes(b"{garbage")  # a damaged record index
+        copies._INDEX_CACHE.clear()
+        entrysums._SUMS.clear()
+        results = _open_and_read_in_two_threads(str(path), monkeypatch)
+        sound = copies.sound(None, str(index_path))
+    finally:
+        set_cache_limit(None)
+    assert results["A"] == want and results["B"] == want
+    assert results["bad"] == 1
+    assert sound
+
+
+def _open_and_read_in_two_threads(uri: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Threads A and B open ``uri`` whole and read it, their steps ordered by events.
+
+    B opens once A is about to drop the bad index (A then waits for B's first load to fail);
+    A, once it has made the index again, waits for B to drop it; B, once it has dropped,
+    waits for A's read before making the index itself. Returns each thread's records (or
+    error) and the bad entries counted meanwhile (``"bad"``).
+    """
+    names = ("a_dropping", "b_failed", "a_remade", "b_dropped", "a_read")
+    events = {name: threading.Event() for name in names}
+    real_load = wholeshard.load_index
+
+    def load(index_path: str) -> Any:
+        try:
+            return real_load(index_path)
+        except entrysums.BadEntry:
+            if threading.current_thread().name == "B":
+                events["b_failed"].set()
+            raise
+
+    def drop_a(real: Callable[..., Any], *args: Any) -> None:
+        events["a_dropping"].set()  # with the entry's lock held: B waits for it
+        events["b_failed"].wait(10)  # B found the index bad too
+        real(*args)
+
+    def count_a(real: Callable[..., Any], *args: Any) -> Any:
+        made = real(*args)
+        events["a_remade"].set()
+        events["b_dropped"].wait(HOLD_S)  # never set once B re-checks under the lock
+        return made
+
+    def drop_b(real: Callable[..., Any], *args: Any) -> None:
+        events["a_remade"].wait(10)
+        real(*args)
+        events["b_dropped"].set()
+
+    def count_b(real: Callable[..., Any], *args: Any) -> Any:
+        events["a_read"].wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(wholeshard, "load_index", load)
+    hooked_drop = _in_thread("B", drop_b)(_in_thread("A", drop_a)(wholeshard.drop))
+    monkeypatch.setattr(wholeshard, "drop", hooked_drop)
+    hooked_count = _in_thread("B", count_b)(_in_thread("A", count_a)(wholeshard._count))
+    monkeypatch.setattr(wholeshard, "_count", hooked_count)
+    before = entrysums.bad_entries()
+    results: dict[str, Any] = {}
+
+    def read() -> None:
+        name = threading.current_thread().name
+        if name == "B":
+            events["a_dropping"].wait(10)
+        try:
+            shard = open_whole_shard(uri)
+            results[name] = [raw.decode() for _, raw in shard.read(0, shard.num_records)]
+        except Exception as e:  # reported by the test's assertion
+            results[name] = f"{type(e).__name__}: {e}"
+        if name == "A":
+            events["a_read"].set()
+
+    threads = [threading.Thread(target=read, name=name) for name in "AB"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    results["bad"] = entrysums.bad_entries() - before
+    return results

@@ -150,7 +150,8 @@ def test_unindexed_zst_through_node_cache(
         set_cache_limit(None)
     assert not list((tmp_path / "zc").glob("*.jsonl"))  # no copy outside the node cache
     kept = {f.name.partition(".")[2] for f in (tmp_path / "zc").iterdir() if f.is_file()}
-    assert kept <= {"index.npy", "sums.npy"}  # record indexes and their sums (key, size)
+    # Record indexes, their sums (key, size) and the empty file locks they are written under.
+    assert kept <= {"index.npy", "sums.npy", "lock"}
 
 
 def test_stream_line_index_matches_file_index(tmp_path: Path) -> None:

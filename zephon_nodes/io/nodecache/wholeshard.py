@@ -17,11 +17,15 @@ another key) is never served: its reader waits until no other reader pins it, ch
 whole against its sums read afresh (another reader may have made it again meanwhile) and,
 if it still fails, drops it with its record index and sums, counts one
 ``bad_cache_entries`` and fetches it again; the entry's other readers then read the new
-copy.
+copy. The record index and its sums are written and dropped under the entry's file lock
+(``K.lock``, as :func:`~zephon_nodes.io.formats.copies.remake` takes it): a node's processes
+share the cache directory, so a bad kept index is checked again inside it, dropped and counted
+once, and no reader drops or overwrites the index and sums another has just written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +47,7 @@ from zephon_nodes.io.formats.entrysums import (
 )
 from zephon_nodes.io.formats.lines import LineCounter, decompress_to, index_file
 from zephon_nodes.io.formats.shards import FileShard, check_same
+from zephon_nodes.io.nodecache.locks import entry_lock
 from zephon_nodes.io.nodecache.nodecache import check_fits, node_cache
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import atomic_write
@@ -122,19 +127,22 @@ class NodeCachedShard:
             check_same(s, file_checksum(local))
             decompress(local)
         index_path = str(artifacts(s.checksum)[1])
-        try:
-            index = load_index(index_path)  # kept when the shard was opened
-        except BadEntry:  # dropped with a bad copy, or never made: made from the copy now
-            index = index_file(dest)
-            atomic_write(Path(index_path), lambda f: np.save(f, index, allow_pickle=False))
-        write_sums(dest, index, index_path)  # the copy is of the checksummed content
-        forget_index(index_path)
+        with _entry_lock(s.checksum):  # no other process drops or writes the index meanwhile
+            forget_index(index_path)  # as on disk now: another process may have dropped it
+            try:
+                index = load_index(index_path)  # kept when the shard was opened
+            except BadEntry:  # dropped with a bad copy, or never made: made from the copy now
+                index = index_file(dest)
+                atomic_write(Path(index_path), lambda f: np.save(f, index, allow_pickle=False))
+            write_sums(dest, index, index_path)  # the copy is of the checksummed content
+            forget_index(index_path)
 
     def _with_copy(self, fn: Any) -> Any:
         cache = node_cache()
         if cache is None:  # no limit (any more): the shard's own, unbounded copy
             return fn(self.shard)
-        index_path = str(artifacts(self.shard.checksum)[1])
+        checksum = self.shard.checksum
+        index_path = str(artifacts(checksum)[1])
         for attempt in range(_ATTEMPTS):
             try:
                 with cache.open(self.cache_key, self.cache_size, self.cache_fetch) as local:
@@ -148,7 +156,7 @@ class NodeCachedShard:
                 # A damaged entry (or one without sums, of an older cache or of another key):
                 # dropped once no other reader pins it, fetched again, counted once; other
                 # readers of it find it made again.
-                if cache.discard_if(self.cache_key, lambda p: _damaged(p, index_path)):
+                if cache.discard_if(self.cache_key, lambda p: _damaged(p, checksum)):
                     count_bad()
         raise AssertionError("unreachable")
 
@@ -226,33 +234,68 @@ def check_whole_shards_fit(datasets: Sequence[Any], settings: Settings | None = 
         check_fits(largest, what, settings)
 
 
-def _damaged(copy: Path, index_path: str) -> bool:
-    """Whether a node-cache copy or its record index fails its sums (then both are dropped)."""
-    if sound(copy, index_path):  # read afresh: another reader may have made it again
-        return False
-    drop(index_path, sums_path(index_path))
-    forget_index(index_path)
+def _entry_lock(checksum: str) -> contextlib.AbstractContextManager[None]:
+    """The file lock of ``checksum``'s record index and sums: ``K.lock``, as ``copies`` takes it."""
+    return entry_lock(artifacts(checksum)[0].with_suffix(".lock"))
+
+
+def _damaged(copy: Path, checksum: str) -> bool:
+    """Whether a node-cache copy or its record index fails its sums (then both are dropped).
+
+    Judged under the entry's file lock, read afresh: another reader (of this node cache, or
+    opening the shard) may have made the index again meanwhile, or be writing it.
+    """
+    index_path = str(artifacts(checksum)[1])
+    with _entry_lock(checksum):
+        if sound(copy, index_path):
+            return False
+        drop(index_path, sums_path(index_path))
+        forget_index(index_path)
     return True
 
 
-def _known_index(checksum: str) -> tuple[np.ndarray, int] | None:
-    """The record index and text size kept for ``checksum``, if any (a bad one dropped)."""
-    index_path = artifacts(checksum)[1]
+def _kept(index_path: Path) -> tuple[np.ndarray, int] | None:
+    """The record index kept at ``index_path`` and its text size; None if there is none.
+
+    Raises:
+        BadEntry: It is there but fails its sums (or has none).
+    """
     if not (index_path.exists() or index_path.is_symlink()):
         return None
+    return load_index(str(index_path)), recorded_size(str(index_path))
+
+
+def _known_index(checksum: str) -> tuple[np.ndarray, int] | None:
+    """The record index and text size kept for ``checksum``, if any (a bad one dropped).
+
+    A damaged record index (or one of an older cache, or of another entry) is never used: it
+    is checked again under the entry's file lock, and only if still bad dropped and counted
+    (once, however many readers found it bad: a node's processes share the cache
+    directory); the caller makes it again.
+    """
+    index_path = artifacts(checksum)[1]
     try:
-        return load_index(str(index_path)), recorded_size(str(index_path))
+        return _kept(index_path)
     except BadEntry:
-        # A damaged record index (or one of an older cache, or of another entry): dropped,
-        # made again, counted; never used.
+        pass
+    with _entry_lock(checksum):
+        forget_index(str(index_path))
+        try:
+            return _kept(index_path)  # made again, or dropped, meanwhile by another reader
+        except BadEntry:
+            pass
         count_bad()
         drop(index_path, sums_path(index_path), index_path.with_suffix(".size"))
         forget_index(str(index_path))
-        return None
+    return None
 
 
 def _count(src: Path, checksum: str, uri: str) -> tuple[np.ndarray, int]:
-    """Decompress ``src`` as a stream to index its records; keep the index and its sums."""
+    """Decompress ``src`` as a stream to index its records; keep the index and its sums.
+
+    An index another reader kept meanwhile (checked under the entry's file lock) is used as
+    it is: its sums may be those of the node cache's copy, which these would replace.
+    """
     counter = LineCounter()
     try:
         decompress_to(src, counter)
@@ -262,9 +305,15 @@ def _count(src: Path, checksum: str, uri: str) -> tuple[np.ndarray, int]:
         ) from None
     index = counter.index()
     index_path = artifacts(checksum)[1]
-    write_sums(None, index, str(index_path), size=counter.size)
-    atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
-    forget_index(str(index_path))
+    with _entry_lock(checksum):
+        forget_index(str(index_path))
+        with contextlib.suppress(BadEntry):  # a bad one is replaced (found bad by a caller)
+            kept = _kept(index_path)
+            if kept is not None:
+                return kept
+        write_sums(None, index, str(index_path), size=counter.size)
+        atomic_write(index_path, lambda f: np.save(f, index, allow_pickle=False))
+        forget_index(str(index_path))
     return index, counter.size
 
 
