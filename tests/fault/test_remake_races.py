@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import zstandard
 
@@ -31,7 +32,7 @@ from zephon_nodes.io.formats import tar as tarmod
 from zephon_nodes.io.formats.shards import FileShard, open_shard
 from zephon_nodes.io.formats.tar import open_tar_shard
 from zephon_nodes.io.index import index
-from zephon_nodes.io.nodecache import wholeshard
+from zephon_nodes.io.nodecache import itemsizes, wholeshard
 from zephon_nodes.io.nodecache.nodecache import set_cache_limit
 from zephon_nodes.io.nodecache.wholeshard import open_whole_shard
 from zephon_nodes.operators.parse import ParseJsonl
@@ -335,3 +336,62 @@ def _open_and_read_in_two_threads(uri: str, monkeypatch: pytest.MonkeyPatch) -> 
         t.join(30)
     results["bad"] = entrysums.bad_entries() - before
     return results
+
+
+def test_threads_compute_a_bad_sizes_file_again_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two builds find the node's work-item sizes file damaged: one counts it and computes
+    the sizes again, the other reads them.
+
+    Before, :func:`itemsizes._read` counted and unlinked a bad file before the entry's lock
+    was taken: A, which had read the bad file before B made it again, counted it a second
+    time, unlinked B's new file and computed the sizes again.
+    """
+    want = np.arange(7, dtype=np.int64) * 3
+    computed: list[str] = []
+
+    def compute() -> tuple[np.ndarray, bool]:
+        computed.append(threading.current_thread().name)
+        return want, True
+
+    itemsizes.node_sizes("items", compute)
+    (path,) = (tmp_path / "cache" / "sizes").glob("items.npy")
+    stored = np.load(path)
+    stored[0] += 1  # a flipped value: its check no longer holds
+    np.save(path, stored)
+    computed.clear()
+    events = {name: threading.Event() for name in ("a_loaded", "b_done")}
+    real_load = np.load
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        got = real_load(*args, **kwargs)
+        if threading.current_thread().name == "A" and not events["a_loaded"].is_set():
+            events["a_loaded"].set()  # A holds the bad file's values, no lock held
+            events["b_done"].wait(10)  # B counts it, computes and writes the sizes
+        return got
+
+    monkeypatch.setattr(itemsizes.np, "load", load)
+    before = entrysums.bad_entries()
+    results: dict[str, Any] = {}
+
+    def build() -> None:
+        name = threading.current_thread().name
+        if name == "B":
+            events["a_loaded"].wait(10)
+        try:
+            sizes, _ = itemsizes.node_sizes("items", compute)
+            results[name] = sizes.tolist()
+        except Exception as e:  # reported by the assertion below
+            results[name] = f"{type(e).__name__}: {e}"
+        if name == "B":
+            events["b_done"].set()
+
+    threads = [threading.Thread(target=build, name=name) for name in "AB"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == {"A": want.tolist(), "B": want.tolist()}
+    assert entrysums.bad_entries() == before + 1
+    assert computed == ["B"]

@@ -12,8 +12,10 @@ lock), as the shard table of a dataset index is made once per node.
 
 Each file ends with a 63-bit share of the xxh3-64 of its values, checked on every read: a
 file that fails it (a failing disk, a hand edit) is dropped, counted (``bad_cache_entries``)
-and computed again, so a damaged file can never change a deal. A cache directory that cannot
-be written only costs the computation at every build.
+and computed again, so a damaged file can never change a deal: all three under the file
+lock, once the file is found still bad there, so the node's processes that found it bad at
+once count it once and none unlinks the sizes another has just written. A cache directory
+that cannot be written only costs the computation at every build.
 """
 
 from __future__ import annotations
@@ -51,12 +53,15 @@ def _tag(values: np.ndarray) -> np.int64:
     return np.int64(xxhash.xxh3_64_intdigest(values.tobytes()) & _MASK)
 
 
-def _read(path: Path) -> np.ndarray | None:
-    """The sizes stored at ``path`` if they are there and hold their check; else None."""
+def _read(path: Path) -> tuple[np.ndarray | None, bool]:
+    """``(sizes, bad)``: the sizes stored at ``path`` if they are there and hold their check.
+
+    ``bad`` is True for a file that is there but not what was written (no sizes then).
+    """
     try:
         stored = np.load(path, allow_pickle=False)
     except FileNotFoundError:
-        return None
+        return None, False
     except (OSError, ValueError):
         stored = None
     if (
@@ -66,11 +71,8 @@ def _read(path: Path) -> np.ndarray | None:
         and len(stored) >= 1
         and int(stored[-1]) == int(_tag(stored[:-1]))
     ):
-        return np.array(stored[:-1])
-    count_bad()  # not what was written: dropped, made again
-    with contextlib.suppress(OSError):
-        path.unlink()
-    return None
+        return np.array(stored[:-1]), False
+    return None, True
 
 
 def node_sizes(
@@ -91,13 +93,17 @@ def node_sizes(
     if folder is None or key is None:
         return compute()[0], True
     path = folder / f"{key}.npy"
-    found = _read(path)
+    found, _ = _read(path)  # a bad file is judged again under the lock
     if found is not None:
         return found, False
     with entry_lock(path.with_suffix(".lock")):
-        found = _read(path)  # another process of the node made them meanwhile
+        found, bad = _read(path)  # another process of the node made them meanwhile
         if found is not None:
             return found, False
+        if bad:  # not what was written: dropped, made again, counted once
+            count_bad()
+            with contextlib.suppress(OSError):
+                path.unlink()
         sizes, keep = compute()
         if keep:
             values = np.asarray(sizes, dtype=np.int64)
