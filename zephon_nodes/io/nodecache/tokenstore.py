@@ -210,6 +210,15 @@ def _parse(mm: Any, where: str, key: str, lengths_only: bool) -> Entry:
     return Entry(tokens, lengths, skipped, int(head["cpu_ns"]))
 
 
+def _damaged(path: Path, key: str) -> bool:
+    """Whether the entry of ``key`` at ``path`` fails its checks (read afresh)."""
+    try:
+        read_entry(path, key)
+    except DamagedEntry:
+        return True
+    return False
+
+
 class _Absent(Exception):
     """Raised inside a probe's fetch: the key is not stored and is not to be computed."""
 
@@ -285,8 +294,7 @@ class TokenStore:
                 self._write_failed(e)
                 return made[0] if made else self._uncached(compute)
             except DamagedEntry:
-                self._count("damaged", 1)
-                self.cache.discard(key)
+                self._drop_damaged(key)
                 continue
             self._served(entry)
             return entry
@@ -386,17 +394,28 @@ class TokenStore:
 
         if not self.cache.contains(key) and not self.pull(key):
             return None
-        try:
-            with self.cache.open(key, 0, fetch) as path:
-                entry = read_entry(path, key, lengths_only=True)
-        except _Absent:
-            return None
-        except DamagedEntry:
+        for _ in range(2):
+            try:
+                with self.cache.open(key, 0, fetch) as path:
+                    entry = read_entry(path, key, lengths_only=True)
+            except _Absent:
+                return None
+            except DamagedEntry:
+                self._drop_damaged(key)
+                continue
+            self._count("cpu_ns_saved", entry.cpu_ns)
+            return entry
+        return None
+
+    def _drop_damaged(self, key: str) -> None:
+        """Drop ``key``'s entry, found damaged, if it still is once no reader pins it.
+
+        Another process (or thread) that found it damaged too may have dropped it and stored
+        a sound one meanwhile: that one is kept, and the damaged entry is counted once, by
+        whoever removed it.
+        """
+        if self.cache.discard_if(key, lambda path: _damaged(path, key)):
             self._count("damaged", 1)
-            self.cache.discard(key)
-            return None
-        self._count("cpu_ns_saved", entry.cpu_ns)
-        return entry
 
     def _served(self, entry: Entry) -> None:
         with self._lock:

@@ -1,0 +1,88 @@
+"""Races between the processes (and threads) that share a node cache's directory.
+
+A node's ranks and a loader's worker processes open the same cache directory; each test
+holds the window of one race open with events or hooks, so the interleaving that lost it
+before happens on every run, with real processes where the race is between processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.synchronize
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zephon_nodes.io.nodecache.cache import NodeCache
+from zephon_nodes.io.nodecache.tokenstore import Entry, TokenStore
+
+KEY = "t-race"
+
+
+def _compute(calls: list[str], who: str) -> Callable[[], Entry]:
+    def compute() -> Entry:
+        calls.append(who)
+        return Entry(np.arange(10, dtype=np.int32), np.array([4, 6]))
+
+    return compute
+
+
+def _late_dropper(
+    root: Path, events: dict[str, mp.synchronize.Event], out: mp.Queue[tuple[Any, ...]]
+) -> None:
+    """Read the damaged entry in a child process and drop it only once the other has stored
+    a sound one (its pin gone, just before it drops the entry)."""
+
+    def held(real: Any) -> Any:
+        def drop(self: NodeCache, *args: Any) -> Any:
+            events["found"].set()
+            events["stored"].wait(10)
+            return real(self, *args)
+
+        return drop
+
+    NodeCache.discard = held(NodeCache.discard)  # type: ignore[method-assign]
+    NodeCache.discard_if = held(NodeCache.discard_if)  # type: ignore[method-assign]
+    store = TokenStore(root, 1 << 20)
+    calls: list[str] = []
+    entry = store.get(KEY, _compute(calls, "late"))
+    out.put((calls, entry.tokens.tolist(), store.stats()["damaged"]))
+
+
+def test_a_late_reader_of_a_damaged_entry_keeps_the_sound_one_stored_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """Two processes find one token-store entry damaged: it is computed and counted once.
+
+    Before, the late one dropped the key unconditionally once its pin was gone, removing the
+    sound entry the other had just stored, and computed it again (both counted it damaged).
+    """
+    root = tmp_path / "tokens"
+    TokenStore(root, 1 << 20).get(KEY, _compute([], "first"))
+    (path,) = (root / "data").iterdir()
+    blob = bytearray(path.read_bytes())
+    blob[-1] ^= 1  # a flipped bit in the token ids
+    path.write_bytes(bytes(blob))
+    ctx = mp.get_context("fork")
+    events = {name: ctx.Event() for name in ("found", "stored")}
+    out: mp.Queue[tuple[Any, ...]] = ctx.Queue()
+    late = ctx.Process(target=_late_dropper, args=(root, events, out))
+    late.start()
+    try:
+        assert events["found"].wait(10)
+        store = TokenStore(root, 1 << 20)
+        calls: list[str] = []
+        assert store.get(KEY, _compute(calls, "early")).tokens.tolist() == list(range(10))
+        events["stored"].set()
+        late_calls, tokens, late_damaged = out.get(timeout=30)
+    finally:
+        late.join(10)
+        if late.is_alive():
+            late.kill()
+    assert tokens == list(range(10))
+    assert calls + late_calls == ["early"]
+    assert store.stats()["damaged"] + late_damaged == 1
+    assert len(os.listdir(root / "data")) == 1 and store.lengths(KEY) is not None
