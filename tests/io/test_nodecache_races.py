@@ -7,6 +7,7 @@ before happens on every run, with real processes where the race is between proce
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import multiprocessing.synchronize
 import os
@@ -15,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
+from zephon_nodes.io.nodecache import plans
 from zephon_nodes.io.nodecache.cache import NodeCache
+from zephon_nodes.io.nodecache.entries import entry_name
 from zephon_nodes.io.nodecache.tokenstore import Entry, TokenStore
 
 KEY = "t-race"
@@ -86,3 +90,55 @@ def test_a_late_reader_of_a_damaged_entry_keeps_the_sound_one_stored_meanwhile(
     assert calls + late_calls == ["early"]
     assert store.stats()["damaged"] + late_damaged == 1
     assert len(os.listdir(root / "data")) == 1 and store.lengths(KEY) is not None
+
+
+def _read_plan_in_another_process(path: Path) -> list[str]:
+    """What another process of the node reads of the plan at ``path`` (its eviction's view)."""
+    ctx = mp.get_context("fork")
+    out: mp.Queue[list[str]] = ctx.Queue()
+    reader = ctx.Process(target=lambda: out.put(plans.read_plan(path)))
+    reader.start()
+    try:
+        return out.get(timeout=30)
+    finally:
+        reader.join(10)
+        if reader.is_alive():
+            reader.kill()
+
+
+class _ReadBeforeLock:
+    """``fcntl`` for plans.py: another process reads the plan just before it is locked."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.read: list[list[str]] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(fcntl, name)
+
+    def flock(self, fd: int, op: int) -> None:
+        if self.read is None and op == fcntl.LOCK_EX:
+            self.read = [_read_plan_in_another_process(self.path)]
+        fcntl.flock(fd, op)
+
+
+def test_a_plan_is_never_seen_unlocked_by_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process reading the node's plans as another publishes its first never removes it.
+
+    Before, the plan file was created and only then locked: a reader in between found it
+    unlocked, took its owner for dead and unlinked it, and the owner went on publishing into
+    the unlinked file, its plan unseen by the node's eviction for the rest of the run.
+    """
+    owner = NodeCache(tmp_path, 1 << 20)
+    hook = _ReadBeforeLock(owner._plan.path)
+    monkeypatch.setattr(plans, "fcntl", hook)
+    owner.set_future(["shard-a", "shard-b", "shard-c"])
+    monkeypatch.undo()
+    assert hook.read is not None  # the other process did read in the window
+    assert owner._plan.path.exists()
+    seen = _read_plan_in_another_process(owner._plan.path)
+    assert seen == [entry_name(k) for k in ("shard-a", "shard-b", "shard-c")]
+    owner.close()
+    assert not owner._plan.path.exists()

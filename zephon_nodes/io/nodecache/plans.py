@@ -4,9 +4,10 @@ A process tells its node cache the keys it will open, next one first
 (:meth:`~zephon_nodes.io.nodecache.cache.NodeCache.set_future`); its :class:`Plan` keeps
 them with a cursor past the accesses done, and publishes the first
 :data:`PLAN_HORIZON` upcoming ones to ``root/plan/<token>.json`` for the other processes of
-the node, holding that file's lock exclusively while it lives. Eviction by Belady's rule
-reads every plan (:meth:`Plan.distances`); a plan whose owner died is removed by the first
-process that reads it.
+the node, holding that file's lock exclusively while it lives (the file is created and
+locked under a temporary name, then renamed into place: no reader ever finds it unlocked).
+Eviction by Belady's rule reads every plan (:meth:`Plan.distances`); a plan whose owner
+died is removed by the first process that reads it.
 """
 
 from __future__ import annotations
@@ -115,11 +116,11 @@ class Plan:
                 if self._cursor + i not in self._consumed
             ]
         blob = json.dumps(keys).encode("utf-8")
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, blob, 0)
+        with self._lock:
+            if self._fd is None:
+                self._fd = _create_locked(self.path)
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, blob, 0)
 
     def upcoming(self, depth: int) -> list[str]:
         """The next ``depth`` distinct keys not done and not handed to a reader yet."""
@@ -135,11 +136,32 @@ class Plan:
 
     def withdraw(self) -> None:
         """Remove this process's plan file (the others stop counting its accesses)."""
+        with self._lock:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _create_locked(path: Path) -> int:
+    """Create the plan file ``path`` already locked exclusively; return its open fd.
+
+    It is made and locked under a name no reader looks at, then renamed into place (the
+    lock follows the open file, not the name): a reader never finds it unlocked and takes
+    its living owner for dead.
+    """
+    tmp = path.with_name(f"{path.name}.tmp")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(fd)
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            tmp.unlink()
+        raise
+    return fd
 
 
 def read_plan(plan: Path) -> list[str]:
