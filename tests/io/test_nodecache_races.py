@@ -11,6 +11,7 @@ import fcntl
 import multiprocessing as mp
 import multiprocessing.synchronize
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zephon_nodes.io.nodecache import plans
+from zephon_nodes.io.nodecache import plans, prefetch
 from zephon_nodes.io.nodecache.cache import NodeCache
 from zephon_nodes.io.nodecache.entries import entry_name
 from zephon_nodes.io.nodecache.tokenstore import Entry, TokenStore
@@ -142,3 +143,68 @@ def test_a_plan_is_never_seen_unlocked_by_another_process(
     assert seen == [entry_name(k) for k in ("shard-a", "shard-b", "shard-c")]
     owner.close()
     assert not owner._plan.path.exists()
+
+
+def _hold_global_lock(root: Path, held: mp.synchronize.Event, let_go: mp.synchronize.Event) -> None:
+    """Hold the node cache's global lock in another process until told to let go."""
+    fd = os.open(root / ".lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    held.set()
+    let_go.wait(10)
+
+
+def test_close_leaves_the_global_lock_to_a_prefetch_still_fetching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefetch that outlives ``close``'s bounded wait installs its entry under the lock.
+
+    Before, ``close`` closed the global lock's fd while the prefetch thread was still
+    fetching: the process's next open file took the fd's number, and the thread locked that
+    unrelated file and installed its entry while another process held the node's lock.
+    """
+    monkeypatch.setattr(prefetch, "STOP_WAIT_S", 0.05)
+    cache = NodeCache(tmp_path, 1 << 20, "belady")
+    fetching, release, installed = threading.Event(), threading.Event(), threading.Event()
+
+    def fetch(dest: Path) -> None:
+        fetching.set()
+        release.wait(10)
+        dest.write_bytes(b"x" * 100)
+
+    touch = cache._touch
+
+    def touched(data: Path) -> None:
+        installed.set()
+        touch(data)
+
+    monkeypatch.setattr(cache, "_touch", touched)
+    cache.start_prefetch(lambda key: (100, fetch), depth=1)
+    cache.set_future(["k1"])
+    assert fetching.wait(10)
+    lock_fd = cache._lock._fd
+    cache.close()  # returns while the prefetch still fetches
+    thread = cache._prefetch._thread  # type: ignore[union-attr]
+    assert thread.is_alive()
+    opened = [os.open(tmp_path / "unrelated", os.O_RDWR | os.O_CREAT)]
+    while opened[-1] < lock_fd:  # the process goes on opening files: the lowest free numbers
+        opened.append(os.open(tmp_path / "unrelated", os.O_RDWR))
+    ctx = mp.get_context("fork")
+    held, let_go = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_global_lock, args=(tmp_path, held, let_go))
+    holder.start()
+    try:
+        assert held.wait(10)
+        release.set()
+        assert not installed.wait(0.5), "installed while another process held the lock"
+        let_go.set()
+        thread.join(10)
+    finally:
+        let_go.set()
+        holder.join(10)
+        for fd in opened:
+            os.close(fd)
+    assert installed.is_set() and not thread.is_alive()
+    assert cache._prefetch.error is None  # type: ignore[union-attr]
+    assert os.listdir(tmp_path / "data") == [entry_name("k1")]
+    with pytest.raises(OSError):  # closed by the thread when it ended
+        os.fstat(lock_fd)

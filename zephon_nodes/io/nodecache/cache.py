@@ -298,14 +298,20 @@ class NodeCache:
         return size
 
     def close(self) -> None:
-        """Stop prefetching and withdraw this process's plan; entries stay on disk."""
+        """Stop prefetching and withdraw this process's plan; entries stay on disk.
+
+        Bounded: a prefetch still fetching after ``prefetch.STOP_WAIT_S`` seconds is left to
+        finish in its thread, which closes the global lock when it ends (its fetch installs
+        the entry under that lock).
+        """
         if self._closed:
             return
         self._closed = True
         if self._prefetch is not None:
-            self._prefetch.stop()
+            self._prefetch.stop(then=self._lock.close)
+        else:
+            self._lock.close()
         self._plan.withdraw()
-        self._lock.close()
 
     def __enter__(self) -> NodeCache:
         return self

@@ -17,7 +17,10 @@ from zephon_nodes.core.settings import Settings
 from zephon_nodes.io.nodecache.entries import Fetch
 from zephon_nodes.io.nodecache.plans import Plan
 
-__all__ = ["Prefetched", "Prefetcher"]
+__all__ = ["STOP_WAIT_S", "Prefetched", "Prefetcher"]
+
+STOP_WAIT_S = 60.0
+"""Longest wait in :meth:`Prefetcher.stop` for a fetch in progress to finish."""
 
 
 class Prefetched(Protocol):
@@ -55,6 +58,8 @@ class Prefetcher:
         self._stop = False
         self._dirty = True
         self.error: BaseException | None = None
+        self._running = True  # under _cond: the thread has not ended yet
+        self._then: Callable[[], None] | None = None  # what the thread calls when it ends
         self._thread = threading.Thread(target=self._run, name="zephon-prefetch", daemon=True)
         self._thread.start()
 
@@ -64,16 +69,37 @@ class Prefetcher:
             self._dirty = True
             self._cond.notify()
 
-    def stop(self) -> None:
-        """Stop the thread and wait for it (a fetch in progress finishes first)."""
+    def stop(self, then: Callable[[], None] | None = None) -> None:
+        """Stop the thread and wait for it (a fetch in progress finishes first), then ``then``.
+
+        The wait is bounded (:data:`STOP_WAIT_S`). A thread still fetching after that wait
+        calls ``then`` itself when it ends: what ``then`` closes (the cache's global lock) is
+        still in use by its fetch, which installs the entry under that lock.
+
+        Args:
+            then: Called once the thread has ended (by the thread when it outlives the wait).
+        """
         with self._cond:
             self._stop = True
             self._cond.notify()
-        self._thread.join(timeout=60)
+        self._thread.join(timeout=STOP_WAIT_S)
+        with self._cond:
+            if self._running:
+                self._then = then
+                return
+        if then is not None:
+            then()
 
     def _run(self) -> None:
-        with _settings.using(self.cache.settings):
-            self._loop()
+        try:
+            with _settings.using(self.cache.settings):
+                self._loop()
+        finally:
+            with self._cond:
+                self._running = False
+                then = self._then
+            if then is not None:
+                then()
 
     def _loop(self) -> None:
         while True:
