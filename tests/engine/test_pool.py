@@ -59,27 +59,27 @@ def _workers() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("zephon-worker")}
 
 
-def test_a_restore_of_eight_lanes_runs_on_the_pools_workers_only() -> None:
-    """A restore replays eight lanes on threads of their own over a pool of 2 workers: the
-    pool runs 2 worker threads, and none is left once it is closed."""
-    before = _workers()
-    pipeline = Pipeline(
-        texts_recipe(
-            [f"doc {k} " * (k % 7 + 1) for k in range(200)],
-            num_lanes=8,
-            shuffle=ShuffleSpec(buffer_size=4),
-        )
-    )
+def _eight_lanes_after_3_steps(docs: int) -> tuple[Pipeline, dict[str, Any]]:
+    """A pipeline of 8 lanes over ``docs`` documents, and its state after 3 steps."""
+    texts = [f"doc {k} " * (k % 7 + 1) for k in range(docs)]
+    pipeline = Pipeline(texts_recipe(texts, num_lanes=8, shuffle=ShuffleSpec(buffer_size=4)))
     pool = WorkerPool(2, "thread")
     node = pipeline.rank_node(1, 0, pool=pool)
     try:
         it = iter(node)
         for _ in range(3):
             next(it)
-        state = node.state_dict()
+        return pipeline, node.state_dict()
     finally:
         node.close()
         pool.close()
+
+
+def test_a_restore_of_eight_lanes_runs_on_the_pools_workers_only() -> None:
+    """A restore replays eight lanes on threads of their own over a pool of 2 workers: the
+    pool runs 2 worker threads, and none is left once it is closed."""
+    before = _workers()
+    pipeline, state = _eight_lanes_after_3_steps(200)
     pool = WorkerPool(2, "thread")
     node = pipeline.rank_node(1, 0, pool=pool)
     try:
@@ -111,18 +111,7 @@ def _live_children() -> set[int]:
 def test_a_process_runner_restore_starts_num_workers_processes() -> None:
     """Restored together, eight lanes start one process pool: 2 worker processes, none left
     after close (before the fix: 2-4 pools, 4-6 processes, one left after close)."""
-    texts = [f"doc {k} " * (k % 7 + 1) for k in range(400)]
-    pipeline = Pipeline(texts_recipe(texts, num_lanes=8, shuffle=ShuffleSpec(buffer_size=4)))
-    pool = WorkerPool(2, "thread")
-    node = pipeline.rank_node(1, 0, pool=pool)
-    try:
-        it = iter(node)
-        for _ in range(3):
-            next(it)
-        state = node.state_dict()
-    finally:
-        node.close()
-        pool.close()
+    pipeline, state = _eight_lanes_after_3_steps(400)
     resource_tracker.ensure_running()  # a child of its own, started at the first pool
     before = _live_children()
     pool = WorkerPool(2, "process")
