@@ -98,6 +98,15 @@ def _copy_reader(
     out.put((role, got, entrysums.bad_entries()))
 
 
+def _run_as_a_and_b(fn: Callable[[], None]) -> None:
+    """Run ``fn`` on two threads named ``A`` and ``B`` (its events order them); join both."""
+    threads = [threading.Thread(target=fn, name=name) for name in "AB"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+
 def test_processes_remake_a_bad_copy_once(tmp_path: Path) -> None:
     """Two processes find a ``.zst`` copy without sums: both read the shard, one counts it.
 
@@ -229,11 +238,7 @@ def test_threads_remake_a_bad_tar_member_index_once(
         if name == "A":
             events["a_read"].set()
 
-    threads = [threading.Thread(target=read, name=name) for name in "AB"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    _run_as_a_and_b(read)
     want = [blob for _, blob in members[:5]]
     assert results == {"A": want, "B": want}
     assert entrysums.bad_entries() == before + 1
@@ -329,11 +334,7 @@ def _open_and_read_in_two_threads(uri: str, monkeypatch: pytest.MonkeyPatch) -> 
         if name == "A":
             events["a_read"].set()
 
-    threads = [threading.Thread(target=read, name=name) for name in "AB"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    _run_as_a_and_b(read)
     results["bad"] = entrysums.bad_entries() - before
     return results
 
@@ -387,11 +388,7 @@ def test_threads_compute_a_bad_sizes_file_again_once(
         if name == "B":
             events["b_done"].set()
 
-    threads = [threading.Thread(target=build, name=name) for name in "AB"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    _run_as_a_and_b(build)
     assert results == {"A": want.tolist(), "B": want.tolist()}
     assert entrysums.bad_entries() == before + 1
     assert computed == ["B"]
