@@ -9,8 +9,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +127,37 @@ def test_a_step_pruned_while_the_root_is_loaded_falls_back(
 
     monkeypatch.setattr(layout, "_committed_steps", listed_then_pruned)
     assert load_checkpoint(tmp_path)["step"] == 2
+
+
+def test_a_step_committed_again_while_it_is_read_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another attempt of the job (4 ranks) commits step 4 again between the reader's marker
+    and its rank files: the reader loads step 4 under the new marker (it fell back to 2)."""
+    _save(tmp_path, 2, 2)
+    _save(tmp_path, 2, 4)
+    read_bytes = layout.read_bytes
+    marker_read, go_on = threading.Event(), threading.Event()
+
+    def pause_after_the_marker(p: Path, what: str) -> bytes:
+        out = read_bytes(p, what)
+        if what == "commit marker" and threading.current_thread().name == "reader":
+            marker_read.set()
+            go_on.wait(10)
+        return out
+
+    monkeypatch.setattr(layout, "read_bytes", pause_after_the_marker)
+    got: dict[str, Any] = {}
+    reader = threading.Thread(
+        target=lambda: got.setdefault("state", load_checkpoint(tmp_path)), name="reader"
+    )
+    reader.start()
+    assert marker_read.wait(10)
+    _save(tmp_path, 4, 4)
+    go_on.set()
+    reader.join(30)
+    assert got["state"]["step"] == 4
+    assert got["state"] == load_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -203,7 +203,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     reasons = []
     for step, step_dir in steps:
         try:
-            state = _load_step(step_dir)
+            state = _load_step_settled(step_dir)
         except CheckpointError as e:
             reasons.append(f"step {step}: {e}")
             logger.warning("skipping the checkpoint of step %d (%s): %s", step, step_dir, e)
@@ -220,6 +220,30 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     raise CheckpointError(
         f"{d}: none of the {len(steps)} committed checkpoint(s) loads: " + " | ".join(reasons)
     )
+
+
+def _load_step_settled(d: Path) -> dict[str, Any]:
+    """:func:`_load_step`, once more if its marker changed meanwhile.
+
+    Another attempt of the job may commit the same step again while it is read (the
+    marker read, then the other attempt's rank files): the files then disagree with the
+    marker read, but the step is complete again under its new marker.
+    """
+    marker = d / COMMIT_FILE
+    before = _marker_bytes(marker)
+    try:
+        return _load_step(d)
+    except CheckpointError:
+        if before is None or _marker_bytes(marker) in (None, before):
+            raise
+    return _load_step(d)
+
+
+def _marker_bytes(marker: Path) -> bytes | None:
+    try:
+        return marker.read_bytes()
+    except OSError:
+        return None
 
 
 def _load_step(d: Path) -> dict[str, Any]:
