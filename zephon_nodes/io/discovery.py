@@ -116,7 +116,7 @@ def dataset_files(dataset: RecipeDataset) -> list[Any]:
             matches = [
                 m
                 for m in expand_dataset_dirs(matches, named)
-                if _is_shard(dataset, m) and not is_index_file(m)
+                if not is_index_file(m) and _is_shard(dataset, m)
             ]
         if not matches:
             if storage.is_remote(pattern):

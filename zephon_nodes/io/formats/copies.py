@@ -34,7 +34,15 @@ from zephon_nodes.io.nodecache.locks import entry_lock
 from zephon_nodes.io.storage.cache import atomic_write, cache_dir, umask_mode
 from zephon_nodes.io.storage.checksum import Hasher
 
-__all__ = ["artifacts", "build", "forget_index", "load_index", "remake", "sound"]
+__all__ = [
+    "artifacts",
+    "build",
+    "entry_locked",
+    "forget_index",
+    "load_index",
+    "remake",
+    "sound",
+]
 
 _INDEX_CACHE: dict[str, np.ndarray] = {}
 
@@ -165,6 +173,15 @@ def sound(data_path: str | os.PathLike[str] | None, index_path: str) -> bool:
     return True
 
 
+def entry_locked(checksum: str) -> contextlib.AbstractContextManager[None]:
+    """The file lock ``K.lock`` of ``checksum``'s copy, record index and sums, held inside.
+
+    Whoever writes or drops them holds it (:func:`remake`, the node cache's whole-shard
+    reads): a node's processes share the cache directory.
+    """
+    return entry_lock(artifacts(checksum)[0].with_suffix(".lock"))
+
+
 def remake(src: Path, checksum: str, compressed: bool) -> bool:
     """Drop the derived files of ``checksum`` and build them again from ``src``, if still bad.
 
@@ -181,7 +198,7 @@ def remake(src: Path, checksum: str, compressed: bool) -> bool:
         DataError: As :func:`build`.
     """
     data_path, index_path = artifacts(checksum)
-    with entry_lock(data_path.with_suffix(".lock")):
+    with entry_locked(checksum):
         if sound(data_path if compressed else None, str(index_path)):
             return False
         _drop(checksum, compressed)

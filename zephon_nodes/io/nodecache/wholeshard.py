@@ -36,7 +36,13 @@ import numpy as np
 
 from zephon_nodes.core.errors import DataError
 from zephon_nodes.core.settings import Settings
-from zephon_nodes.io.formats.copies import artifacts, forget_index, load_index, sound
+from zephon_nodes.io.formats.copies import (
+    artifacts,
+    entry_locked,
+    forget_index,
+    load_index,
+    sound,
+)
 from zephon_nodes.io.formats.entrysums import (
     BadEntry,
     count_bad,
@@ -47,7 +53,6 @@ from zephon_nodes.io.formats.entrysums import (
 )
 from zephon_nodes.io.formats.lines import LineCounter, decompress_to, index_file
 from zephon_nodes.io.formats.shards import FileShard, check_same
-from zephon_nodes.io.nodecache.locks import entry_lock
 from zephon_nodes.io.nodecache.nodecache import check_fits, node_cache
 from zephon_nodes.io.storage import storage
 from zephon_nodes.io.storage.cache import atomic_write
@@ -127,7 +132,7 @@ class NodeCachedShard:
             check_same(s, file_checksum(local))
             decompress(local)
         index_path = str(artifacts(s.checksum)[1])
-        with _entry_lock(s.checksum):  # no other process drops or writes the index meanwhile
+        with entry_locked(s.checksum):  # no other process drops or writes the index meanwhile
             forget_index(index_path)  # as on disk now: another process may have dropped it
             try:
                 index = load_index(index_path)  # kept when the shard was opened
@@ -234,11 +239,6 @@ def check_whole_shards_fit(datasets: Sequence[Any], settings: Settings | None = 
         check_fits(largest, what, settings)
 
 
-def _entry_lock(checksum: str) -> contextlib.AbstractContextManager[None]:
-    """The file lock of ``checksum``'s record index and sums: ``K.lock``, as ``copies`` takes it."""
-    return entry_lock(artifacts(checksum)[0].with_suffix(".lock"))
-
-
 def _damaged(copy: Path, checksum: str) -> bool:
     """Whether a node-cache copy or its record index fails its sums (then both are dropped).
 
@@ -246,7 +246,7 @@ def _damaged(copy: Path, checksum: str) -> bool:
     opening the shard) may have made the index again meanwhile, or be writing it.
     """
     index_path = str(artifacts(checksum)[1])
-    with _entry_lock(checksum):
+    with entry_locked(checksum):
         if sound(copy, index_path):
             return False
         drop(index_path, sums_path(index_path))
@@ -278,7 +278,7 @@ def _known_index(checksum: str) -> tuple[np.ndarray, int] | None:
         return _kept(index_path)
     except BadEntry:
         pass
-    with _entry_lock(checksum):
+    with entry_locked(checksum):
         forget_index(str(index_path))
         try:
             return _kept(index_path)  # made again, or dropped, meanwhile by another reader
@@ -305,7 +305,7 @@ def _count(src: Path, checksum: str, uri: str) -> tuple[np.ndarray, int]:
         ) from None
     index = counter.index()
     index_path = artifacts(checksum)[1]
-    with _entry_lock(checksum):
+    with entry_locked(checksum):
         forget_index(str(index_path))
         with contextlib.suppress(BadEntry):  # a bad one is replaced (found bad by a caller)
             kept = _kept(index_path)
