@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
@@ -75,20 +76,29 @@ def _eight_lanes_after_3_steps(docs: int) -> tuple[Pipeline, dict[str, Any]]:
         pool.close()
 
 
+def _restore_first_batch(
+    pipeline: Pipeline, state: dict[str, Any], runner: str, running: Callable[[], set[Any]]
+) -> set[Any]:
+    """Restore ``state`` on a 2-worker pool of ``runner``, take the first batch; return
+    ``running()`` as it was then (the pool and node are closed after)."""
+    pool = WorkerPool(2, runner)
+    node = pipeline.rank_node(1, 0, pool=pool)
+    try:
+        node.reset(state)
+        next(node)
+        return running()
+    finally:
+        node.close()
+        pool.close()
+
+
 def test_a_restore_of_eight_lanes_runs_on_the_pools_workers_only() -> None:
     """A restore replays eight lanes on threads of their own over a pool of 2 workers: the
     pool runs 2 worker threads, and none is left once it is closed."""
     before = _workers()
     pipeline, state = _eight_lanes_after_3_steps(200)
-    pool = WorkerPool(2, "thread")
-    node = pipeline.rank_node(1, 0, pool=pool)
-    try:
-        node.reset(state)
-        next(node)
-        assert len(_workers() - before) == 2
-    finally:
-        node.close()
-        pool.close()
+    running = _restore_first_batch(pipeline, state, "thread", _workers)
+    assert len(running - before) == 2
     assert not _workers() - before
 
 
@@ -114,15 +124,8 @@ def test_a_process_runner_restore_starts_num_workers_processes() -> None:
     pipeline, state = _eight_lanes_after_3_steps(400)
     resource_tracker.ensure_running()  # a child of its own, started at the first pool
     before = _live_children()
-    pool = WorkerPool(2, "process")
-    node = pipeline.rank_node(1, 0, pool=pool)
-    try:
-        node.reset(state)
-        next(node)
-        assert len(_live_children() - before) == 2
-    finally:
-        node.close()
-        pool.close()
+    running = _restore_first_batch(pipeline, state, "process", _live_children)
+    assert len(running - before) == 2
     assert not _live_children() - before
 
 
