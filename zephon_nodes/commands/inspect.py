@@ -10,7 +10,7 @@ from typing import Any
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.files import STATE_FILE, check_writable, load_state
 from zephon_nodes.state.layout import load_checkpoint
-from zephon_nodes.state.lineage import LINEAGE_KEY, describe_lineage
+from zephon_nodes.state.lineage import LINEAGE_KEY, describe_lineage, kept_stage
 from zephon_nodes.state.mixture import LOG_KEY
 from zephon_nodes.state.schema import (
     FINGERPRINT_KEY,
@@ -135,8 +135,10 @@ def report(
         out["mixture_log"] = mixture[LOG_KEY]  # decisions of a dynamic mixture
     if state.get(LINEAGE_KEY) is not None:
         out["lineage"] = state[LINEAGE_KEY]  # a re-laned checkpoint (zephon relane)
-    change = summarize_changes([state.get(STAGE_KEY)])
-    if change is not None:  # the recipe changed mid-run (a stage, zephon amend)
+    # The recipe changed mid-run (a stage, zephon amend); a re-laned checkpoint keeps the
+    # section of its last change in its lineage until the next change.
+    change = summarize_changes([state.get(STAGE_KEY) or kept_stage(state.get(LINEAGE_KEY))])
+    if change is not None:
         out["recipe_change"] = change
     status = 0
     if resume is not None:

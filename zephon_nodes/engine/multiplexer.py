@@ -20,6 +20,7 @@ from zephon_nodes.engine.parallel_map import prime_lanes, reset_lanes
 from zephon_nodes.engine.replay_check import check_by_replay
 from zephon_nodes.engine.restore_checks import check_rank_state
 from zephon_nodes.engine.timeline import Timeline
+from zephon_nodes.engine.unread import previous_stage
 from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.io.nodecache.workercounts import bad_cache_entries
 from zephon_nodes.operators.batch import collate
@@ -288,7 +289,7 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             out["token_cache"] = tokens
 
         out["bad_cache_entries"] = bad_cache_entries()  # dropped and made again, never served
-        change = summarize_changes([self._stage_section()])
+        change = summarize_changes([self._changes_section()])
         if change is not None:  # the recipe changed mid-run (engine/stages.py)
             out["recipe_change"] = change
         return out
@@ -593,3 +594,17 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         """The stage section of this rank's lanes (None before any recipe change)."""
         stage = self.pipeline.stage
         return None if stage is None else stage.to_state(lanes=self.lanes)
+
+    def _changes_section(self) -> dict[str, Any] | None:
+        """What the recipe changes so far dropped in this rank's lanes, as a stage section.
+
+        A re-laned run before its next change reports the section its lineage keeps: the
+        rows of the old lanes this rank's lanes replay.
+        """
+        own = self._stage_section()
+        if own is not None:
+            return own
+        kept, lane_of = previous_stage(self.pipeline)
+        if kept is None or lane_of is None:
+            return None
+        return kept.to_state(lanes=[old for old in kept.lanes if lane_of(old) in self.lanes])

@@ -296,9 +296,11 @@ def _cut(node: Multiplexer, lane: int, window: int, consumed: int) -> _Cut:
         # filtered): they are dropped with the cut one.
         lost = cut_rest + int(inputs[rest:].sum())
         return _Cut(j + 1, None, held - consumed, buffered + lost)
-    # The whole window fit in the samples used: what was not handed out is dropped.
-    samples = max(0, -(-seen // r.seq_len) - consumed)
-    return _Cut(stop, None, samples, max(0, seen - consumed * r.seq_len))
+    # The whole window fit in the samples used: what was not handed out is dropped. Which
+    # samples the shuffle handed out is known only to the lane (its last, short sample may
+    # be among them), so the rest of the window is drained and counted.
+    samples, tokens = _drain_window(node, lane)
+    return _Cut(stop, None, samples, tokens)
 
 
 def enter_stage(

@@ -26,6 +26,7 @@ __all__ = [
     "LINEAGE_KEY",
     "Lineage",
     "check_lineage",
+    "kept_stage",
     "describe_lineage",
 ]
 
@@ -171,6 +172,22 @@ def describe_lineage(raw: Any) -> list[str]:
         )
         node = node.get(PARENT)
     return out
+
+
+def kept_stage(raw: Any) -> Mapping[str, Any] | None:
+    """The stage section a re-laned checkpoint's lineage keeps, or None.
+
+    A re-lane keeps the stage section of the checkpoint it re-laned (its recipe had changed:
+    what the changes dropped, per old lane); a re-lane of a re-lane keeps it in its parent.
+    Nearest first: the section of the last change before the re-lanes.
+    """
+    node, depth = raw, 0
+    while isinstance(node, Mapping) and depth <= _MAX_DEPTH:
+        stage = node.get(STAGE)
+        if isinstance(stage, Mapping):
+            return stage
+        node, depth = node.get(PARENT), depth + 1
+    return None
 
 
 def check_lineage(saved: Any, expected: Any) -> None:
