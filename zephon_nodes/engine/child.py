@@ -209,10 +209,12 @@ class _Child:
         if kind == "free":
             self.free.add(msg[1])
         elif kind == "reset":
-            _, self.epoch, state, weights = msg
+            _, self.epoch, state, weights, own = msg
             self.free = set(range(self.prefetch))  # the parent drops what it has not read
             try:
-                if weights is None:
+                if own:  # the state of a pass's start this node made (see ChildRankNode.reset)
+                    getattr(self.node, "reset_own", self.node.reset)(state)
+                elif weights is None:
                     self.node.reset(state)
                 else:  # a state this node made (no replay check), then the decision
                     if state is not None:
@@ -469,6 +471,8 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
         self._micro_per_step: int | None = None
         self._ended = False
         self._failed: BaseException | None = None
+        # The state after a reset(None) while no batch was handed out since (see reset()).
+        self._pass_start: dict[str, Any] | None = None
         self._calls = itertools.count()
         # torchdata may reset a node from a new iterator's thread while the old one's is
         # still in next(): the pipe carries one conversation at a time.
@@ -491,11 +495,13 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
         self._state = info["state"]
         self._micro_per_step = info["micro_per_step"]
 
-    def _restart_at(self, state: dict[str, Any] | None, weights: Any = None) -> None:
+    def _restart_at(
+        self, state: dict[str, Any] | None, weights: Any = None, *, own: bool = False
+    ) -> None:
         self._failed = None
         proc = self._start()
         self._epoch += 1
-        proc.send(("reset", self._epoch, copy.deepcopy(state), weights))
+        proc.send(("reset", self._epoch, copy.deepcopy(state), weights, own))
         while True:
             msg = self._recv(proc)
             if msg[0] == "reset_done" and msg[1] == self._epoch:
@@ -514,10 +520,23 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
             raise
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-        """Restart the child's node from the beginning or at ``initial_state``."""
+        """Restart the child's node from the beginning or at ``initial_state``.
+
+        A ``reset(None)`` after a ``reset(None)`` with no batch handed out in between starts
+        the same pass again, as the node would in this process: the child's node may have
+        prefetched batches, which starts a pass for a node such as ``Multiplexer`` (a new
+        ``reset(None)`` would then start the next pass), so the child restores the state
+        it reported at the pass's start instead.
+        """
         with self._driving:
             super().reset(initial_state)
+            if initial_state is None and self._pass_start is not None:
+                self._restart_at(self._pass_start, own=True)
+                return
+            self._pass_start = None
             self._restart_at(initial_state)
+            if initial_state is None:
+                self._pass_start = self.get_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state`` (the same as ``reset(state)``)."""
@@ -549,6 +568,7 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
                 batch = proc.read(slot, layout)
                 proc.send(("free", slot))
                 self._apply(info)
+                self._pass_start = None
                 return batch
             if kind == "end":
                 self._ended = True
