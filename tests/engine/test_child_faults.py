@@ -11,14 +11,19 @@ from __future__ import annotations
 import functools
 import multiprocessing.resource_tracker
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from torchdata.nodes import BaseNode
 
-from tests.engine.test_child import build, children, mine, reference, same
-from zephon_nodes.engine.child import ChildRankNode
+from tests.engine.test_child import build, children, mine, reference, same, stuck, within
+from zephon_nodes.engine.child import ChildEngineError, ChildRankNode
 
 
 def fds() -> set[str]:
@@ -50,6 +55,61 @@ def tidy() -> Iterator[None]:
     assert threading.active_count() == before[3]
 
 
+class Items(BaseNode[Any]):
+    """A node of ``n`` small batches; ``batch`` picks what they hold (module level)."""
+
+    def __init__(self, n: int, batch: str = "plain") -> None:
+        super().__init__()
+        self.n, self.batch, self.i = n, batch, 0
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        self.i = int(initial_state["i"]) if initial_state else 0
+
+    def get_state(self) -> dict[str, Any]:
+        return {"i": self.i}
+
+    def next(self) -> Any:
+        if self.i >= self.n:
+            raise StopIteration
+        out: dict[str, Any] = {"x": torch.full((2,), self.i)}
+        if self.batch == "grow":  # 4 MB from the third batch: beyond the slot's 1 MiB
+            out["x"] = torch.full((1 + (self.i >= 2) * 10**6,), self.i, dtype=torch.float32)
+        self.i += 1
+        return out
+
+
+def failing() -> Items:
+    """A factory that fails in the child (a missing shard, say)."""
+    raise FileNotFoundError("shard /data/web-00017.jsonl is missing")
+
+
+def items(n: int, batch: str = "plain") -> Items:
+    return Items(n, batch)
+
+
+def killed_passing_a_grown_slot() -> Items:
+    """The child SIGKILLs itself between announcing a grown slot and passing its descriptor."""
+    import zephon_nodes.engine.child as child
+
+    real = child.send_handle
+
+    def send_handle(conn: Any, fd: int, pid: int) -> None:
+        if os.fstat(fd).st_size > 1 << 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(conn, fd, pid)
+
+    child.send_handle = send_handle  # type: ignore[assignment]
+    return Items(10, "grow")
+
+
+def _exited(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def _prefetched(node: ChildRankNode, steps: int) -> None:
     """Wait until the child's node has made ``steps`` steps (its micro-batches prefetched:
     they are sent before the reply to metrics())."""
@@ -74,5 +134,103 @@ def test_reset_none_twice_with_nothing_handed_out_starts_the_same_pass(tidy: Non
         assert node.state_dict() == states[2]
         node.reset()  # after batches handed out: a new pass, as in this process
         assert node.state_dict()["pass"] == 1
+    finally:
+        node.close()
+
+
+def test_factory_error_after_the_child_exited_is_the_factorys_error(tidy: None) -> None:
+    """The factory fails before the first next(): the caller gets the factory's error, every
+    time (a reset tries the factory again in a new child). Before, a child already gone made
+    it 'exited with code 0 ... restart from the last checkpoint'."""
+    node = ChildRankNode(failing, label="rank 1")
+    try:
+        pid = node.pid
+        assert pid is not None
+        deadline = time.monotonic() + 60
+        while not _exited(pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pytest.raises(FileNotFoundError, match="web-00017"):
+            within(60, lambda: next(node))
+        with pytest.raises(FileNotFoundError, match="web-00017"):
+            next(node)
+        with pytest.raises(FileNotFoundError, match="web-00017"):
+            within(60, node.reset)
+    finally:
+        node.close()
+
+
+def test_killed_while_idle_hands_out_the_batches_in_flight_then_stays_an_error(
+    tidy: None,
+) -> None:
+    """SIGKILL while the child waits with full slots: the batches in flight come out (the
+    in-process ones), then ChildEngineError naming the signal, again on every next() until
+    a reset, which resumes at the state of the last batch handed out. Before, the first
+    next() raised and the second silently started a new child."""
+    batches, states = reference(100)
+    node = ChildRankNode(functools.partial(build, 100, 1, 0), prefetch=4, label="rank 4")
+    try:
+        assert same(next(node), batches[0])
+        _prefetched(node, 1)  # micro-batches 1-3 at least are in flight
+        pid = node.pid or 0
+        os.kill(pid, signal.SIGKILL)
+        while not _exited(pid):  # gone while the trainer was busy with its step
+            time.sleep(0.05)
+        got = []
+        with pytest.raises(ChildEngineError, match=r"rank 4 \(pid \d+\) was killed by SIGKILL"):
+            for _ in range(10):
+                got.append(within(30, lambda: next(node)))
+        assert 3 <= len(got) <= 4
+        assert all(same(a, b) for a, b in zip(got, batches[1:], strict=False))
+        assert node.state_dict() == states[len(got)]
+        with pytest.raises(ChildEngineError, match="SIGKILL"):
+            next(node)
+        node.reset(node.state_dict())
+        assert same(next(node), batches[len(got) + 1])
+    finally:
+        node.close()
+
+
+def test_close_from_another_thread_while_next_blocks(tidy: None) -> None:
+    """close() while next() waits on a stuck child: next() raises ChildEngineError saying
+    the child was closed. Before, it raised ValueError('process object is closed')."""
+    node = ChildRankNode(functools.partial(stuck, 100), prefetch=1, label="rank 6")
+    try:
+        next(node)
+        next(node)  # the third blocks in the child
+        closer = threading.Timer(1.0, node.close)
+        closer.start()
+        with pytest.raises(ChildEngineError, match="rank 6 was closed"):
+            within(60, lambda: next(node))
+        closer.join(60)
+    finally:
+        node.close()
+
+
+def test_killed_while_passing_a_grown_slot(tidy: None) -> None:
+    """The child dies between announcing a grown slot and passing its descriptor: a
+    ChildEngineError naming the signal. Before, a bare EOFError reached the caller."""
+    node = ChildRankNode(killed_passing_a_grown_slot, prefetch=1, label="rank 2")
+    try:
+        assert [int(next(node)["x"][0]) for _ in range(2)] == [0, 1]
+        with pytest.raises(ChildEngineError, match=r"rank 2 \(pid \d+\) was killed by SIGKILL"):
+            within(60, lambda: next(node))
+    finally:
+        node.close()
+
+
+def test_next_after_a_failed_reset_raises_instead_of_waiting(tidy: None) -> None:
+    """reset() with a state the child's node refuses raises its error; a next() after it
+    raises it again. Before, that next() waited for stall_s (15 minutes by default), then
+    called the idle child stuck."""
+    node = ChildRankNode(functools.partial(items, 5))
+    try:
+        assert int(next(node)["x"][0]) == 0
+        with pytest.raises(ValueError, match="invalid literal"):
+            within(60, lambda: node.reset({"i": "three"}))
+        with pytest.raises(ValueError, match="invalid literal"):
+            within(30, lambda: next(node))
+        node.reset({"i": 3})
+        assert int(next(node)["x"][0]) == 3
     finally:
         node.close()

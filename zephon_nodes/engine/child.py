@@ -14,7 +14,9 @@ and a ``reset(state)`` restarts the child's node at that state (batches prefetch
 dropped).
 
 Death: the parent waits on the pipe and the process sentinel together, so a child killed,
-crashed or raising is a :class:`ChildEngineError` (or the child's own error) at once; a live
+crashed or raising is a :class:`ChildEngineError` (or the child's own error) as soon as the
+batches it had sent are handed out, and on every later ``next()`` until a reset; a
+``close()`` from another thread makes a ``next()`` waiting on the child raise it too; a live
 child that sends nothing for ``stall_s`` (15 minutes by default) is stuck: its threads' stacks
 go to stderr, it is stopped and the error says so. Files:
 without ``memfd`` a slot file ``/dev/shm/zephon-<parent pid>-engine<n>-...`` is unlinked as
@@ -317,10 +319,18 @@ class _Process:
         self.slots: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
         self.inbox: deque[tuple[Any, ...]] = deque()
         self.closed = False
+        # close() from another thread unmaps the slots: not while a batch is copied out
+        self.maps_lock = threading.Lock()
+
+    def closed_error(self) -> ChildEngineError:
+        return ChildEngineError(f"the engine child process of {self.label} was closed")
 
     def describe_death(self) -> str:
-        self.proc.join(1.0)
-        code = self.proc.exitcode
+        try:
+            self.proc.join(1.0)
+            code = self.proc.exitcode
+        except ValueError:  # closed meanwhile by close() from another thread
+            return str(self.closed_error())
         if code is None:
             how = "closed its pipe"
         elif code < 0:
@@ -348,53 +358,77 @@ class _Process:
         )
 
     def recv(self) -> tuple[Any, ...]:
-        """The next message; ChildEngineError as soon as the child is dead or stuck."""
+        """The next message; ChildEngineError as soon as the child is dead, stuck or closed.
+
+        Messages the child sent before it died are read first (its own error among them).
+        """
         if self.inbox:
             return self.inbox.popleft()
-        if self.closed:
-            raise ChildEngineError(f"the engine child process of {self.label} is closed")
         while True:
-            ready = wait([self.conn, self.proc.sentinel], timeout=self.stall_s)
-            if not ready:
-                message = self.describe_stall()
-                self.close(wait_s=0.0)  # a stuck child does not read "close"
-                raise ChildEngineError(message)
-            if self.conn in ready or self.conn.poll(0):
-                try:
-                    msg: tuple[Any, ...] = self.conn.recv()
-                except (EOFError, OSError):
-                    break
-                if msg[0] == "map":
-                    fd = recv_handle(self.conn)
-                    _close_map(self.slots.pop(msg[1], None))
-                    self.slots[msg[1]] = _map_fd(fd)
+            if self.closed:  # here or by close() from another thread meanwhile
+                raise self.closed_error()
+            try:
+                msg = self._poll()
+            except ValueError:  # a handle closed by close() from another thread
+                if self.closed:
                     continue
-                return msg
-            if self.proc.sentinel in ready:
+                raise
+            except (EOFError, OSError):
+                if self.closed:
+                    continue
                 break
+            if msg is None:
+                break
+            if msg[0] != "map":
+                return msg
         message = self.describe_death()
         self.close()
         raise ChildEngineError(message)
 
+    def _poll(self) -> tuple[Any, ...] | None:
+        """One message (a slot's descriptor mapped), or None when the child is gone."""
+        ready = wait([self.conn, self.proc.sentinel], timeout=self.stall_s)
+        if self.closed:
+            raise self.closed_error()
+        if not ready:
+            message = self.describe_stall()
+            self.close(wait_s=0.0)  # a stuck child does not read "close"
+            raise ChildEngineError(message)
+        if self.conn in ready or self.conn.poll(0):
+            msg: tuple[Any, ...] = self.conn.recv()
+            if msg[0] == "map":  # the descriptor follows (EOFError if the child died first)
+                entry = _map_fd(recv_handle(self.conn))
+                with self.maps_lock:
+                    _close_map(self.slots.pop(msg[1], None))
+                    self.slots[msg[1]] = entry
+            return msg
+        return None  # only the sentinel: the child is gone and sent nothing more
+
     def send(self, msg: tuple[Any, ...]) -> None:
-        try:
+        """Send a command; a dead child's broken pipe is left to the next :meth:`recv`.
+
+        That recv reads what the child sent before it died (its batches in flight, its own
+        error) and only then says it died.
+        """
+        if self.closed:
+            raise self.closed_error()
+        with contextlib.suppress(OSError):
             self.conn.send(msg)
-        except (BrokenPipeError, OSError):
-            message = self.describe_death()
-            self.close()
-            raise ChildEngineError(message) from None
 
     def read(self, slot: int, layout: Any) -> Any:
         """Copy a batch out of its slot (one copy per tensor)."""
         if layout[0] == "pickle":
             return layout[1]
         _, tensors, rest, order = layout
-        view = self.slots[slot][1]
         out: dict[str, Any] = {}
-        for key, dtype, shape, offset, n in tensors:
-            raw = torch.empty(n, dtype=torch.uint8)
-            raw.copy_(view[offset : offset + n])
-            out[key] = raw.view(getattr(torch, dtype)).reshape(shape)
+        with self.maps_lock:
+            if self.closed:
+                raise self.closed_error()
+            view = self.slots[slot][1]
+            for key, dtype, shape, offset, n in tensors:
+                raw = torch.empty(n, dtype=torch.uint8)
+                raw.copy_(view[offset : offset + n])
+                out[key] = raw.view(getattr(torch, dtype)).reshape(shape)
         out.update(rest)
         return {k: out[k] for k in order}
 
@@ -415,8 +449,9 @@ class _Process:
         with contextlib.suppress(Exception):
             self.proc.close()
         self.conn.close()
-        for slot in list(self.slots):
-            _close_map(self.slots.pop(slot))
+        with self.maps_lock:
+            for slot in list(self.slots):
+                _close_map(self.slots.pop(slot))
         shm.remove_segments(self.prefix)
 
 
@@ -509,8 +544,17 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
                 self._ended = False
                 return
             if msg[0] == "error" and msg[1] in (self._epoch, -1):
-                raise _child_error(msg[2], self._label)
+                # every later next() raises it again, until a reset (the child produces
+                # nothing after a failed reset: a next() would otherwise wait for stall_s)
+                self._failed = self._child_failed(proc, msg)
+                raise self._failed
             # earlier batches, ends and errors: dropped (the child freed every slot)
+
+    def _child_failed(self, proc: _Process, msg: tuple[Any, ...]) -> BaseException:
+        """The error the child sent; a child whose factory failed is exiting: closed."""
+        if msg[1] == -1:
+            proc.close()  # the next reset builds the node again in a new child
+        return _child_error(msg[2], self._label)
 
     def _recv(self, proc: _Process) -> tuple[Any, ...]:
         try:
@@ -559,7 +603,7 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
             msg = self._recv(proc)
             kind = msg[0]
             if kind == "error" and msg[1] == -1:
-                self._failed = _child_error(msg[2], self._label)
+                self._failed = self._child_failed(proc, msg)
                 raise self._failed
             if kind in ("reply", "reply_error") or msg[1] != self._epoch:
                 continue  # stale
