@@ -75,6 +75,8 @@ class Items(BaseNode[Any]):
         out: dict[str, Any] = {"x": torch.full((2,), self.i)}
         if self.batch == "grow":  # 4 MB from the third batch: beyond the slot's 1 MiB
             out["x"] = torch.full((1 + (self.i >= 2) * 10**6,), self.i, dtype=torch.float32)
+        if self.batch == "lock":
+            out["lock"] = threading.Lock()  # does not pickle
         self.i += 1
         return out
 
@@ -215,6 +217,21 @@ def test_killed_while_passing_a_grown_slot(tidy: None) -> None:
         assert [int(next(node)["x"][0]) for _ in range(2)] == [0, 1]
         with pytest.raises(ChildEngineError, match=r"rank 2 \(pid \d+\) was killed by SIGKILL"):
             within(60, lambda: next(node))
+    finally:
+        node.close()
+
+
+def test_a_value_that_does_not_pickle_is_a_named_error(tidy: None) -> None:
+    """A micro-batch holding a value that does not pickle: the caller gets an error naming
+    the keys and the reason, every time until a reset. Before, the child crashed (its
+    traceback on stderr) and the caller read 'exited with code 1 ... restart from the last
+    checkpoint', which fails the same way."""
+    node = ChildRankNode(functools.partial(items, 5, "lock"), prefetch=1)
+    try:
+        with pytest.raises(TypeError, match=r"keys \['x', 'lock'\].*cannot pickle"):
+            within(60, lambda: next(node))
+        with pytest.raises(TypeError, match="cannot pickle"):
+            next(node)
     finally:
         node.close()
 

@@ -42,7 +42,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import recv_handle, send_handle
+from multiprocessing.reduction import ForkingPickler, recv_handle, send_handle
 from typing import Any
 
 import torch
@@ -135,10 +135,11 @@ class _WriterSlots:
         self.sizes[slot] = size
         return fd
 
-    def write(self, slot: int, batch: Any) -> tuple[list[int], Any]:
-        """Write the batch's tensors into the slot; return new segments and the layout."""
+    @staticmethod
+    def plan(batch: Any) -> tuple[int, Any, list[torch.Tensor]]:
+        """The bytes a batch needs in a slot, its layout and its tensors (contiguous)."""
         if not isinstance(batch, Mapping):
-            return [], ("pickle", batch)
+            return 0, ("pickle", batch), []
         tensors = {k: v.contiguous() for k, v in batch.items() if isinstance(v, torch.Tensor)}
         layout: list[tuple[str, str, tuple[int, ...], int, int]] = []
         offset = 0
@@ -146,14 +147,17 @@ class _WriterSlots:
             n = t.numel() * t.element_size()
             layout.append((key, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, n))
             offset += -(-n // _ALIGN) * _ALIGN
-        made = self.ensure(slot, offset)
+        rest = {k: v for k, v in batch.items() if k not in tensors}
+        return offset, ("slot", layout, rest, list(batch)), list(tensors.values())
+
+    def fill(self, slot: int, layout: Any, tensors: list[torch.Tensor]) -> None:
+        """Copy the tensors of a planned batch into its slot."""
+        if layout[0] != "slot":
+            return
         view = self.maps[slot][1]
-        for (_, _, _, o, n), t in zip(layout, tensors.values(), strict=True):
+        for (_, _, _, o, n), t in zip(layout[1], tensors, strict=True):
             if n:
                 view[o : o + n].copy_(t.reshape(-1).view(torch.uint8))
-        rest = {k: v for k, v in batch.items() if k not in tensors}
-        order = list(batch)
-        return ([] if made is None else [made]), ("slot", layout, rest, order)
 
     def close(self) -> None:
         for slot in list(self.maps):
@@ -250,14 +254,35 @@ class _Child:
             return
         slot = min(self.free)
         self.free.discard(slot)
-        made, layout = self.slots.write(slot, batch)
-        for fd in made:  # the descriptor follows its message on the same socket
+        try:
+            need, layout, tensors = self.slots.plan(batch)
+            made = self.slots.ensure(slot, need)
+        except Exception as e:
+            self.fail(e, batch)
+            return
+        if made is not None:  # the descriptor follows its message on the same socket
             self.conn.send(("map", slot))
             try:
-                send_handle(self.conn, fd, self.parent)
+                send_handle(self.conn, made, self.parent)
             finally:
-                os.close(fd)
-        self.conn.send(("batch", self.epoch, slot, layout, self.info()))
+                os.close(made)
+        try:
+            self.slots.fill(slot, layout, tensors)
+            data = ForkingPickler.dumps(("batch", self.epoch, slot, layout, self.info()))
+        except Exception as e:  # a value that does not pickle, say: the parent says so
+            self.fail(e, batch)
+            return
+        self.conn.send_bytes(data)
+
+    def fail(self, exc: Exception, batch: Any) -> None:
+        """Send the parent why a micro-batch cannot be sent; stop producing."""
+        keys = f" (keys {list(batch)})" if isinstance(batch, Mapping) else ""
+        err = TypeError(
+            f"a micro-batch{keys} cannot be sent to the trainer's process: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        self.conn.send(("error", self.epoch, _error_payload(err)))
+        self.producing = False
 
     def run(self) -> None:
         try:
