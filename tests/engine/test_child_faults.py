@@ -124,7 +124,8 @@ def _prefetched(node: ChildRankNode, steps: int) -> None:
 def test_reset_none_twice_with_nothing_handed_out_starts_the_same_pass(tidy: None) -> None:
     """reset(); reset() gives the first pass's batches, as in this process. Before, the
     child's prefetch had started the pass, so the second reset(None) started pass 1: other
-    batches, silently (a recipe with [[stages]] refused it)."""
+    batches, silently (by multiplexer.py, a recipe with [[stages]] would be refused: not
+    run here)."""
     batches, states = reference(100)
     node = ChildRankNode(functools.partial(build, 100, 1, 0), prefetch=4)
     try:
@@ -136,6 +137,14 @@ def test_reset_none_twice_with_nothing_handed_out_starts_the_same_pass(tidy: Non
         assert node.state_dict() == states[2]
         node.reset()  # after batches handed out: a new pass, as in this process
         assert node.state_dict()["pass"] == 1
+        here = build(100, 1, 0)
+        here.reset()
+        for _ in range(3):
+            next(here)
+        here.reset()
+        assert here.state_dict() == node.state_dict()
+        assert same(next(node), next(here))
+        here.close()
     finally:
         node.close()
 
