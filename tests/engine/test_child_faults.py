@@ -69,6 +69,9 @@ class Items(BaseNode[Any]):
     def get_state(self) -> dict[str, Any]:
         return {"i": self.i}
 
+    def metrics(self) -> dict[str, Any]:
+        return {"i": self.i}
+
     def next(self) -> Any:
         if self.i >= self.n:
             raise StopIteration
@@ -258,5 +261,28 @@ def test_next_after_a_failed_reset_raises_instead_of_waiting(tidy: None) -> None
             within(30, lambda: next(node))
         node.reset({"i": 3})
         assert int(next(node)["x"][0]) == 3
+    finally:
+        node.close()
+
+
+def test_metrics_after_close_or_death_is_an_error_not_a_new_child(tidy: None) -> None:
+    """metrics() of a closed node, or of one whose child died, raises ChildEngineError and
+    starts nothing. Before, it started a new child (in a trainer: a whole pipeline and
+    worker pool) and returned a fresh node's metrics: {'i': 0} after a batch was read."""
+    node = ChildRankNode(functools.partial(items, 5))
+    try:
+        assert int(next(node)["x"][0]) == 0
+        assert node.metrics() == {"i": 1}
+        node.close()
+        with pytest.raises(ChildEngineError, match="is closed"):
+            node.metrics()
+        assert node.pid is None
+        node.reset({"i": 1})  # a new child, as documented
+        os.kill(node.pid or 0, signal.SIGKILL)
+        with pytest.raises(ChildEngineError, match="SIGKILL"):
+            within(30, lambda: next(node))
+        with pytest.raises(ChildEngineError, match="SIGKILL"):
+            node.metrics()
+        assert node.pid is None
     finally:
         node.close()

@@ -668,12 +668,24 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
             self._restart_at(self._state, dict(weights))
 
     def metrics(self) -> dict[str, Any]:
-        """The child node's metrics (as of what it has prepared, prefetch included)."""
+        """The child node's metrics (as of what it has prepared, prefetch included).
+
+        Raises:
+            ChildEngineError: If the child is closed, or died (the error ``next()`` raises):
+                its metrics went with it (a new child would report a fresh node's).
+        """
         with self._driving:
             return self._metrics()
 
     def _metrics(self) -> dict[str, Any]:
-        proc = self._start()
+        if self._failed is not None:
+            raise self._failed
+        proc = self._proc
+        if proc is None or proc.closed:
+            raise ChildEngineError(
+                f"the engine child process of {self._label} is closed: its metrics went "
+                f"with it (a reset starts a new child)"
+            )
         call_id = next(self._calls)
         proc.send(("call", call_id, "metrics"))
         held: deque[tuple[Any, ...]] = deque()
