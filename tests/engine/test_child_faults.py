@@ -12,8 +12,10 @@ import functools
 import multiprocessing.resource_tracker
 import os
 import signal
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -286,3 +288,24 @@ def test_metrics_after_close_or_death_is_an_error_not_a_new_child(tidy: None) ->
         assert node.pid is None
     finally:
         node.close()
+
+
+def test_a_factory_the_child_cannot_load_is_named(tidy: None) -> None:
+    """A factory that pickles here but cannot be loaded in the child (its module exists only
+    in this process, as a function of a notebook's or ``python -c``'s ``__main__``): a
+    TypeError naming the factory and the reason. Before, the child died while starting and
+    the caller read 'exited with code 1; ... restart from the last checkpoint'."""
+    here = types.ModuleType("zephon_only_in_the_parent")
+    exec("def factory():\n    return None\n", here.__dict__)
+    sys.modules[here.__name__] = here
+    node = ChildRankNode(here.factory, label="rank 0")
+    try:
+        with pytest.raises(
+            TypeError,
+            match=r"cannot load its factory <function factory .*No module named "
+            r"'zephon_only_in_the_parent'.*module-level function",
+        ):
+            within(60, lambda: next(node))
+    finally:
+        node.close()
+        del sys.modules[here.__name__]

@@ -300,8 +300,31 @@ class _Child:
             shm.remove_segments(self.slots.prefix)
 
 
+class _Pickled:
+    """A factory pickled in the parent, loaded in the child where a failure can be sent."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.data = bytes(ForkingPickler.dumps(factory))
+        self.text = repr(factory)[:300]
+
+    def load(self) -> Callable[[], Any]:
+        try:
+            factory: Callable[[], Any] = pickle.loads(self.data)
+        except Exception as e:
+            raise TypeError(
+                f"the engine child process cannot load its factory {self.text}: "
+                f"{type(e).__name__}: {e} (a factory must be importable in a new "
+                f"interpreter: a module-level function, or a functools.partial of one)"
+            ) from None
+        return factory
+
+
 def _child_main(
-    factory: Callable[[], Any], conn: Connection, prefix: str, parent: int, prefetch: int
+    factory: Callable[[], Any] | _Pickled,
+    conn: Connection,
+    prefix: str,
+    parent: int,
+    prefetch: int,
 ) -> None:
     """Entry point of the child process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (Ctrl-C goes there)
@@ -310,7 +333,7 @@ def _child_main(
     _watch_parent(parent, prefix)
     torch.set_num_threads(1)  # collation only; the trainer's cores are not ours
     try:
-        node = factory()
+        node = (factory.load() if isinstance(factory, _Pickled) else factory)()
     except Exception as e:
         with contextlib.suppress(Exception):
             conn.send(("error", -1, _error_payload(e)))
@@ -332,10 +355,14 @@ class _Process:
         self.label = label
         self.stall_s = stall_s
         ctx = multiprocessing.get_context("spawn")
+        try:  # a factory the child cannot load is then an error the child can send
+            sent: Callable[[], Any] | _Pickled = _Pickled(factory)
+        except RuntimeError:  # holds objects shared only through a spawn: passed as is
+            sent = factory
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
             target=_child_main,
-            args=(factory, child_conn, self.prefix, os.getpid(), prefetch),
+            args=(sent, child_conn, self.prefix, os.getpid(), prefetch),
             name=f"zephon-engine-{label}",
             daemon=False,  # its worker pool may start processes of its own
         )
