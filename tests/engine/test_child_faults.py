@@ -274,7 +274,7 @@ def test_metrics_after_close_or_death_is_an_error_not_a_new_child(tidy: None) ->
     node = ChildRankNode(functools.partial(items, 5))
     try:
         assert int(next(node)["x"][0]) == 0
-        assert node.metrics() == {"i": 1}
+        assert node.metrics()["i"] >= 1  # prefetch included
         node.close()
         with pytest.raises(ChildEngineError, match="is closed"):
             node.metrics()
