@@ -214,7 +214,7 @@ def test_close_from_another_thread_while_next_blocks(tidy: None) -> None:
     try:
         next(node)
         next(node)  # the third blocks in the child
-        closer = threading.Timer(1.0, node.close)
+        closer = threading.Timer(2.0, node.close)  # next() is waiting by then
         closer.start()
         with pytest.raises(ChildEngineError, match="rank 6 was closed"):
             within(60, lambda: next(node))
