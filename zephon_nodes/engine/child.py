@@ -14,7 +14,9 @@ and a ``reset(state)`` restarts the child's node at that state (batches prefetch
 dropped).
 
 Death: the parent waits on the pipe and the process sentinel together, so a child killed,
-crashed or raising is a :class:`ChildEngineError` (or the child's own error) at once; a live
+crashed or raising is a :class:`ChildEngineError` (or the child's own error) as soon as the
+batches it had sent are handed out, and on every later ``next()`` until a reset; a
+``close()`` from another thread makes a ``next()`` waiting on the child raise it too; a live
 child that sends nothing for ``stall_s`` (15 minutes by default) is stuck: its threads' stacks
 go to stderr, it is stopped and the error says so. Files:
 without ``memfd`` a slot file ``/dev/shm/zephon-<parent pid>-engine<n>-...`` is unlinked as
@@ -40,7 +42,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import recv_handle, send_handle
+from multiprocessing.reduction import ForkingPickler, recv_handle, send_handle
 from typing import Any
 
 import torch
@@ -133,10 +135,11 @@ class _WriterSlots:
         self.sizes[slot] = size
         return fd
 
-    def write(self, slot: int, batch: Any) -> tuple[list[int], Any]:
-        """Write the batch's tensors into the slot; return new segments and the layout."""
+    @staticmethod
+    def plan(batch: Any) -> tuple[int, Any, list[torch.Tensor]]:
+        """The bytes a batch needs in a slot, its layout and its tensors (contiguous)."""
         if not isinstance(batch, Mapping):
-            return [], ("pickle", batch)
+            return 0, ("pickle", batch), []
         tensors = {k: v.contiguous() for k, v in batch.items() if isinstance(v, torch.Tensor)}
         layout: list[tuple[str, str, tuple[int, ...], int, int]] = []
         offset = 0
@@ -144,14 +147,17 @@ class _WriterSlots:
             n = t.numel() * t.element_size()
             layout.append((key, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, n))
             offset += -(-n // _ALIGN) * _ALIGN
-        made = self.ensure(slot, offset)
+        rest = {k: v for k, v in batch.items() if k not in tensors}
+        return offset, ("slot", layout, rest, list(batch)), list(tensors.values())
+
+    def fill(self, slot: int, layout: Any, tensors: list[torch.Tensor]) -> None:
+        """Copy the tensors of a planned batch into its slot."""
+        if layout[0] != "slot":
+            return
         view = self.maps[slot][1]
-        for (_, _, _, o, n), t in zip(layout, tensors.values(), strict=True):
+        for (_, _, _, o, n), t in zip(layout[1], tensors, strict=True):
             if n:
                 view[o : o + n].copy_(t.reshape(-1).view(torch.uint8))
-        rest = {k: v for k, v in batch.items() if k not in tensors}
-        order = list(batch)
-        return ([] if made is None else [made]), ("slot", layout, rest, order)
 
     def close(self) -> None:
         for slot in list(self.maps):
@@ -209,10 +215,12 @@ class _Child:
         if kind == "free":
             self.free.add(msg[1])
         elif kind == "reset":
-            _, self.epoch, state, weights = msg
+            _, self.epoch, state, weights, own = msg
             self.free = set(range(self.prefetch))  # the parent drops what it has not read
             try:
-                if weights is None:
+                if own:  # the state of a pass's start this node made (see ChildRankNode.reset)
+                    getattr(self.node, "reset_own", self.node.reset)(state)
+                elif weights is None:
                     self.node.reset(state)
                 else:  # a state this node made (no replay check), then the decision
                     if state is not None:
@@ -246,14 +254,35 @@ class _Child:
             return
         slot = min(self.free)
         self.free.discard(slot)
-        made, layout = self.slots.write(slot, batch)
-        for fd in made:  # the descriptor follows its message on the same socket
+        try:
+            need, layout, tensors = self.slots.plan(batch)
+            made = self.slots.ensure(slot, need)
+        except Exception as e:
+            self.fail(e, batch)
+            return
+        if made is not None:  # the descriptor follows its message on the same socket
             self.conn.send(("map", slot))
             try:
-                send_handle(self.conn, fd, self.parent)
+                send_handle(self.conn, made, self.parent)
             finally:
-                os.close(fd)
-        self.conn.send(("batch", self.epoch, slot, layout, self.info()))
+                os.close(made)
+        try:
+            self.slots.fill(slot, layout, tensors)
+            data = ForkingPickler.dumps(("batch", self.epoch, slot, layout, self.info()))
+        except Exception as e:  # a value that does not pickle, say: the parent says so
+            self.fail(e, batch)
+            return
+        self.conn.send_bytes(data)
+
+    def fail(self, exc: Exception, batch: Any) -> None:
+        """Send the parent why a micro-batch cannot be sent; stop producing."""
+        keys = f" (keys {list(batch)})" if isinstance(batch, Mapping) else ""
+        err = TypeError(
+            f"a micro-batch{keys} cannot be sent to the trainer's process: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        self.conn.send(("error", self.epoch, _error_payload(err)))
+        self.producing = False
 
     def run(self) -> None:
         try:
@@ -271,8 +300,31 @@ class _Child:
             shm.remove_segments(self.slots.prefix)
 
 
+class _Pickled:
+    """A factory pickled in the parent, loaded in the child where a failure can be sent."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.data = bytes(ForkingPickler.dumps(factory))
+        self.text = repr(factory)[:300]
+
+    def load(self) -> Callable[[], Any]:
+        try:
+            factory: Callable[[], Any] = pickle.loads(self.data)
+        except Exception as e:
+            raise TypeError(
+                f"the engine child process cannot load its factory {self.text}: "
+                f"{type(e).__name__}: {e} (a factory must be importable in a new "
+                f"interpreter: a module-level function, or a functools.partial of one)"
+            ) from None
+        return factory
+
+
 def _child_main(
-    factory: Callable[[], Any], conn: Connection, prefix: str, parent: int, prefetch: int
+    factory: Callable[[], Any] | _Pickled,
+    conn: Connection,
+    prefix: str,
+    parent: int,
+    prefetch: int,
 ) -> None:
     """Entry point of the child process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (Ctrl-C goes there)
@@ -281,7 +333,7 @@ def _child_main(
     _watch_parent(parent, prefix)
     torch.set_num_threads(1)  # collation only; the trainer's cores are not ours
     try:
-        node = factory()
+        node = (factory.load() if isinstance(factory, _Pickled) else factory)()
     except Exception as e:
         with contextlib.suppress(Exception):
             conn.send(("error", -1, _error_payload(e)))
@@ -303,10 +355,14 @@ class _Process:
         self.label = label
         self.stall_s = stall_s
         ctx = multiprocessing.get_context("spawn")
+        try:  # a factory the child cannot load is then an error the child can send
+            sent: Callable[[], Any] | _Pickled = _Pickled(factory)
+        except RuntimeError:  # holds objects shared only through a spawn: passed as is
+            sent = factory
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
             target=_child_main,
-            args=(factory, child_conn, self.prefix, os.getpid(), prefetch),
+            args=(sent, child_conn, self.prefix, os.getpid(), prefetch),
             name=f"zephon-engine-{label}",
             daemon=False,  # its worker pool may start processes of its own
         )
@@ -315,10 +371,18 @@ class _Process:
         self.slots: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
         self.inbox: deque[tuple[Any, ...]] = deque()
         self.closed = False
+        # close() from another thread unmaps the slots: not while a batch is copied out
+        self.maps_lock = threading.Lock()
+
+    def closed_error(self) -> ChildEngineError:
+        return ChildEngineError(f"the engine child process of {self.label} was closed")
 
     def describe_death(self) -> str:
-        self.proc.join(1.0)
-        code = self.proc.exitcode
+        try:
+            self.proc.join(1.0)
+            code = self.proc.exitcode
+        except ValueError:  # closed meanwhile by close() from another thread
+            return str(self.closed_error())
         if code is None:
             how = "closed its pipe"
         elif code < 0:
@@ -346,53 +410,77 @@ class _Process:
         )
 
     def recv(self) -> tuple[Any, ...]:
-        """The next message; ChildEngineError as soon as the child is dead or stuck."""
+        """The next message; ChildEngineError as soon as the child is dead, stuck or closed.
+
+        Messages the child sent before it died are read first (its own error among them).
+        """
         if self.inbox:
             return self.inbox.popleft()
-        if self.closed:
-            raise ChildEngineError(f"the engine child process of {self.label} is closed")
         while True:
-            ready = wait([self.conn, self.proc.sentinel], timeout=self.stall_s)
-            if not ready:
-                message = self.describe_stall()
-                self.close(wait_s=0.0)  # a stuck child does not read "close"
-                raise ChildEngineError(message)
-            if self.conn in ready or self.conn.poll(0):
-                try:
-                    msg: tuple[Any, ...] = self.conn.recv()
-                except (EOFError, OSError):
-                    break
-                if msg[0] == "map":
-                    fd = recv_handle(self.conn)
-                    _close_map(self.slots.pop(msg[1], None))
-                    self.slots[msg[1]] = _map_fd(fd)
+            if self.closed:  # here or by close() from another thread meanwhile
+                raise self.closed_error()
+            try:
+                msg = self._poll()
+            except ValueError:  # a handle closed by close() from another thread
+                if self.closed:
                     continue
-                return msg
-            if self.proc.sentinel in ready:
+                raise
+            except (EOFError, OSError):
+                if self.closed:
+                    continue
                 break
+            if msg is None:
+                break
+            if msg[0] != "map":
+                return msg
         message = self.describe_death()
         self.close()
         raise ChildEngineError(message)
 
+    def _poll(self) -> tuple[Any, ...] | None:
+        """One message (a slot's descriptor mapped), or None when the child is gone."""
+        ready = wait([self.conn, self.proc.sentinel], timeout=self.stall_s)
+        if self.closed:
+            raise self.closed_error()
+        if not ready:
+            message = self.describe_stall()
+            self.close(wait_s=0.0)  # a stuck child does not read "close"
+            raise ChildEngineError(message)
+        if self.conn in ready or self.conn.poll(0):
+            msg: tuple[Any, ...] = self.conn.recv()
+            if msg[0] == "map":  # the descriptor follows (EOFError if the child died first)
+                entry = _map_fd(recv_handle(self.conn))
+                with self.maps_lock:
+                    _close_map(self.slots.pop(msg[1], None))
+                    self.slots[msg[1]] = entry
+            return msg
+        return None  # only the sentinel: the child is gone and sent nothing more
+
     def send(self, msg: tuple[Any, ...]) -> None:
-        try:
+        """Send a command; a dead child's broken pipe is left to the next :meth:`recv`.
+
+        That recv reads what the child sent before it died (its batches in flight, its own
+        error) and only then says it died.
+        """
+        if self.closed:
+            raise self.closed_error()
+        with contextlib.suppress(OSError):
             self.conn.send(msg)
-        except (BrokenPipeError, OSError):
-            message = self.describe_death()
-            self.close()
-            raise ChildEngineError(message) from None
 
     def read(self, slot: int, layout: Any) -> Any:
         """Copy a batch out of its slot (one copy per tensor)."""
         if layout[0] == "pickle":
             return layout[1]
         _, tensors, rest, order = layout
-        view = self.slots[slot][1]
         out: dict[str, Any] = {}
-        for key, dtype, shape, offset, n in tensors:
-            raw = torch.empty(n, dtype=torch.uint8)
-            raw.copy_(view[offset : offset + n])
-            out[key] = raw.view(getattr(torch, dtype)).reshape(shape)
+        with self.maps_lock:
+            if self.closed:
+                raise self.closed_error()
+            view = self.slots[slot][1]
+            for key, dtype, shape, offset, n in tensors:
+                raw = torch.empty(n, dtype=torch.uint8)
+                raw.copy_(view[offset : offset + n])
+                out[key] = raw.view(getattr(torch, dtype)).reshape(shape)
         out.update(rest)
         return {k: out[k] for k in order}
 
@@ -413,8 +501,9 @@ class _Process:
         with contextlib.suppress(Exception):
             self.proc.close()
         self.conn.close()
-        for slot in list(self.slots):
-            _close_map(self.slots.pop(slot))
+        with self.maps_lock:
+            for slot in list(self.slots):
+                _close_map(self.slots.pop(slot))
         shm.remove_segments(self.prefix)
 
 
@@ -469,6 +558,8 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
         self._micro_per_step: int | None = None
         self._ended = False
         self._failed: BaseException | None = None
+        # The state after a reset(None) while no batch was handed out since (see reset()).
+        self._pass_start: dict[str, Any] | None = None
         self._calls = itertools.count()
         # torchdata may reset a node from a new iterator's thread while the old one's is
         # still in next(): the pipe carries one conversation at a time.
@@ -491,11 +582,13 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
         self._state = info["state"]
         self._micro_per_step = info["micro_per_step"]
 
-    def _restart_at(self, state: dict[str, Any] | None, weights: Any = None) -> None:
+    def _restart_at(
+        self, state: dict[str, Any] | None, weights: Any = None, *, own: bool = False
+    ) -> None:
         self._failed = None
         proc = self._start()
         self._epoch += 1
-        proc.send(("reset", self._epoch, copy.deepcopy(state), weights))
+        proc.send(("reset", self._epoch, copy.deepcopy(state), weights, own))
         while True:
             msg = self._recv(proc)
             if msg[0] == "reset_done" and msg[1] == self._epoch:
@@ -503,8 +596,17 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
                 self._ended = False
                 return
             if msg[0] == "error" and msg[1] in (self._epoch, -1):
-                raise _child_error(msg[2], self._label)
+                # every later next() raises it again, until a reset (the child produces
+                # nothing after a failed reset: a next() would otherwise wait for stall_s)
+                self._failed = self._child_failed(proc, msg)
+                raise self._failed
             # earlier batches, ends and errors: dropped (the child freed every slot)
+
+    def _child_failed(self, proc: _Process, msg: tuple[Any, ...]) -> BaseException:
+        """The error the child sent; a child whose factory failed is exiting: closed."""
+        if msg[1] == -1:
+            proc.close()  # the next reset builds the node again in a new child
+        return _child_error(msg[2], self._label)
 
     def _recv(self, proc: _Process) -> tuple[Any, ...]:
         try:
@@ -514,10 +616,23 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
             raise
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
-        """Restart the child's node from the beginning or at ``initial_state``."""
+        """Restart the child's node from the beginning or at ``initial_state``.
+
+        A ``reset(None)`` after a ``reset(None)`` with no batch handed out in between starts
+        the same pass again, as the node would in this process: the child's node may have
+        prefetched batches, which starts a pass for a node such as ``Multiplexer`` (a new
+        ``reset(None)`` would then start the next pass), so the child restores the state
+        it reported at the pass's start instead.
+        """
         with self._driving:
             super().reset(initial_state)
+            if initial_state is None and self._pass_start is not None:
+                self._restart_at(self._pass_start, own=True)
+                return
+            self._pass_start = None
             self._restart_at(initial_state)
+            if initial_state is None:
+                self._pass_start = self.get_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state`` (the same as ``reset(state)``)."""
@@ -540,7 +655,7 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
             msg = self._recv(proc)
             kind = msg[0]
             if kind == "error" and msg[1] == -1:
-                self._failed = _child_error(msg[2], self._label)
+                self._failed = self._child_failed(proc, msg)
                 raise self._failed
             if kind in ("reply", "reply_error") or msg[1] != self._epoch:
                 continue  # stale
@@ -549,6 +664,7 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
                 batch = proc.read(slot, layout)
                 proc.send(("free", slot))
                 self._apply(info)
+                self._pass_start = None
                 return batch
             if kind == "end":
                 self._ended = True
@@ -579,12 +695,24 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
             self._restart_at(self._state, dict(weights))
 
     def metrics(self) -> dict[str, Any]:
-        """The child node's metrics (as of what it has prepared, prefetch included)."""
+        """The child node's metrics (as of what it has prepared, prefetch included).
+
+        Raises:
+            ChildEngineError: If the child is closed, or died (the error ``next()`` raises):
+                its metrics went with it (a new child would report a fresh node's).
+        """
         with self._driving:
             return self._metrics()
 
     def _metrics(self) -> dict[str, Any]:
-        proc = self._start()
+        if self._failed is not None:
+            raise self._failed
+        proc = self._proc
+        if proc is None or proc.closed:
+            raise ChildEngineError(
+                f"the engine child process of {self._label} is closed: its metrics went "
+                f"with it (a reset starts a new child)"
+            )
         call_id = next(self._calls)
         proc.send(("call", call_id, "metrics"))
         held: deque[tuple[Any, ...]] = deque()
