@@ -70,6 +70,11 @@ class OperatorClock:
             self.busy_s[name] = self.busy_s.get(name, 0.0) + secs
             self.calls[name] = self.calls.get(name, 0) + 1
 
+    def add_one(self, name: str, secs: float) -> None:
+        """Add one call of one operator (:meth:`add` without building a tuple per call)."""
+        self.busy_s[name] = self.busy_s.get(name, 0.0) + secs
+        self.calls[name] = self.calls.get(name, 0) + 1
+
     def add_skipped(self, skipped: Iterable[tuple[str, int]]) -> None:
         """Add records skipped by reason (a batch's ``skipped``)."""
         for reason, count in skipped:
