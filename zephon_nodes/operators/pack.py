@@ -128,25 +128,33 @@ class ConcatPacker:
             is_input = np.ones(t1 - t0, dtype=bool)
             lo, hi = np.searchsorted(last, [t0, t1])
             is_input[last[lo:hi] - t0] = False
-            local = np.flatnonzero(is_input)
-            if not len(local):
+            # Boolean selections of the chunk (one pass each, no index arrays): inputs,
+            # their labels (the next token; past the batch's end only when the chunk's
+            # last token is a document's last, which is no input) and positions.
+            inputs = tokens[t0:t1][is_input]
+            if not len(inputs):
                 continue
-            positions = local - (doc_start[local] - t0)
-            idx = local + t0
-            labels = tokens[idx + 1]
+            nxt = slice(t0 + 1, t1 + 1)
+            with_next = is_input[: len(tokens[nxt])]
+            labels = tokens[nxt][with_next]
             if batch.mask is not None:
-                labels = np.where(batch.mask[idx + 1], labels, IGNORE_INDEX).astype(labels.dtype)
-            part: tuple[np.ndarray, ...] = (tokens[idx], labels, positions)
+                labels = np.where(batch.mask[nxt][with_next], labels, IGNORE_INDEX).astype(
+                    labels.dtype
+                )
+            offsets = np.arange(t0, t1, dtype=np.int64)
+            offsets -= doc_start
+            positions = offsets[is_input]
+            part: tuple[np.ndarray, ...] = (inputs, labels, positions)
             if self.provenance:
-                part += (np.full(len(idx), batch.dataset, dtype=np.int64),)
+                part += (np.full(len(inputs), batch.dataset, dtype=np.int64),)
             if self.document_ids:
                 doc_of = np.repeat(doc_rank[d0:d1], seg)
-                part += (doc_of[local].astype(np.int64),)
+                part += (doc_of[is_input].astype(np.int64),)
             if self.trace:
                 recs = batch.records if batch.records is not None else np.full(len(lengths), -1)
-                rec_of = np.repeat(np.asarray(recs, dtype=np.int64)[d0:d1], seg)[local]
-                part += (np.full(len(idx), batch.shard, dtype=np.int64), rec_of)
-            del idx, local, doc_start, is_input
+                rec_of = np.repeat(np.asarray(recs, dtype=np.int64)[d0:d1], seg)[is_input]
+                part += (np.full(len(inputs), batch.shard, dtype=np.int64), rec_of)
+            del offsets, doc_start, is_input, with_next
             self._parts.append(part)
             self._held += len(part[0])
             if self._held >= self.seq_len:
