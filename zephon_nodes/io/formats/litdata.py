@@ -93,24 +93,45 @@ class LitDataShard:
             blob: bytes | None = decompressed(self.file, "litdata-framed", unframe)
         else:
             blob = decompressed(self.file, "zstd") if self.compression else None
-        items = offset_table(self.file, blob, (start, stop), self.path, ("chunk", "item"))
+        items = offset_table(
+            self.file, blob, (start, stop, self.num_records), self.path, ("chunk", "item")
+        )
         return [(k, self._decode(item, k)) for k, item in items]
 
     def _decode(self, item: bytes, record: int) -> np.ndarray:
-        sizes = uint32s(item[: 4 * self.leaves], self.where(record)).tolist()
+        where = self.where(record)
+        if len(item) < 4 * self.leaves:
+            raise DataError(f"{where}: a truncated item", kind=TRUNCATED_FILE)
+        sizes = uint32s(item[: 4 * self.leaves], where).tolist()
+        if 4 * self.leaves + sum(sizes) != len(item):
+            raise DataError(
+                f"{where}: an item of {len(item)} bytes, its leaves' sizes say "
+                f"{4 * self.leaves + sum(sizes)} (a corrupt chunk, or an index.json of other "
+                f"chunks)",
+                kind=TRUNCATED_FILE,
+            )
         pos = 4 * self.leaves + sum(sizes[: self.leaf])
         value = item[pos : pos + sizes[self.leaf]]
-        if len(value) != sizes[self.leaf]:
-            raise DataError(f"{self.where(record)}: a truncated item", kind=TRUNCATED_FILE)
-        if self.dtype:
-            return np.frombuffer(value, dtype=self.dtype)
-        code, rank = struct.unpack_from(">II", value, 0)
-        if code not in TORCH_DTYPES or rank != 1:
+        dtype, offset, count = self.dtype, 0, None
+        if not dtype:
+            if len(value) < 12:
+                raise DataError(f"{where}: a truncated tensor", kind=TRUNCATED_FILE)
+            code, rank, count = struct.unpack_from(">III", value, 0)
+            if code not in TORCH_DTYPES or rank != 1:
+                raise DataError(
+                    f"{where}: a tensor of dtype code {code} and rank {rank}, not 1-D integers"
+                )
+            dtype, offset = TORCH_DTYPES[code], 12
+        ids = np.dtype(dtype)
+        body = len(value) - offset
+        if body % ids.itemsize or (count is not None and body != count * ids.itemsize):
+            shape = f"{count} ids" if count is not None else "whole ids"
             raise DataError(
-                f"{self.where(record)}: a tensor of dtype code {code} and rank "
-                f"{rank}, not 1-D integers"
+                f"{where}: a token leaf of {body} bytes is not {shape} of {ids} (a corrupt "
+                f"item, or an index.json of other chunks)",
+                kind=TRUNCATED_FILE,
             )
-        return np.frombuffer(value, dtype=TORCH_DTYPES[code], offset=12)
+        return np.frombuffer(value, dtype=ids, offset=offset)
 
     def where(self, record: int) -> str:
         """Describe an item's place for error messages."""
@@ -137,17 +158,32 @@ def unframe(raw: bytes, where: str) -> bytes:
     _, version, _, n, _, frames = _PREFIX.unpack_from(raw, 0)
     if version != 1:
         raise DataError(f"{where}: framed chunk version {version} is not read (1 is)")
-    logical = np.frombuffer(raw, dtype="<u4", count=n + 1, offset=_PREFIX.size).astype(np.int64)
     table = _PREFIX.size + 4 * (n + 1)
+    if len(raw) < table + frames * _FRAME.size:
+        raise DataError(f"{where}: a truncated framed chunk", kind=TRUNCATED_FILE)
+    logical = np.frombuffer(raw, dtype="<u4", count=n + 1, offset=_PREFIX.size).astype(np.int64)
     dctx = zstandard.ZstdDecompressor()
     parts = []
     for i in range(frames):
         _, _, offset, size, plain = _FRAME.unpack_from(raw, table + i * _FRAME.size)
+        if offset + size > len(raw):
+            raise DataError(f"{where}: a truncated zstd frame {i}", kind=TRUNCATED_FILE)
         try:
             part = dctx.decompress(raw[offset : offset + size], max_output_size=plain)
         except zstandard.ZstdError as e:
             raise DataError(f"{where}: corrupt zstd frame {i}: {e}", kind=CORRUPT_ZSTD) from None
+        if len(part) != plain:
+            raise DataError(
+                f"{where}: zstd frame {i} is {len(part)} bytes, its table says {plain}",
+                kind=CORRUPT_ZSTD,
+            )
         parts.append(part)
+    total = sum(len(p) for p in parts)
+    if int(logical[0]) != 0 or int(logical[-1]) != total:
+        raise DataError(
+            f"{where}: its items end at byte {int(logical[-1])} of {total} decompressed",
+            kind=CORRUPT_ZSTD,
+        )
     header = 4 + 4 * (n + 1)
     offsets = (logical + header).astype("<u4")
     return struct.pack("<I", n) + offsets.tobytes() + b"".join(parts)
@@ -215,6 +251,8 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
     where = storage.redact(index_uri)
     index = read_listing(index_uri, "chunks", "a LitData")
     config = index.get("config") or {}
+    if not isinstance(config, dict):
+        raise DataError(f"{where}: its config is not a JSON object (not a LitData index.json)")
     loader = str(config.get("item_loader") or "PyTreeLoader")
     if loader != "PyTreeLoader":
         raise DataError(
@@ -228,16 +266,22 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
             f"{where}: chunks compressed with {compression!r} at level {level!r} (zstd "
             f"chunks, whole or framed by batches, are read)"
         )
-    leaf, dtype = _token_leaf(config, field, where)
-    leaves = len(config.get("data_format") or [])
+    if not config.get("data_format"):
+        raise DataError(f"{where}: no data_format in its config (not a LitData index.json)")
+    try:
+        leaf, dtype = _token_leaf(config, field, where)
+        leaves = len(config["data_format"])
+        chunks = [(_filename(c), int(c["chunk_size"])) for c in index["chunks"]]
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise DataError(f"{where}: not a LitData index.json ({type(e).__name__}: {e})") from None
     out = []
-    for chunk in index["chunks"]:
-        uri = sibling(index_uri, str(chunk["filename"]))
+    for name, items in chunks:
+        uri = sibling(index_uri, name)
         out.append(
             LitDataShard(
                 path=storage.redact(uri),
                 file=pin(uri),
-                num_records=int(chunk["chunk_size"]),
+                num_records=items,
                 leaves=leaves,
                 leaf=leaf,
                 dtype=dtype,
@@ -247,8 +291,26 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
     return out
 
 
+def _filename(chunk: dict[str, Any]) -> str:
+    """A chunk entry's file name."""
+    name = chunk["filename"]
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"chunk filename {name!r}")
+    return name
+
+
 def chunk_files(index_uri: str) -> list[str]:
-    """The chunk files a LitData ``index.json`` names, in order (for the content identity)."""
+    """The chunk files a LitData ``index.json`` names, in order (for the content identity).
+
+    An entry without its file names none (the ``index.json`` itself is in the identity, and
+    opening the corpus refuses the entry).
+    """
     index = read_json(index_uri)
-    chunks = index.get("chunks", []) if isinstance(index, dict) else []
-    return [sibling(index_uri, str(c["filename"])) for c in chunks]
+    chunks = index.get("chunks") if isinstance(index, dict) else None
+    out = []
+    for chunk in chunks if isinstance(chunks, list) else []:
+        try:
+            out.append(sibling(index_uri, _filename(chunk)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out

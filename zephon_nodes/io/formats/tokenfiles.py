@@ -245,18 +245,26 @@ def uint32s(blob: bytes, where: str) -> np.ndarray:
 
 
 def offset_table(
-    file: FileRef, blob: bytes | None, span: tuple[int, int], where: str, names: tuple[str, str]
+    file: FileRef,
+    blob: bytes | None,
+    span: tuple[int, int, int],
+    where: str,
+    names: tuple[str, str],
 ) -> list[tuple[int, bytes]]:
     """Records ``[start, stop)`` of a file laid out as a count, offsets, then the records.
 
     The layout of an MDS shard and a LitData chunk: the record count (uint32), ``n + 1``
-    byte offsets (uint32), then the records. Read from ``blob`` (the whole file
-    decompressed) or, when it is None, by two range reads of ``file``.
+    byte offsets (uint32), then the records, which end where the file does. Read from
+    ``blob`` (the whole file decompressed) or, when it is None, by two range reads of
+    ``file``. The file must be what its ``index.json`` says, checked without another read:
+    a span from the first record reads the count with the offsets, a span to the last one
+    ends at the end of the file, and the records start after the offsets.
 
     Args:
         file: The file (read by range when there is no ``blob``).
         blob: The whole file decompressed, or None.
-        span: ``(start, stop)``: the records read.
+        span: ``(start, stop, count)``: the records read, and the file's records as its
+            ``index.json`` says.
         where: The file as messages name it.
         names: The file's kind and a record's, for messages (``("shard", "sample")``).
 
@@ -264,9 +272,11 @@ def offset_table(
         ``(record number, raw bytes)`` pairs.
 
     Raises:
-        DataError: The offsets run backwards, or the file is shorter than they say.
+        DataError: The offsets run backwards or out of the file, or the file holds another
+            number of records than its ``index.json`` says.
     """
-    start, stop = span
+    start, stop, count = span
+    size = file.size if blob is None else len(blob)
 
     def part(lo: int, hi: int) -> bytes:
         if blob is None:
@@ -275,11 +285,29 @@ def offset_table(
             raise DataError(f"{where}: a truncated {names[0]}", kind=TRUNCATED_FILE)
         return blob[lo:hi]
 
-    offsets = uint32s(part(4 * (1 + start), 4 * (2 + stop)), where)
-    if np.any(np.diff(offsets) < 0):
+    head = uint32s(part(0 if start == 0 else 4 * (1 + start), 4 * (2 + stop)), where)
+    if start == 0 and int(head[0]) != count:
+        raise _miscounted(where, names, count, f"holds {int(head[0])} {names[1]}s")
+    offsets = head[1:] if start == 0 else head
+    if np.any(np.diff(offsets) < 0) or int(offsets[0]) < 4 * (2 + count):
         raise DataError(f"{where}: corrupt {names[1]} offsets", kind=TRUNCATED_FILE)
+    if stop == count and int(offsets[-1]) != size:
+        raise _miscounted(
+            where,
+            names,
+            count,
+            f"has {size} bytes, its {names[1]} {count - 1} ends at {offsets[-1]}",
+        )
     lo = int(offsets[0])
     data = part(lo, int(offsets[-1]))
     return [
         (start + k, data[a - lo : b - lo]) for k, (a, b) in enumerate(pairwise(offsets.tolist()))
     ]
+
+
+def _miscounted(where: str, names: tuple[str, str], count: int, what: str) -> DataError:
+    return DataError(
+        f"{where}: the {names[0]} {what}, and its index.json lists it with {count} "
+        f"{names[1]}s (an index.json of other {names[0]}s, or a corrupt {names[0]})",
+        kind=TRUNCATED_FILE,
+    )

@@ -1,0 +1,227 @@
+"""Damaged MDS and LitData corpora: a DataError naming file, record and problem, never a raw one.
+
+Each corpus is written by its own library (the side folder), then damaged as real data is:
+a shard or chunk cut short, an ``index.json`` edited or of other shards. Under
+``on_error = "raise"`` the read is refused naming the dataset, the file and the record;
+under ``"skip"`` the bad work items are left out and counted, and every record delivered is
+the corpus's own (as its library reads it). A damage that a raw ``ValueError`` or
+``KeyError`` used to escape (past the skip policy) or that lost records silently is here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.io import pretokenized_corpora as pc
+from zephon_nodes import DatasetSpec, Recipe, TokenizerSpec
+from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.work_item import WorkItem
+from zephon_nodes.io.sources import open_dataset
+from zephon_nodes.operators.documents import DocBatch
+from zephon_nodes.operators.parse import ParseJsonl
+
+N = 12
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[np.ndarray]]:
+    """MDS and LitData corpora of ``N`` documents (several shards each), plain and zstd."""
+    root = tmp_path_factory.mktemp("corpora")
+    docs = pc.documents(N)
+    pc.write_mds(root / "mds", docs)
+    pc.write_litdata(root / "lit", docs)
+    pc.write_litdata(root / "litz", docs, compression="zstd")
+    for folder in ("lit", "litz"):
+        assert all(
+            np.array_equal(a, b) for a, b in zip(pc.read_litdata(root / folder), docs, strict=True)
+        )
+    assert all(np.array_equal(a, b) for a, b in zip(pc.read_mds(root / "mds"), docs, strict=True))
+    return root, docs
+
+
+def _first(folder: Path) -> Path:
+    index = json.loads((folder / "index.json").read_text())
+    if "shards" in index:
+        return folder / index["shards"][0]["raw_data"]["basename"]
+    return folder / index["chunks"][0]["filename"]
+
+
+def _edit(folder: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    index = json.loads((folder / "index.json").read_text())
+    change(index)
+    (folder / "index.json").write_text(json.dumps(index))
+
+
+def _cut_framed_header(folder: Path) -> None:
+    chunk = _first(folder)
+    chunk.write_bytes(chunk.read_bytes()[:30])
+
+
+def _int64_column(folder: Path) -> None:
+    _edit(folder, lambda j: j["shards"][0]["column_encodings"].__setitem__(1, "ndarray:int64"))
+
+
+def _one_sample_fewer(folder: Path) -> None:
+    _edit(folder, lambda j: j["shards"][0].__setitem__("samples", j["shards"][0]["samples"] - 1))
+
+
+def _one_item_fewer(folder: Path) -> None:
+    _edit(
+        folder, lambda j: j["chunks"][0].__setitem__("chunk_size", j["chunks"][0]["chunk_size"] - 1)
+    )
+
+
+def _size_field(folder: Path) -> None:
+    """Sample / item 0's first size (uint32) one byte short: its parts no longer add up."""
+    path = _first(folder)
+    blob = bytearray(path.read_bytes())
+    at = struct.unpack_from("<I", blob, 4)[0]
+    struct.pack_into("<I", blob, at, struct.unpack_from("<I", blob, at)[0] - 1)
+    path.write_bytes(bytes(blob))
+
+
+def _shape_field(folder: Path) -> None:
+    """Sample 0's ndarray shape (after its size and the 8-byte id) says one id more."""
+    path = _first(folder)
+    blob = bytearray(path.read_bytes())
+    at = struct.unpack_from("<I", blob, 4)[0] + 4 + 8 + 1
+    blob[at] += 1
+    path.write_bytes(bytes(blob))
+
+
+READ_DAMAGE: dict[str, tuple[str, Callable[[Path], None], str]] = {
+    "framed chunk cut in its header": ("litz", _cut_framed_header, r": a truncated framed chunk"),
+    "index.json says int64, shard int32": (
+        "mds",
+        _int64_column,
+        r" sample 0: a token column of 48 bytes is not 12 ids of int64",
+    ),
+    "index.json lists a sample fewer": (
+        "mds",
+        _one_sample_fewer,
+        r": the shard holds 2 samples, and its index\.json lists it with 1",
+    ),
+    "index.json lists an item fewer": (
+        "lit",
+        _one_item_fewer,
+        r": the chunk holds \d+ items, and its index\.json lists it with \d+",
+    ),
+    "sample size field": ("mds", _size_field, r" sample 0: a sample of \d+ bytes, its columns'"),
+    "item size field": ("lit", _size_field, r" item 0: an item of \d+ bytes, its leaves'"),
+    "ndarray shape": ("mds", _shape_field, r" sample 0: a token column of 48 bytes is not 13 ids"),
+}
+
+
+def _items(shards: tuple[Any, ...], size: int = 2) -> list[WorkItem]:
+    out = []
+    for i, shard in enumerate(shards):
+        for a in range(0, shard.num_records, size):
+            b = min(a + size, shard.num_records)
+            out.append(WorkItem(0, "c", "text", len(out), 0, shard, a, b, 0, len(out), i))
+    return out
+
+
+@pytest.mark.parametrize("case", list(READ_DAMAGE))
+def test_damage_read(case: str, corpora: tuple[Path, list[np.ndarray]], tmp_path: Path) -> None:
+    """Refused naming dataset, file and record; under skip counted, the rest the corpus's."""
+    root, docs = corpora
+    folder, damage, message = READ_DAMAGE[case]
+    shutil.copytree(root / folder, tmp_path / folder)
+    damage(tmp_path / folder)
+    ds = open_dataset(DatasetSpec("c", paths=(folder,), base_dir=tmp_path), 4).dataset
+    whole = open_dataset(DatasetSpec("c", paths=(folder,), base_dir=root), 4).dataset
+    first = np.cumsum([0] + [s.num_records for s in whole.shards])  # as the writer wrote them
+    items = _items(ds.shards)
+    with pytest.raises(DataError, match=rf"dataset 'c': \S*/{folder}/\S+{message}"):
+        for item in items:
+            ParseJsonl()(item)
+    skipped = 0
+    for item in items:
+        batch = ParseJsonl(skip=frozenset({0}))(item)
+        skipped += sum(n for _, n in batch.skipped)
+        if isinstance(batch, DocBatch):  # what is delivered is the corpus's own documents
+            cuts = np.cumsum(batch.lengths)[:-1]
+            for record, ids in zip(batch.records, np.split(batch.tokens, cuts), strict=True):
+                assert np.array_equal(ids, docs[first[item.shard_index] + record])
+    assert skipped > 0
+
+
+def _no_zip_name(folder: Path) -> None:
+    _edit(folder, lambda j: j["shards"][0].__setitem__("raw_data", None))
+
+
+def _columns_unequal(folder: Path) -> None:
+    _edit(folder, lambda j: j["shards"][0]["column_sizes"].pop())
+
+
+def _no_filename(folder: Path) -> None:
+    _edit(folder, lambda j: j["chunks"][0].pop("filename"))
+
+
+def _bad_spec(folder: Path) -> None:
+    _edit(folder, lambda j: j["config"].__setitem__("data_spec", "not json"))
+
+
+def _bad_format(folder: Path) -> None:
+    _edit(folder, lambda j: j["config"].__setitem__("data_format", ["no_header_tensor:x", "int"]))
+
+
+def _no_config(folder: Path) -> None:
+    _edit(folder, lambda j: j.pop("config"))
+
+
+INDEX_DAMAGE: dict[str, tuple[str, Callable[[Path], None], str]] = {
+    "shard entry without its file": (
+        "mds",
+        _no_zip_name,
+        r"index\.json shard 0: not an MDS shard entry \(TypeError",
+    ),
+    "column lists of other lengths": (
+        "mds",
+        _columns_unequal,
+        r"index\.json shard 0: 2 column names, 2 encodings and 1 sizes",
+    ),
+    "chunk entry without its file": (
+        "lit",
+        _no_filename,
+        r"index\.json: not a LitData index\.json \(KeyError: 'filename'\)",
+    ),
+    "data_spec not JSON": ("lit", _bad_spec, r"index\.json: not a LitData index\.json \(JSON"),
+    "data_format code not a number": (
+        "lit",
+        _bad_format,
+        r"index\.json: not a LitData index\.json \(ValueError",
+    ),
+    "no config": ("lit", _no_config, r"index\.json: no data_format in its config"),
+}
+
+
+@pytest.mark.parametrize("case", list(INDEX_DAMAGE))
+def test_damage_index(case: str, corpora: tuple[Path, list[np.ndarray]], tmp_path: Path) -> None:
+    """An edited index.json: refused naming it, or its corpus skipped and counted."""
+    root, docs = corpora
+    folder, damage, message = INDEX_DAMAGE[case]
+    shutil.copytree(root / folder, tmp_path / "bad")
+    shutil.copytree(root / folder, tmp_path / "good")
+    damage(tmp_path / "bad")
+    spec = DatasetSpec("c", paths=("good", "bad"), base_dir=tmp_path)
+    with pytest.raises(DataError, match=rf"dataset 'c': .*bad/{message}"):
+        open_dataset(spec, 4)
+    skip = DatasetSpec("c", paths=("good", "bad"), base_dir=tmp_path, on_error="skip")
+    # The identity lists the files an entry names (the bad entry none): no raw KeyError.
+    recipe = Recipe(datasets=(skip,), tokenizer=TokenizerSpec(kind="bytes"), seq_len=16)
+    files = recipe.canonical()["datasets"][0]["files"]
+    shards = len(list((tmp_path / "good").iterdir())) - 1
+    assert len(files) >= 2 + 2 * shards - 1
+    opened = open_dataset(skip, 4)
+    assert opened.skipped_files == {"unreadable_file": 1}
+    got = [ids for s in opened.dataset.shards for _, ids in s.read(0, s.num_records)]
+    assert len(got) == N and all(np.array_equal(a, b) for a, b in zip(got, docs, strict=True))
