@@ -11,6 +11,7 @@ the corpus's own (as its library reads it). A damage that a raw ``ValueError`` o
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from collections.abc import Callable
@@ -225,3 +226,44 @@ def test_damage_index(case: str, corpora: tuple[Path, list[np.ndarray]], tmp_pat
     assert opened.skipped_files == {"unreadable_file": 1}
     got = [ids for s in opened.dataset.shards for _, ids in s.read(0, s.num_records)]
     assert len(got) == N and all(np.array_equal(a, b) for a, b in zip(got, docs, strict=True))
+
+
+def _rewrite(path: Path, replace: bool) -> None:
+    """Change one byte of ``path`` (same size), in place or by a new file renamed over it.
+
+    The modification time is set a second later, as any edit after the run started has it
+    (a write in the same clock tick as the corpus was opened could keep it).
+    """
+    before = path.stat().st_mtime_ns
+    blob = bytearray(path.read_bytes())
+    blob[-3] ^= 1
+    if replace:
+        new = path.with_name(path.name + ".new")
+        new.write_bytes(bytes(blob))
+        new.replace(path)
+    else:
+        with open(path, "r+b") as f:
+            f.write(bytes(blob))
+    os.utime(path, ns=(before + 10**9, before + 10**9))
+
+
+@pytest.mark.parametrize("replace", [False, True], ids=["in place", "replaced"])
+@pytest.mark.parametrize("fmt", ["megatron", "mds"])
+def test_changed_after_open(
+    fmt: str, replace: bool, corpora: tuple[Path, list[np.ndarray]], tmp_path: Path
+) -> None:
+    """A file edited after the corpus was opened is refused, under skip too: never other ids."""
+    root, docs = corpora
+    if fmt == "megatron":
+        pc.write_megatron(tmp_path / "meg", docs)
+        path, changed = "meg.idx", tmp_path / "meg.bin"
+    else:
+        shutil.copytree(root / "mds", tmp_path / "mds")
+        path, changed = "mds", _first(tmp_path / "mds")
+    for on_error in ("raise", "skip"):
+        spec = DatasetSpec("c", paths=(path,), base_dir=tmp_path, on_error=on_error)
+        ds = open_dataset(spec, 4).dataset
+        item = _items(ds.shards, size=1)[0]
+        _rewrite(changed, replace)
+        with pytest.raises(DataError, match=rf"{changed.name}: the file changed during the run"):
+            ParseJsonl(skip=frozenset({0} if on_error == "skip" else ()))(item)

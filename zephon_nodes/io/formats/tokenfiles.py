@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import stat
 import threading
 import zlib
 from collections import OrderedDict
@@ -28,6 +29,7 @@ import numpy as np
 import zstandard
 
 from zephon_nodes.core.errors import (
+    CHANGED_FILE,
     CORRUPT_ZSTD,
     MISSING_FILE,
     TRUNCATED_FILE,
@@ -67,12 +69,15 @@ class FileRef:
         checksum: Content checksum (``xxh3_128:...``).
         size: Bytes of the file.
         version: A remote object's version tag (every read is pinned to it); empty locally.
+        mtime_ns: A local file's modification time when it was opened (every read checks
+            it and the size, as text shards do); 0 for a remote object.
     """
 
     uri: str
     checksum: str
     size: int
     version: str = ""
+    mtime_ns: int = 0
 
     def read(self, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of the file (a range request for a remote one).
@@ -91,7 +96,9 @@ class FileRef:
                 self.uri, start, stop, tag=self.checksum, version=self.version
             )
         try:
-            blob = os.pread(_descriptor(self.uri, self.checksum), stop - start, start)
+            fd = _descriptor(self.uri, self.checksum)
+            self._check_unchanged(os.fstat(fd))
+            blob = os.pread(fd, stop - start, start)
         except OSError as e:
             raise DataError(
                 f"{self.uri}: cannot read: {e.strerror}", kind=os_error_kind(e)
@@ -103,6 +110,21 @@ class FileRef:
                 kind=TRUNCATED_FILE,
             )
         return blob
+
+    def _check_unchanged(self, st: os.stat_result) -> None:
+        """Refuse a local file whose size or modification time changed since it was opened.
+
+        Under either ``on_error``: what a skip would leave out would depend on when the edit
+        happened, and a read would otherwise give tokens that are not the pinned content's.
+        """
+        if self.mtime_ns and (st.st_size != self.size or st.st_mtime_ns != self.mtime_ns):
+            raise DataError(
+                f"{self.uri}: the file changed during the run (size {self.size} -> "
+                f"{st.st_size}, modification time {self.mtime_ns} -> {st.st_mtime_ns} ns); "
+                f"a corpus must not be edited while a run reads it",
+                kind=CHANGED_FILE,
+                refused_under_skip=True,
+            )
 
     def read_all(self) -> bytes:
         """The whole file."""
@@ -149,9 +171,14 @@ def pin(uri: str) -> FileRef:
                 pass
         return FileRef(uri, checksum, st.size, st.version)
     p = storage.local_path(uri)
-    if not Path(p).is_file():
+    try:
+        local: os.stat_result | None = os.stat(p)
+    except OSError:
+        local = None
+    if local is None or not stat.S_ISREG(local.st_mode):
         raise DataError(f"{p}: data file not found", kind=MISSING_FILE)
-    return FileRef(p, file_checksum(p), Path(p).stat().st_size)
+    # Stat before the checksum: an edit while it is computed is refused at the first read.
+    return FileRef(p, file_checksum(p), local.st_size, mtime_ns=local.st_mtime_ns)
 
 
 def sibling(uri: str, name: str) -> str:
