@@ -23,7 +23,7 @@ import pytest
 
 from tests.io import pretokenized_corpora as pc
 from zephon_nodes import DatasetSpec, Recipe, TokenizerSpec
-from zephon_nodes.core.errors import DataError
+from zephon_nodes.core.errors import DataError, RecipeError
 from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.io.sources import open_dataset
 from zephon_nodes.operators.documents import DocBatch
@@ -267,3 +267,25 @@ def test_changed_after_open(
         _rewrite(changed, replace)
         with pytest.raises(DataError, match=rf"{changed.name}: the file changed during the run"):
             ParseJsonl(skip=frozenset({0} if on_error == "skip" else ()))(item)
+
+
+@pytest.mark.parametrize("other", ["web.jsonl", "mds"])
+def test_mixed_formats_refused(
+    other: str, corpora: tuple[Path, list[np.ndarray]], tmp_path: Path
+) -> None:
+    """A Megatron corpus and a jsonl file or an MDS folder in one dataset: refused, naming them.
+
+    The .idx was read as text before (invalid UTF-8 under raise; under skip its lines were
+    skipped as bad records and the corpus lost without an error).
+    """
+    root, docs = corpora
+    pc.write_megatron(tmp_path / "meg", docs)
+    (tmp_path / "web.jsonl").write_text('{"text": "web 0"}\n')
+    shutil.copytree(root / "mds", tmp_path / "mds")
+    message = rf"dataset 'c' mixes formats \('meg\.idx': megatron, '{other}': "
+    for on_error in ("raise", "skip"):
+        spec = DatasetSpec("c", paths=("meg.idx", other), base_dir=tmp_path, on_error=on_error)
+        with pytest.raises(RecipeError, match=message):
+            open_dataset(spec, 4)
+        with pytest.raises(RecipeError, match=message):
+            Recipe(datasets=(spec,), tokenizer=TokenizerSpec(kind="bytes"), seq_len=16).canonical()

@@ -85,14 +85,25 @@ def pretokenized_format(spec: RecipeDataset) -> str | None:
 
     Detected when every pattern names a Megatron ``.idx`` (or a ``.bin`` with its ``.idx``),
     or an MDS or LitData folder (or its ``index.json``), all of one format.
+
+    Raises:
+        RecipeError: Some patterns name a pre-tokenized corpus and others another format
+            (a Megatron ``.idx`` beside jsonl files would be read as text).
     """
     fmt = getattr(spec, "format", None)
     if fmt is not None:
         return str(fmt)
     if spec.records is not None or not spec.paths:
         return None
-    found = {_detect(spec, p) for p in spec.paths}
-    return found.pop() if len(found) == 1 else None
+    found = {p: _detect(spec, p) for p in spec.paths}
+    formats = set(found.values())
+    if len(formats) > 1 and formats != {None}:
+        named = ", ".join(f"{p!r}: {f or 'not a pre-tokenized corpus'}" for p, f in found.items())
+        raise RecipeError(
+            f"dataset {spec.name!r} mixes formats ({named}): a dataset reads one format; "
+            f"give each its own [[datasets]] entry (or name the corpora's `format`)"
+        )
+    return formats.pop()
 
 
 def _entry_pattern(fmt: str, pattern: str) -> str:
