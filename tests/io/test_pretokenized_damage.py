@@ -289,3 +289,77 @@ def test_mixed_formats_refused(
             open_dataset(spec, 4)
         with pytest.raises(RecipeError, match=message):
             Recipe(datasets=(spec,), tokenizer=TokenizerSpec(kind="bytes"), seq_len=16).canonical()
+
+
+_IDX_HEADER = 9 + 8 + 1 + 8 + 8  # magic, version, dtype code, sequence and document counts
+
+
+def _poke_idx(idx: Path, array: str, k: int, change: Callable[[int], int]) -> None:
+    """Change entry ``k`` of one of the ``.idx`` arrays (of a corpus of one sequence a doc)."""
+    blob = bytearray(idx.read_bytes())
+    s = struct.unpack_from("<Q", blob, 9 + 8 + 1)[0]
+    at, fmt = {
+        "lengths": (_IDX_HEADER + 4 * k, "<i"),
+        "pointers": (_IDX_HEADER + 4 * s + 8 * k, "<q"),
+        "documents": (_IDX_HEADER + 12 * s + 8 * k, "<q"),
+    }[array]
+    struct.pack_into(fmt, blob, at, change(struct.unpack_from(fmt, blob, at)[0]))
+    idx.write_bytes(bytes(blob))
+
+
+IDX_DAMAGE: dict[str, tuple[str, int, Callable[[int], int], int, str]] = {
+    # array, entry, change, documents per work item, message
+    "first document starts at sequence 1": (
+        "documents",
+        0,
+        lambda v: 1,
+        3,
+        r"document indices of documents \[0, 3\) \(from 1 to 3 of 12 sequences\)",
+    ),
+    "last document ends a sequence early": (
+        "documents",
+        N,
+        lambda v: v - 1,
+        3,
+        r"document indices of documents \[9, 12\) \(from 9 to 11 of 12 sequences\)",
+    ),
+    "a pointer into the previous document": (
+        "pointers",
+        5,
+        lambda v: v - 2,
+        1,
+        r"sequence pointers of documents \[5, 6\)",
+    ),
+    "the first pointer past byte 0": (
+        "pointers",
+        0,
+        lambda v: v + 2,
+        1,
+        r"sequence pointers of documents \[0, 1\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(IDX_DAMAGE))
+def test_megatron_idx_damage(
+    case: str, corpora: tuple[Path, list[np.ndarray]], tmp_path: Path
+) -> None:
+    """A .idx whose documents or pointers do not tile .bin: refused, never other ids."""
+    _, docs = corpora
+    array, k, change, size, message = IDX_DAMAGE[case]
+    pc.write_megatron(tmp_path / "meg", docs)
+    _poke_idx(tmp_path / "meg.idx", array, k, change)
+    ds = open_dataset(DatasetSpec("c", paths=("meg.idx",), base_dir=tmp_path), 4).dataset
+    items = _items(ds.shards, size)
+    with pytest.raises(DataError, match=rf"dataset 'c': \S*/meg\.idx: {message} do not fit"):
+        for item in items:
+            ParseJsonl()(item)
+    skipped = 0
+    for item in items:
+        batch = ParseJsonl(skip=frozenset({0}))(item)
+        skipped += sum(n for _, n in batch.skipped)
+        if isinstance(batch, DocBatch):
+            cuts = np.cumsum(batch.lengths)[:-1]
+            for record, ids in zip(batch.records, np.split(batch.tokens, cuts), strict=True):
+                assert np.array_equal(ids, docs[record])
+    assert skipped > 0
