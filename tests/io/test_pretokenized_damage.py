@@ -363,3 +363,31 @@ def test_megatron_idx_damage(
             for record, ids in zip(batch.records, np.split(batch.tokens, cuts), strict=True):
                 assert np.array_equal(ids, docs[record])
     assert skipped > 0
+
+
+@pytest.mark.parametrize("folder", ["mds", "lit"])
+def test_folder_with_a_cut_index_json(
+    folder: str, corpora: tuple[Path, list[np.ndarray]], tmp_path: Path
+) -> None:
+    """A corpus folder whose index.json is cut short: named, not "matches no file".
+
+    Detection gave up on it, so the folder was taken as a text pattern and refused as
+    `pattern 'mds' matches no file ... name its files ('mds/*.jsonl')`. With `format`
+    named, the corpus is refused or skipped by its on_error.
+    """
+    root, _ = corpora
+    shutil.copytree(root / folder, tmp_path / folder)
+    index = tmp_path / folder / "index.json"
+    index.write_text(index.read_text()[:50])
+    for on_error in ("raise", "skip"):
+        spec = DatasetSpec("c", paths=(folder,), base_dir=tmp_path, on_error=on_error)
+        with pytest.raises(
+            RecipeError,
+            match=rf"dataset 'c': pattern '{folder}': \S+/{folder}/index\.json: not a JSON file"
+            r".*name the dataset's `format`",
+        ):
+            open_dataset(spec, 4)
+    fmt = "mds" if folder == "mds" else "litdata"
+    skip = DatasetSpec("c", paths=(folder,), base_dir=tmp_path, on_error="skip", format=fmt)
+    with pytest.raises(DataError, match=r"no readable corpus in 1 \(skipped: \{'unreadable"):
+        open_dataset(skip, 4)

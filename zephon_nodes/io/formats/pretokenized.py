@@ -71,8 +71,14 @@ def _detect(spec: RecipeDataset, pattern: str) -> str | None:
         return None
     try:
         data = read_json(index)
-    except DataError:
-        return None
+    except DataError as e:
+        if local.endswith("index.json") or storage.is_remote(index):
+            return None  # a file named so may be text (JSON lines); a remote one may be absent
+        # A local folder's index.json cut short or unreadable: a damaged corpus, not text.
+        raise RecipeError(
+            f"dataset {spec.name!r}: pattern {pattern!r}: {e}; name the dataset's `format` "
+            f'("mds" or "litdata") to have the corpus refused or skipped by its on_error'
+        ) from None
     if isinstance(data, dict) and isinstance(data.get("shards"), list):
         return "mds"
     if isinstance(data, dict) and isinstance(data.get("chunks"), list):
