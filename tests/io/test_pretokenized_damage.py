@@ -391,3 +391,35 @@ def test_folder_with_a_cut_index_json(
     skip = DatasetSpec("c", paths=(folder,), base_dir=tmp_path, on_error="skip", format=fmt)
     with pytest.raises(DataError, match=r"no readable corpus in 1 \(skipped: \{'unreadable"):
         open_dataset(skip, 4)
+
+
+def test_a_text_column_beside_the_tokens(tmp_path: Path) -> None:
+    """Corpora that keep their text beside the ids: the default text_field 'text' names the
+    text; the refusal names the token columns to give instead, which then read as written."""
+    docs = pc.documents(5)
+    texts = pc.texts(5)
+    with pc.side():
+        import torch
+        from litdata.streaming.writer import BinaryWriter
+        from streaming import MDSWriter
+
+        columns = {"text": "str", "tokens": "ndarray:int32"}
+        with MDSWriter(out=str(tmp_path / "m"), columns=columns) as w:
+            for t, d in zip(texts, docs, strict=True):
+                w.write({"text": t, "tokens": d})
+        lit = BinaryWriter(str(tmp_path / "l"), chunk_bytes=400)
+        for i, (t, d) in enumerate(zip(texts, docs, strict=True)):
+            lit[i] = {"text": t, "input_ids": torch.from_numpy(d)}
+        lit.done()
+        lit.merge()
+    for folder, leaf in (("m", "tokens"), ("l", "input_ids")):
+        with pytest.raises(
+            DataError,
+            match=rf"'text' is 'str'; a token (column|leaf) is .*; name one of \['{leaf}'\] "
+            r"with the dataset's text_field",
+        ):
+            open_dataset(DatasetSpec("c", paths=(folder,), base_dir=tmp_path), 4)
+        spec = DatasetSpec("c", paths=(folder,), base_dir=tmp_path, text_field=leaf)
+        ds = open_dataset(spec, 4).dataset
+        got = [ids for s in ds.shards for _, ids in s.read(0, s.num_records)]
+        assert all(np.array_equal(a, b) for a, b in zip(got, docs, strict=True))

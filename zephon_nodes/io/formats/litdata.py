@@ -235,9 +235,11 @@ def _token_leaf(config: dict[str, Any], field: str, where: str) -> tuple[int, st
         k = ints[0]
     dtype = dtypes[k]
     if dtype is None:
+        leaves = [names[i] or str(i) for i, d in enumerate(dtypes) if d is not None]
+        hint = f"; name one of {leaves} with the dataset's text_field" if leaves else ""
         raise DataError(
             f"{where}: leaf {names[k] or 0!r} is {formats[k]!r}; a token leaf is a 1-D tensor "
-            f"or array of integers"
+            f"or array of integers{hint}"
         )
     return k, dtype
 

@@ -187,9 +187,11 @@ def _column(shard: dict[str, Any], field: str, where: str) -> int:
     kind, _, rest = encodings[k].partition(":")
     dtype_name, _, shape = rest.partition(":")
     if kind != "ndarray" or (dtype_name and dtype_name not in _NAMED):
+        columns = [n for n, e in zip(names, encodings, strict=True) if e.startswith("ndarray")]
+        hint = f"; name one of {columns} with the dataset's text_field" if columns else ""
         raise DataError(
             f"{where}: column {names[k]!r} is {encodings[k]!r}; a token column is an ndarray "
-            f"of integers ('ndarray', 'ndarray:int32', 'ndarray:uint16', ...)"
+            f"of integers ('ndarray', 'ndarray:int32', 'ndarray:uint16', ...){hint}"
         )
     if "," in shape:
         raise DataError(f"{where}: column {names[k]!r} is {encodings[k]!r}; 1-D ids are read")
