@@ -25,6 +25,7 @@ from tests.io import pretokenized_corpora as pc
 from zephon_nodes import DatasetSpec, Recipe, TokenizerSpec
 from zephon_nodes.core.errors import DataError, RecipeError
 from zephon_nodes.core.work_item import WorkItem
+from zephon_nodes.io.formats.pretokenized import corpus_files
 from zephon_nodes.io.sources import open_dataset
 from zephon_nodes.operators.documents import DocBatch
 from zephon_nodes.operators.parse import ParseJsonl
@@ -423,3 +424,34 @@ def test_a_text_column_beside_the_tokens(tmp_path: Path) -> None:
         ds = open_dataset(spec, 4).dataset
         got = [ids for s in ds.shards for _, ids in s.read(0, s.num_records)]
         assert all(np.array_equal(a, b) for a, b in zip(got, docs, strict=True))
+
+
+def test_a_bin_without_its_idx(corpora: tuple[Path, list[np.ndarray]], tmp_path: Path) -> None:
+    """A .bin whose .idx is missing (and a .idx whose .bin is): named, or skipped and counted.
+
+    The .bin was taken for JSON lines ("m.bin:1: invalid JSON"; under skip every line
+    skipped, the corpus gone without a word), and a missing .bin stopped the fingerprint
+    even under skip.
+    """
+    _, docs = corpora
+    pc.write_megatron(tmp_path / "m", docs[:4])
+    pc.write_megatron(tmp_path / "n", docs)
+    (tmp_path / "m.idx").unlink()
+    theirs = pc.read_megatron(tmp_path / "n")
+    for pattern in ("m.bin", "*.bin"):
+        spec = DatasetSpec("c", paths=(pattern,), base_dir=tmp_path)
+        with pytest.raises(DataError, match=r"dataset 'c': \S+/m\.idx: data file not found"):
+            open_dataset(spec, 4)
+    skip = DatasetSpec("c", paths=("*.bin",), base_dir=tmp_path, on_error="skip")
+    opened = open_dataset(skip, 4)
+    assert opened.skipped_files == {"missing_file": 1}
+    got = [ids for s in opened.dataset.shards for _, ids in s.read(0, s.num_records)]
+    assert len(got) == N and all(np.array_equal(a, b) for a, b in zip(got, theirs, strict=True))
+    (tmp_path / "m.bin").rename(tmp_path / "m.idx")  # now a .idx without its .bin
+    skip = DatasetSpec("c", paths=("*.idx",), base_dir=tmp_path, on_error="skip")
+    recipe = Recipe(datasets=(skip,), tokenizer=TokenizerSpec(kind="bytes"), seq_len=16)
+    assert [Path(f).name for f in corpus_files(skip, "megatron")] == ["m.idx", "n.idx", "n.bin"]
+    files = recipe.canonical()["datasets"][0]["files"]  # no "m.bin: cannot read"
+    assert [f["bytes"] for f in files] == [
+        (tmp_path / n).stat().st_size for n in ("m.idx", "n.idx", "n.bin")
+    ]
