@@ -39,6 +39,7 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[np.nda
     root = tmp_path_factory.mktemp("corpora")
     docs = pc.documents(N)
     pc.write_mds(root / "mds", docs)
+    pc.write_mds(root / "mdsz", docs, compression="zstd")
     pc.write_litdata(root / "lit", docs)
     pc.write_litdata(root / "litz", docs, compression="zstd")
     for folder in ("lit", "litz"):
@@ -455,3 +456,33 @@ def test_a_bin_without_its_idx(corpora: tuple[Path, list[np.ndarray]], tmp_path:
     assert [f["bytes"] for f in files] == [
         (tmp_path / n).stat().st_size for n in ("m.idx", "n.idx", "n.bin")
     ]
+
+
+def _count(folder: Path, count: int) -> None:
+    def change(j: dict[str, Any]) -> None:
+        entry = j["shards"][0] if "shards" in j else j["chunks"][0]
+        entry["samples" if "shards" in j else "chunk_size"] = count
+
+    _edit(folder, change)
+
+
+@pytest.mark.parametrize("folder", ["mds", "mdsz", "lit"])
+def test_a_count_no_file_can_hold(
+    folder: str, corpora: tuple[Path, list[np.ndarray]], tmp_path: Path
+) -> None:
+    """An index.json listing billions of records in a small shard: refused when opened.
+
+    It was taken as is, and laying out its work items never ended (a run hung before its
+    first batch, under either on_error).
+    """
+    root, _ = corpora
+    shutil.copytree(root / folder, tmp_path / folder)
+    _count(tmp_path / folder, 3 * 10**9)
+    kind = "samples, and a shard" if folder.startswith("mds") else "items, and a chunk"
+    with pytest.raises(
+        DataError, match=rf"index\.json lists 3000000000 {kind} of \d+ bytes holds at most \d+"
+    ):
+        open_dataset(DatasetSpec("c", paths=(folder,), base_dir=tmp_path), 4)
+    skip = DatasetSpec("c", paths=(folder,), base_dir=tmp_path, on_error="skip")
+    with pytest.raises(DataError, match=r"no readable corpus in 1 \(skipped: \{'truncated_file'"):
+        open_dataset(skip, 4)

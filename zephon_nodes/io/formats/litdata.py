@@ -27,6 +27,7 @@ import zstandard
 from zephon_nodes.core.errors import CORRUPT_ZSTD, TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
+    check_count,
     decompressed,
     offset_table,
     pin,
@@ -51,6 +52,7 @@ TORCH_DTYPES = {
     18: "<i8",
     20: "<u2",
 }
+NAMES = ("chunk", "item")  # a file's kind and a record's, for messages
 NUMPY_DTYPES = {0: "i1", 1: "<i2", 2: "<i4", 3: "<i8", 4: "u1", 5: "<u2", 6: "<u4", 7: "<u8"}
 
 
@@ -93,9 +95,7 @@ class LitDataShard:
             blob: bytes | None = decompressed(self.file, "litdata-framed", unframe)
         else:
             blob = decompressed(self.file, "zstd") if self.compression else None
-        items = offset_table(
-            self.file, blob, (start, stop, self.num_records), self.path, ("chunk", "item")
-        )
+        items = offset_table(self.file, blob, (start, stop, self.num_records), self.path, NAMES)
         return [(k, self._decode(item, k)) for k, item in items]
 
     def _decode(self, item: bytes, record: int) -> np.ndarray:
@@ -279,10 +279,13 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
     out = []
     for name, items in chunks:
         uri = sibling(index_uri, name)
+        file = pin(uri)
+        # A compressed chunk's items are bounded once it is decompressed (at its reads).
+        check_count(storage.redact(uri), items, None if compression else file.size, NAMES)
         out.append(
             LitDataShard(
                 path=storage.redact(uri),
-                file=pin(uri),
+                file=file,
                 num_records=items,
                 leaves=leaves,
                 leaf=leaf,

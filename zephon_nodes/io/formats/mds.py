@@ -22,6 +22,7 @@ import numpy as np
 from zephon_nodes.core.errors import TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
+    check_count,
     decompressed,
     offset_table,
     pin,
@@ -219,9 +220,15 @@ def _shard(index_uri: str, i: int, shard: Any, field: str) -> MDSShard:
             f"(zstd or gz are read)"
         )
     uri = sibling(index_uri, name)
+    file = pin(uri)
+    # The shard's bytes (uncompressed: index.json's raw size) bound its samples: a count and
+    # n + 1 offsets of 4 bytes. A count beyond it would lay out work items of nothing.
+    raw = shard.get("raw_data") if compression else None
+    size = raw.get("bytes") if isinstance(raw, dict) else (None if compression else file.size)
+    check_count(storage.redact(uri), samples, size, ("shard", "sample"))
     return MDSShard(
         path=storage.redact(uri),
-        file=pin(uri),
+        file=file,
         num_records=samples,
         column=k,
         sizes=sizes,

@@ -42,6 +42,7 @@ from zephon_nodes.io.storage.remote import fetched, known_checksum
 
 __all__ = [
     "FileRef",
+    "check_count",
     "decompressed",
     "offset_table",
     "pin",
@@ -269,6 +270,26 @@ def uint32s(blob: bytes, where: str) -> np.ndarray:
     if len(blob) % 4:
         raise DataError(f"{where}: a truncated header", kind=TRUNCATED_FILE)
     return np.frombuffer(blob, dtype="<u4").astype(np.int64)
+
+
+def check_count(where: str, count: int, size: object, names: tuple[str, str]) -> None:
+    """Refuse an ``index.json`` record count that a file of ``size`` bytes cannot hold.
+
+    A file laid out as a count, ``n + 1`` offsets and the records (:func:`offset_table`)
+    holds at most ``size / 4 - 2`` records; ``size`` None (not known before the file is
+    decompressed) checks only that the count is not negative.
+
+    Raises:
+        DataError: Naming the file, the count and the size.
+    """
+    bound = int(size) // 4 - 2 if isinstance(size, int) else None
+    if count < 0 or (bound is not None and count > bound):
+        raise DataError(
+            f"{where}: its index.json lists {count} {names[1]}s, and a {names[0]} of {size} "
+            f"bytes holds at most {max(bound or 0, 0)} (an index.json of other "
+            f"{names[0]}s, or a corrupt one)",
+            kind=TRUNCATED_FILE,
+        )
 
 
 def offset_table(
