@@ -486,3 +486,20 @@ def test_a_count_no_file_can_hold(
     skip = DatasetSpec("c", paths=(folder,), base_dir=tmp_path, on_error="skip")
     with pytest.raises(DataError, match=r"no readable corpus in 1 \(skipped: \{'truncated_file'"):
         open_dataset(skip, 4)
+
+
+@pytest.mark.parametrize("folder", ["mds", "lit"])
+def test_a_file_listed_twice(
+    folder: str, corpora: tuple[Path, list[np.ndarray]], tmp_path: Path
+) -> None:
+    """An index.json naming a shard or chunk twice (merged twice): refused, not read twice."""
+    root, _ = corpora
+    shutil.copytree(root / folder, tmp_path / folder)
+    key = "shards" if folder == "mds" else "chunks"
+    _edit(tmp_path / folder, lambda j: j[key].append(dict(j[key][0])))
+    last = len(json.loads((root / folder / "index.json").read_text())[key])
+    kind = key[:-1]
+    with pytest.raises(
+        DataError, match=rf"index\.json: {kind}s 0 and {last} are both '\S+' \(its records"
+    ):
+        open_dataset(DatasetSpec("c", paths=(folder,), base_dir=tmp_path), 4)

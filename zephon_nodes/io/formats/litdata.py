@@ -28,6 +28,7 @@ from zephon_nodes.core.errors import CORRUPT_ZSTD, TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
     check_count,
+    check_distinct,
     decompressed,
     offset_table,
     pin,
@@ -276,6 +277,7 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
         chunks = [(_filename(c), int(c["chunk_size"])) for c in index["chunks"]]
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise DataError(f"{where}: not a LitData index.json ({type(e).__name__}: {e})") from None
+    check_distinct(where, [name for name, _ in chunks], "chunk")
     out = []
     for name, items in chunks:
         uri = sibling(index_uri, name)

@@ -23,6 +23,7 @@ from zephon_nodes.core.errors import TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
     check_count,
+    check_distinct,
     decompressed,
     offset_table,
     pin,
@@ -254,7 +255,9 @@ def open_mds_shards(index_uri: str, field: str) -> list[MDSShard]:
         DataError: An ``index.json`` that is not MDS's, a missing shard, no token column.
     """
     index = read_listing(index_uri, "shards", "an MDS")
-    return [_shard(index_uri, i, shard, field) for i, shard in enumerate(index["shards"])]
+    shards = [_shard(index_uri, i, shard, field) for i, shard in enumerate(index["shards"])]
+    check_distinct(storage.redact(index_uri), [s.path for s in shards], "shard")
+    return shards
 
 
 def shard_files(index_uri: str) -> list[str]:

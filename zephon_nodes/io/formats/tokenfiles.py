@@ -43,6 +43,7 @@ from zephon_nodes.io.storage.remote import fetched, known_checksum
 __all__ = [
     "FileRef",
     "check_count",
+    "check_distinct",
     "decompressed",
     "offset_table",
     "pin",
@@ -270,6 +271,22 @@ def uint32s(blob: bytes, where: str) -> np.ndarray:
     if len(blob) % 4:
         raise DataError(f"{where}: a truncated header", kind=TRUNCATED_FILE)
     return np.frombuffer(blob, dtype="<u4").astype(np.int64)
+
+
+def check_distinct(where: str, names: list[str], kind: str) -> None:
+    """Refuse an ``index.json`` that names one file twice (its records would come twice).
+
+    Raises:
+        DataError: Naming the index, the file and both entries.
+    """
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise DataError(
+                f"{where}: {kind}s {seen[name]} and {i} are both {name!r} (its records would "
+                f"be read twice: an index.json merged twice?)"
+            )
+        seen[name] = i
 
 
 def check_count(where: str, count: int, size: object, names: tuple[str, str]) -> None:
