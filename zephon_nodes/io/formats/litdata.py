@@ -35,7 +35,6 @@ from zephon_nodes.io.formats.tokenfiles import (
     read_json,
     read_listing,
     sibling,
-    uint32s,
 )
 from zephon_nodes.io.storage import storage
 
@@ -53,8 +52,9 @@ TORCH_DTYPES = {
     18: "<i8",
     20: "<u2",
 }
-NAMES = ("chunk", "item")  # a file's kind and a record's, for messages
 NUMPY_DTYPES = {0: "i1", 1: "<i2", 2: "<i4", 3: "<i8", 4: "u1", 5: "<u2", 6: "<u4", 7: "<u8"}
+_DTYPES = {name: np.dtype(name) for name in (*TORCH_DTYPES.values(), *NUMPY_DTYPES.values())}
+NAMES = ("chunk", "item")  # a file's kind and a record's, for messages
 
 
 @dataclass(frozen=True)
@@ -97,39 +97,40 @@ class LitDataShard:
         else:
             blob = decompressed(self.file, "zstd") if self.compression else None
         items = offset_table(self.file, blob, (start, stop, self.num_records), self.path, NAMES)
-        return [(k, self._decode(item, k)) for k, item in items]
+        heads = struct.Struct(f"<{self.leaves}I")
+        return [(k, self._decode(item, k, heads)) for k, item in items]
 
-    def _decode(self, item: bytes, record: int) -> np.ndarray:
-        where = self.where(record)
-        if len(item) < 4 * self.leaves:
-            raise DataError(f"{where}: a truncated item", kind=TRUNCATED_FILE)
-        sizes = uint32s(item[: 4 * self.leaves], where).tolist()
-        if 4 * self.leaves + sum(sizes) != len(item):
+    def _decode(self, item: bytes, record: int, heads: struct.Struct) -> np.ndarray:
+        if len(item) < heads.size:
+            raise DataError(f"{self.where(record)}: a truncated item", kind=TRUNCATED_FILE)
+        sizes = heads.unpack_from(item)
+        if heads.size + sum(sizes) != len(item):
             raise DataError(
-                f"{where}: an item of {len(item)} bytes, its leaves' sizes say "
-                f"{4 * self.leaves + sum(sizes)} (a corrupt chunk, or an index.json of other "
+                f"{self.where(record)}: an item of {len(item)} bytes, its leaves' sizes say "
+                f"{heads.size + sum(sizes)} (a corrupt chunk, or an index.json of other "
                 f"chunks)",
                 kind=TRUNCATED_FILE,
             )
-        pos = 4 * self.leaves + sum(sizes[: self.leaf])
+        pos = heads.size + sum(sizes[: self.leaf])
         value = item[pos : pos + sizes[self.leaf]]
         dtype, offset, count = self.dtype, 0, None
         if not dtype:
             if len(value) < 12:
-                raise DataError(f"{where}: a truncated tensor", kind=TRUNCATED_FILE)
+                raise DataError(f"{self.where(record)}: a truncated tensor", kind=TRUNCATED_FILE)
             code, rank, count = struct.unpack_from(">III", value, 0)
             if code not in TORCH_DTYPES or rank != 1:
                 raise DataError(
-                    f"{where}: a tensor of dtype code {code} and rank {rank}, not 1-D integers"
+                    f"{self.where(record)}: a tensor of dtype code {code} and rank {rank}, not "
+                    f"1-D integers"
                 )
             dtype, offset = TORCH_DTYPES[code], 12
-        ids = np.dtype(dtype)
+        ids = _DTYPES[dtype]
         body = len(value) - offset
         if body % ids.itemsize or (count is not None and body != count * ids.itemsize):
             shape = f"{count} ids" if count is not None else "whole ids"
             raise DataError(
-                f"{where}: a token leaf of {body} bytes is not {shape} of {ids} (a corrupt "
-                f"item, or an index.json of other chunks)",
+                f"{self.where(record)}: a token leaf of {body} bytes is not {shape} of {ids} "
+                f"(a corrupt item, or an index.json of other chunks)",
                 kind=TRUNCATED_FILE,
             )
         return np.frombuffer(value, dtype=ids, offset=offset)

@@ -14,6 +14,8 @@ are fetched whole and decompressed once per process; uncompressed ones are range
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,7 +32,6 @@ from zephon_nodes.io.formats.tokenfiles import (
     read_json,
     read_listing,
     sibling,
-    uint32s,
 )
 from zephon_nodes.io.storage import storage
 
@@ -38,7 +39,7 @@ __all__ = ["MDSShard", "open_mds_shards"]
 
 # streaming's NDArray value dtype codes (``_int2value_dtype``), integers only.
 VALUE_DTYPES = {8: "u1", 9: "i1", 16: "<u2", 17: "<i2", 32: "<u4", 33: "<i4", 64: "<u8", 65: "<i8"}
-_SHAPE_DTYPES = {0: "u1", 1: "<u2", 2: "<u4", 3: "<u8"}
+_SHAPE_WIDTHS = (1, 2, 4, 8)  # bytes of each shape value, by streaming's shape dtype code
 _NAMED = {
     "uint8": "u1",
     "int8": "i1",
@@ -49,6 +50,7 @@ _NAMED = {
     "uint64": "<u8",
     "int64": "<i8",
 }
+_DTYPES = {name: np.dtype(name) for name in VALUE_DTYPES.values()}
 _SCALAR_SIZES = {
     "int": 8,
     "uint8": 1,
@@ -108,60 +110,61 @@ class MDSShard:
         samples = offset_table(
             self.file, blob, (start, stop, self.num_records), self.path, ("shard", "sample")
         )
-        return [(k, self._decode(sample, k)) for k, sample in samples]
+        nvar = sum(1 for size in self.sizes if not size)
+        heads = struct.Struct(f"<{nvar}I")
+        return [(k, self._decode(sample, k, heads)) for k, sample in samples]
 
-    def _decode(self, sample: bytes, record: int) -> np.ndarray:
-        where = self.where(record)
-        nvar = sum(1 for s in self.sizes if not s)
-        if len(sample) < 4 * nvar:
-            raise DataError(f"{where}: a truncated sample", kind=TRUNCATED_FILE)
-        var = iter(uint32s(sample[: 4 * nvar], where).tolist())
-        sizes = [fixed or int(next(var)) for fixed in self.sizes]
-        if 4 * nvar + sum(sizes) != len(sample):
+    def _decode(self, sample: bytes, record: int, heads: struct.Struct) -> np.ndarray:
+        if len(sample) < heads.size:
+            raise DataError(f"{self.where(record)}: a truncated sample", kind=TRUNCATED_FILE)
+        var = iter(heads.unpack_from(sample))
+        sizes = [fixed or next(var) for fixed in self.sizes]
+        if heads.size + sum(sizes) != len(sample):
             raise DataError(
-                f"{where}: a sample of {len(sample)} bytes, its columns' sizes say "
-                f"{4 * nvar + sum(sizes)} (a corrupt shard, or an index.json of other shards)",
+                f"{self.where(record)}: a sample of {len(sample)} bytes, its columns' sizes say "
+                f"{heads.size + sum(sizes)} (a corrupt shard, or an index.json of other shards)",
                 kind=TRUNCATED_FILE,
             )
-        pos = 4 * nvar + sum(sizes[: self.column])
+        pos = heads.size + sum(sizes[: self.column])
         value = sample[pos : pos + sizes[self.column]]
-        return _ndarray(value, self.dtype, self.shape, where)
+        return _ndarray(value, self.dtype, self.shape, lambda: self.where(record))
 
     def where(self, record: int) -> str:
         """Describe a sample's place for error messages."""
         return f"{self.path} sample {record}"
 
 
-def _ndarray(value: bytes, dtype: str, shaped: bool, where: str) -> np.ndarray:
+def _ndarray(value: bytes, dtype: str, shaped: bool, where: Callable[[], str]) -> np.ndarray:
     """Decode one ``ndarray`` value (streaming's ``NDArray`` layout).
 
     Raises:
-        DataError: Not 1-D integers, or a value whose bytes are not its shape's ids.
+        DataError: Not 1-D integers, or a value whose bytes are not its shape's ids
+            (``where()`` names the sample).
     """
     pos = 0
     if not dtype:
         code = value[0] if value else -1
         if code not in VALUE_DTYPES:
-            raise DataError(f"{where}: token column of dtype code {code}, not integers")
+            raise DataError(f"{where()}: token column of dtype code {code}, not integers")
         dtype, pos = VALUE_DTYPES[code], 1
-    ids = np.dtype(dtype)
+    ids = _DTYPES[dtype]
     count = None
     if shaped:
         if len(value) <= pos:
-            raise DataError(f"{where}: a truncated token column", kind=TRUNCATED_FILE)
+            raise DataError(f"{where()}: a truncated token column", kind=TRUNCATED_FILE)
         byte = value[pos]
-        ndim, shape_dtype = byte >> 2, np.dtype(_SHAPE_DTYPES[byte & 3])
+        ndim, width = byte >> 2, _SHAPE_WIDTHS[byte & 3]
         if ndim != 1:
-            raise DataError(f"{where}: a token column of {ndim} dimensions (1 is read)")
-        if len(value) < pos + 1 + shape_dtype.itemsize:
-            raise DataError(f"{where}: a truncated token column", kind=TRUNCATED_FILE)
-        count = int(np.frombuffer(value, shape_dtype, count=1, offset=pos + 1)[0])
-        pos += 1 + shape_dtype.itemsize
+            raise DataError(f"{where()}: a token column of {ndim} dimensions (1 is read)")
+        if len(value) < pos + 1 + width:
+            raise DataError(f"{where()}: a truncated token column", kind=TRUNCATED_FILE)
+        count = int.from_bytes(value[pos + 1 : pos + 1 + width], "little")
+        pos += 1 + width
     body = len(value) - pos
     if body % ids.itemsize or (count is not None and body != count * ids.itemsize):
         shape = f"{count} ids" if count is not None else "whole ids"
         raise DataError(
-            f"{where}: a token column of {body} bytes is not {shape} of {ids} (a corrupt "
+            f"{where()}: a token column of {body} bytes is not {shape} of {ids} (a corrupt "
             f"sample, or an index.json of other shards)",
             kind=TRUNCATED_FILE,
         )
