@@ -466,22 +466,23 @@ def _count(folder: Path, count: int) -> None:
     _edit(folder, change)
 
 
-@pytest.mark.parametrize("folder", ["mds", "mdsz", "lit"])
+@pytest.mark.parametrize("folder", ["mds", "mdsz", "lit", "litz"])
 def test_a_count_no_file_can_hold(
     folder: str, corpora: tuple[Path, list[np.ndarray]], tmp_path: Path
 ) -> None:
     """An index.json listing billions of records in a small shard: refused when opened.
 
     It was taken as is, and laying out its work items never ended (a run hung before its
-    first batch, under either on_error).
+    first batch, under either on_error). A compressed chunk is bounded by its first bytes.
     """
     root, _ = corpora
     shutil.copytree(root / folder, tmp_path / folder)
     _count(tmp_path / folder, 3 * 10**9)
     kind = "samples, and a shard" if folder.startswith("mds") else "items, and a chunk"
-    with pytest.raises(
-        DataError, match=rf"index\.json lists 3000000000 {kind} of \d+ bytes holds at most \d+"
-    ):
+    message = rf"index\.json lists 3000000000 {kind} of \d+ bytes holds at most \d+"
+    if folder == "litz":  # framed zstd: its prefix's count, read when it is opened
+        message = r"the chunk holds \d+ items, and its index\.json lists it with 3000000000"
+    with pytest.raises(DataError, match=message):
         open_dataset(DatasetSpec("c", paths=(folder,), base_dir=tmp_path), 4)
     skip = DatasetSpec("c", paths=(folder,), base_dir=tmp_path, on_error="skip")
     with pytest.raises(DataError, match=r"no readable corpus in 1 \(skipped: \{'truncated_file'"):

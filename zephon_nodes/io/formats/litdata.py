@@ -283,8 +283,8 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
     for name, items in chunks:
         uri = sibling(index_uri, name)
         file = pin(uri)
-        # A compressed chunk's items are bounded once it is decompressed (at its reads).
-        check_count(storage.redact(uri), items, None if compression else file.size, NAMES)
+        size = _plain_size(file, level, items, storage.redact(uri)) if compression else file.size
+        check_count(storage.redact(uri), items, size, NAMES)
         out.append(
             LitDataShard(
                 path=storage.redact(uri),
@@ -297,6 +297,35 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
             )
         )
     return out
+
+
+def _plain_size(file: FileRef, level: str, items: int, where: str) -> int | None:
+    """A compressed chunk's size in the plain layout, from its first bytes (one small read).
+
+    A whole zstd chunk's frame header holds its content size (None if the writer left it
+    out); a framed chunk's prefix holds its item count, which must be ``items`` (then None).
+
+    Raises:
+        DataError: A corrupt header, or a framed chunk of another item count.
+    """
+    if level != "batch":
+        try:
+            size = zstandard.frame_content_size(file.read(0, min(file.size, 18)))
+        except zstandard.ZstdError as e:
+            raise DataError(f"{where}: corrupt zstd data: {e}", kind=CORRUPT_ZSTD) from None
+        return size if size >= 0 else None
+    if file.size < _PREFIX.size:
+        raise DataError(f"{where}: a truncated framed chunk", kind=TRUNCATED_FILE)
+    magic, _, _, n, _, _ = _PREFIX.unpack(file.read(0, _PREFIX.size))
+    if magic != _FRAMED_MAGIC:
+        raise DataError(f"{where}: not a framed zstd LitData chunk", kind=TRUNCATED_FILE)
+    if n != items:
+        raise DataError(
+            f"{where}: the chunk holds {n} items, and its index.json lists it with {items} "
+            f"items (an index.json of other chunks, or a corrupt chunk)",
+            kind=TRUNCATED_FILE,
+        )
+    return None
 
 
 def _filename(chunk: dict[str, Any]) -> str:
