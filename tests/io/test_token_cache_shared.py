@@ -182,3 +182,26 @@ def test_the_cli_takes_a_shared_folder(
     monkeypatch.setenv("ZEPHON_TOKEN_CACHE_SHARED", shared)
     assert main(["cache", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["shared"] == shared
+
+
+@pytest.mark.parametrize("code", ["ENOSYS", "EOPNOTSUPP", "EPERM"])
+def test_a_mount_without_hard_links(
+    code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mount whose ``link`` fails as gcsfuse's (ENOSYS), SMB's or vfat's: entries are renamed.
+
+    ENOSYS (FUSE file systems that do not implement ``link``) used to stop the shared tier
+    for the process (one warning, every later node tokenizing again).
+    """
+    import errno
+    import os
+
+    def no_link(src: object, dst: object) -> None:
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(os, "link", no_link)
+    folder = SharedTokens(str(tmp_path / "fuse" / "tokens"))
+    assert folder.write("t-nolink", b"entry") is True
+    assert folder.read("t-nolink") == b"entry"
+    left = [p.name for p in (tmp_path / "fuse").rglob("*") if p.is_file()]
+    assert left == ["t-nolink"]  # no temporary file stays

@@ -27,13 +27,14 @@ import zstandard
 from zephon_nodes.core.errors import CORRUPT_ZSTD, TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
+    check_count,
+    check_distinct,
     decompressed,
     offset_table,
     pin,
     read_json,
     read_listing,
     sibling,
-    uint32s,
 )
 from zephon_nodes.io.storage import storage
 
@@ -52,6 +53,8 @@ TORCH_DTYPES = {
     20: "<u2",
 }
 NUMPY_DTYPES = {0: "i1", 1: "<i2", 2: "<i4", 3: "<i8", 4: "u1", 5: "<u2", 6: "<u4", 7: "<u8"}
+_DTYPES = {name: np.dtype(name) for name in (*TORCH_DTYPES.values(), *NUMPY_DTYPES.values())}
+NAMES = ("chunk", "item")  # a file's kind and a record's, for messages
 
 
 @dataclass(frozen=True)
@@ -93,24 +96,44 @@ class LitDataShard:
             blob: bytes | None = decompressed(self.file, "litdata-framed", unframe)
         else:
             blob = decompressed(self.file, "zstd") if self.compression else None
-        items = offset_table(self.file, blob, (start, stop), self.path, ("chunk", "item"))
-        return [(k, self._decode(item, k)) for k, item in items]
+        items = offset_table(self.file, blob, (start, stop, self.num_records), self.path, NAMES)
+        heads = struct.Struct(f"<{self.leaves}I")
+        return [(k, self._decode(item, k, heads)) for k, item in items]
 
-    def _decode(self, item: bytes, record: int) -> np.ndarray:
-        sizes = uint32s(item[: 4 * self.leaves], self.where(record)).tolist()
-        pos = 4 * self.leaves + sum(sizes[: self.leaf])
-        value = item[pos : pos + sizes[self.leaf]]
-        if len(value) != sizes[self.leaf]:
+    def _decode(self, item: bytes, record: int, heads: struct.Struct) -> np.ndarray:
+        if len(item) < heads.size:
             raise DataError(f"{self.where(record)}: a truncated item", kind=TRUNCATED_FILE)
-        if self.dtype:
-            return np.frombuffer(value, dtype=self.dtype)
-        code, rank = struct.unpack_from(">II", value, 0)
-        if code not in TORCH_DTYPES or rank != 1:
+        sizes = heads.unpack_from(item)
+        if heads.size + sum(sizes) != len(item):
             raise DataError(
-                f"{self.where(record)}: a tensor of dtype code {code} and rank "
-                f"{rank}, not 1-D integers"
+                f"{self.where(record)}: an item of {len(item)} bytes, its leaves' sizes say "
+                f"{heads.size + sum(sizes)} (a corrupt chunk, or an index.json of other "
+                f"chunks)",
+                kind=TRUNCATED_FILE,
             )
-        return np.frombuffer(value, dtype=TORCH_DTYPES[code], offset=12)
+        pos = heads.size + sum(sizes[: self.leaf])
+        value = item[pos : pos + sizes[self.leaf]]
+        dtype, offset, count = self.dtype, 0, None
+        if not dtype:
+            if len(value) < 12:
+                raise DataError(f"{self.where(record)}: a truncated tensor", kind=TRUNCATED_FILE)
+            code, rank, count = struct.unpack_from(">III", value, 0)
+            if code not in TORCH_DTYPES or rank != 1:
+                raise DataError(
+                    f"{self.where(record)}: a tensor of dtype code {code} and rank {rank}, not "
+                    f"1-D integers"
+                )
+            dtype, offset = TORCH_DTYPES[code], 12
+        ids = _DTYPES[dtype]
+        body = len(value) - offset
+        if body % ids.itemsize or (count is not None and body != count * ids.itemsize):
+            shape = f"{count} ids" if count is not None else "whole ids"
+            raise DataError(
+                f"{self.where(record)}: a token leaf of {body} bytes is not {shape} of {ids} "
+                f"(a corrupt item, or an index.json of other chunks)",
+                kind=TRUNCATED_FILE,
+            )
+        return np.frombuffer(value, dtype=ids, offset=offset)
 
     def where(self, record: int) -> str:
         """Describe an item's place for error messages."""
@@ -137,17 +160,32 @@ def unframe(raw: bytes, where: str) -> bytes:
     _, version, _, n, _, frames = _PREFIX.unpack_from(raw, 0)
     if version != 1:
         raise DataError(f"{where}: framed chunk version {version} is not read (1 is)")
-    logical = np.frombuffer(raw, dtype="<u4", count=n + 1, offset=_PREFIX.size).astype(np.int64)
     table = _PREFIX.size + 4 * (n + 1)
+    if len(raw) < table + frames * _FRAME.size:
+        raise DataError(f"{where}: a truncated framed chunk", kind=TRUNCATED_FILE)
+    logical = np.frombuffer(raw, dtype="<u4", count=n + 1, offset=_PREFIX.size).astype(np.int64)
     dctx = zstandard.ZstdDecompressor()
     parts = []
     for i in range(frames):
         _, _, offset, size, plain = _FRAME.unpack_from(raw, table + i * _FRAME.size)
+        if offset + size > len(raw):
+            raise DataError(f"{where}: a truncated zstd frame {i}", kind=TRUNCATED_FILE)
         try:
             part = dctx.decompress(raw[offset : offset + size], max_output_size=plain)
         except zstandard.ZstdError as e:
             raise DataError(f"{where}: corrupt zstd frame {i}: {e}", kind=CORRUPT_ZSTD) from None
+        if len(part) != plain:
+            raise DataError(
+                f"{where}: zstd frame {i} is {len(part)} bytes, its table says {plain}",
+                kind=CORRUPT_ZSTD,
+            )
         parts.append(part)
+    total = sum(len(p) for p in parts)
+    if int(logical[0]) != 0 or int(logical[-1]) != total:
+        raise DataError(
+            f"{where}: its items end at byte {int(logical[-1])} of {total} decompressed",
+            kind=CORRUPT_ZSTD,
+        )
     header = 4 + 4 * (n + 1)
     offsets = (logical + header).astype("<u4")
     return struct.pack("<I", n) + offsets.tobytes() + b"".join(parts)
@@ -199,9 +237,11 @@ def _token_leaf(config: dict[str, Any], field: str, where: str) -> tuple[int, st
         k = ints[0]
     dtype = dtypes[k]
     if dtype is None:
+        leaves = [names[i] or str(i) for i, d in enumerate(dtypes) if d is not None]
+        hint = f"; name one of {leaves} with the dataset's text_field" if leaves else ""
         raise DataError(
             f"{where}: leaf {names[k] or 0!r} is {formats[k]!r}; a token leaf is a 1-D tensor "
-            f"or array of integers"
+            f"or array of integers{hint}"
         )
     return k, dtype
 
@@ -215,6 +255,8 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
     where = storage.redact(index_uri)
     index = read_listing(index_uri, "chunks", "a LitData")
     config = index.get("config") or {}
+    if not isinstance(config, dict):
+        raise DataError(f"{where}: its config is not a JSON object (not a LitData index.json)")
     loader = str(config.get("item_loader") or "PyTreeLoader")
     if loader != "PyTreeLoader":
         raise DataError(
@@ -228,16 +270,26 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
             f"{where}: chunks compressed with {compression!r} at level {level!r} (zstd "
             f"chunks, whole or framed by batches, are read)"
         )
-    leaf, dtype = _token_leaf(config, field, where)
-    leaves = len(config.get("data_format") or [])
+    if not config.get("data_format"):
+        raise DataError(f"{where}: no data_format in its config (not a LitData index.json)")
+    try:
+        leaf, dtype = _token_leaf(config, field, where)
+        leaves = len(config["data_format"])
+        chunks = [(_filename(c), int(c["chunk_size"])) for c in index["chunks"]]
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise DataError(f"{where}: not a LitData index.json ({type(e).__name__}: {e})") from None
+    check_distinct(where, [name for name, _ in chunks], "chunk")
     out = []
-    for chunk in index["chunks"]:
-        uri = sibling(index_uri, str(chunk["filename"]))
+    for name, items in chunks:
+        uri = sibling(index_uri, name)
+        file = pin(uri)
+        size = _plain_size(file, level, items, storage.redact(uri)) if compression else file.size
+        check_count(storage.redact(uri), items, size, NAMES)
         out.append(
             LitDataShard(
                 path=storage.redact(uri),
-                file=pin(uri),
-                num_records=int(chunk["chunk_size"]),
+                file=file,
+                num_records=items,
                 leaves=leaves,
                 leaf=leaf,
                 dtype=dtype,
@@ -247,8 +299,55 @@ def open_litdata_shards(index_uri: str, field: str) -> list[LitDataShard]:
     return out
 
 
+def _plain_size(file: FileRef, level: str, items: int, where: str) -> int | None:
+    """A compressed chunk's size in the plain layout, from its first bytes (one small read).
+
+    A whole zstd chunk's frame header holds its content size (None if the writer left it
+    out); a framed chunk's prefix holds its item count, which must be ``items`` (then None).
+
+    Raises:
+        DataError: A corrupt header, or a framed chunk of another item count.
+    """
+    if level != "batch":
+        try:
+            size = zstandard.frame_content_size(file.read(0, min(file.size, 18)))
+        except zstandard.ZstdError as e:
+            raise DataError(f"{where}: corrupt zstd data: {e}", kind=CORRUPT_ZSTD) from None
+        return size if size >= 0 else None
+    if file.size < _PREFIX.size:
+        raise DataError(f"{where}: a truncated framed chunk", kind=TRUNCATED_FILE)
+    magic, _, _, n, _, _ = _PREFIX.unpack(file.read(0, _PREFIX.size))
+    if magic != _FRAMED_MAGIC:
+        raise DataError(f"{where}: not a framed zstd LitData chunk", kind=TRUNCATED_FILE)
+    if n != items:
+        raise DataError(
+            f"{where}: the chunk holds {n} items, and its index.json lists it with {items} "
+            f"items (an index.json of other chunks, or a corrupt chunk)",
+            kind=TRUNCATED_FILE,
+        )
+    return None
+
+
+def _filename(chunk: dict[str, Any]) -> str:
+    """A chunk entry's file name."""
+    name = chunk["filename"]
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"chunk filename {name!r}")
+    return name
+
+
 def chunk_files(index_uri: str) -> list[str]:
-    """The chunk files a LitData ``index.json`` names, in order (for the content identity)."""
+    """The chunk files a LitData ``index.json`` names, in order (for the content identity).
+
+    An entry without its file names none (the ``index.json`` itself is in the identity, and
+    opening the corpus refuses the entry).
+    """
     index = read_json(index_uri)
-    chunks = index.get("chunks", []) if isinstance(index, dict) else []
-    return [sibling(index_uri, str(c["filename"])) for c in chunks]
+    chunks = index.get("chunks") if isinstance(index, dict) else None
+    out = []
+    for chunk in chunks if isinstance(chunks, list) else []:
+        try:
+            out.append(sibling(index_uri, _filename(chunk)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out

@@ -14,6 +14,8 @@ are fetched whole and decompressed once per process; uncompressed ones are range
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,13 +24,14 @@ import numpy as np
 from zephon_nodes.core.errors import TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
+    check_count,
+    check_distinct,
     decompressed,
     offset_table,
     pin,
     read_json,
     read_listing,
     sibling,
-    uint32s,
 )
 from zephon_nodes.io.storage import storage
 
@@ -36,7 +39,7 @@ __all__ = ["MDSShard", "open_mds_shards"]
 
 # streaming's NDArray value dtype codes (``_int2value_dtype``), integers only.
 VALUE_DTYPES = {8: "u1", 9: "i1", 16: "<u2", 17: "<i2", 32: "<u4", 33: "<i4", 64: "<u8", 65: "<i8"}
-_SHAPE_DTYPES = {0: "u1", 1: "<u2", 2: "<u4", 3: "<u8"}
+_SHAPE_WIDTHS = (1, 2, 4, 8)  # bytes of each shape value, by streaming's shape dtype code
 _NAMED = {
     "uint8": "u1",
     "int8": "i1",
@@ -47,6 +50,7 @@ _NAMED = {
     "uint64": "<u8",
     "int64": "<i8",
 }
+_DTYPES = {name: np.dtype(name) for name in VALUE_DTYPES.values()}
 _SCALAR_SIZES = {
     "int": 8,
     "uint8": 1,
@@ -103,70 +107,148 @@ class MDSShard:
             return []
         codec = self.compression.split(":")[0]
         blob = decompressed(self.file, codec) if codec else None
-        samples = offset_table(self.file, blob, (start, stop), self.path, ("shard", "sample"))
-        return [(k, self._decode(sample, k)) for k, sample in samples]
+        samples = offset_table(
+            self.file, blob, (start, stop, self.num_records), self.path, ("shard", "sample")
+        )
+        nvar = sum(1 for size in self.sizes if not size)
+        heads = struct.Struct(f"<{nvar}I")
+        return [(k, self._decode(sample, k, heads)) for k, sample in samples]
 
-    def _decode(self, sample: bytes, record: int) -> np.ndarray:
-        nvar = sum(1 for s in self.sizes if not s)
-        heads = uint32s(sample[: 4 * nvar], self.where(record)).tolist()
-        pos = 4 * nvar
-        var = iter(heads)
-        size = 0
-        for i, fixed in enumerate(self.sizes):
-            size = fixed or int(next(var))
-            if i == self.column:
-                break
-            pos += size
-        value = sample[pos : pos + size]
-        if len(value) != size:
+    def _decode(self, sample: bytes, record: int, heads: struct.Struct) -> np.ndarray:
+        if len(sample) < heads.size:
             raise DataError(f"{self.where(record)}: a truncated sample", kind=TRUNCATED_FILE)
-        return _ndarray(value, self.dtype, self.shape, self.where(record))
+        var = iter(heads.unpack_from(sample))
+        sizes = [fixed or next(var) for fixed in self.sizes]
+        if heads.size + sum(sizes) != len(sample):
+            raise DataError(
+                f"{self.where(record)}: a sample of {len(sample)} bytes, its columns' sizes say "
+                f"{heads.size + sum(sizes)} (a corrupt shard, or an index.json of other shards)",
+                kind=TRUNCATED_FILE,
+            )
+        pos = heads.size + sum(sizes[: self.column])
+        value = sample[pos : pos + sizes[self.column]]
+        return _ndarray(value, self.dtype, self.shape, lambda: self.where(record))
 
     def where(self, record: int) -> str:
         """Describe a sample's place for error messages."""
         return f"{self.path} sample {record}"
 
 
-def _ndarray(value: bytes, dtype: str, shaped: bool, where: str) -> np.ndarray:
-    """Decode one ``ndarray`` value (streaming's ``NDArray`` layout)."""
+def _ndarray(value: bytes, dtype: str, shaped: bool, where: Callable[[], str]) -> np.ndarray:
+    """Decode one ``ndarray`` value (streaming's ``NDArray`` layout).
+
+    Raises:
+        DataError: Not 1-D integers, or a value whose bytes are not its shape's ids
+            (``where()`` names the sample).
+    """
     pos = 0
     if not dtype:
         code = value[0] if value else -1
         if code not in VALUE_DTYPES:
-            raise DataError(f"{where}: token column of dtype code {code}, not integers")
+            raise DataError(f"{where()}: token column of dtype code {code}, not integers")
         dtype, pos = VALUE_DTYPES[code], 1
+    ids = _DTYPES[dtype]
+    count = None
     if shaped:
+        if len(value) <= pos:
+            raise DataError(f"{where()}: a truncated token column", kind=TRUNCATED_FILE)
         byte = value[pos]
-        ndim, shape_dtype = byte >> 2, _SHAPE_DTYPES[byte & 3]
+        ndim, width = byte >> 2, _SHAPE_WIDTHS[byte & 3]
         if ndim != 1:
-            raise DataError(f"{where}: a token column of {ndim} dimensions (1 is read)")
-        pos += 1 + np.dtype(shape_dtype).itemsize
-    ids = np.frombuffer(value, dtype=dtype, offset=pos)
-    return ids
+            raise DataError(f"{where()}: a token column of {ndim} dimensions (1 is read)")
+        if len(value) < pos + 1 + width:
+            raise DataError(f"{where()}: a truncated token column", kind=TRUNCATED_FILE)
+        count = int.from_bytes(value[pos + 1 : pos + 1 + width], "little")
+        pos += 1 + width
+    body = len(value) - pos
+    if body % ids.itemsize or (count is not None and body != count * ids.itemsize):
+        shape = f"{count} ids" if count is not None else "whole ids"
+        raise DataError(
+            f"{where()}: a token column of {body} bytes is not {shape} of {ids} (a corrupt "
+            f"sample, or an index.json of other shards)",
+            kind=TRUNCATED_FILE,
+        )
+    return np.frombuffer(value, dtype=ids, offset=pos)
 
 
 def _column(shard: dict[str, Any], field: str, where: str) -> int:
-    names = list(shard["column_names"])
-    encodings = list(shard["column_encodings"])
+    names = [str(n) for n in shard["column_names"]]
+    encodings = [str(e) for e in shard["column_encodings"]]
+    if not len(names) == len(encodings) == len(shard["column_sizes"]):
+        raise DataError(
+            f"{where}: {len(names)} column names, {len(encodings)} encodings and "
+            f"{len(shard['column_sizes'])} sizes (a corrupt index.json)"
+        )
     if field in names:
         k = names.index(field)
     else:
-        arrays = [i for i, e in enumerate(encodings) if str(e).split(":")[0] == "ndarray"]
+        arrays = [i for i, e in enumerate(encodings) if e.split(":")[0] == "ndarray"]
         if len(arrays) != 1:
             raise DataError(
                 f"{where}: no token column {field!r} (columns {names}); name it with the "
                 f"dataset's text_field"
             )
         k = arrays[0]
-    encoding = str(encodings[k])
-    kind, _, rest = encoding.partition(":")
-    dtype_name = rest.split(":")[0]
+    kind, _, rest = encodings[k].partition(":")
+    dtype_name, _, shape = rest.partition(":")
     if kind != "ndarray" or (dtype_name and dtype_name not in _NAMED):
+        columns = [n for n, e in zip(names, encodings, strict=True) if e.startswith("ndarray")]
+        hint = f"; name one of {columns} with the dataset's text_field" if columns else ""
         raise DataError(
-            f"{where}: column {names[k]!r} is {encoding!r}; a token column is an ndarray of "
-            f"integers ('ndarray', 'ndarray:int32', 'ndarray:uint16', ...)"
+            f"{where}: column {names[k]!r} is {encodings[k]!r}; a token column is an ndarray "
+            f"of integers ('ndarray', 'ndarray:int32', 'ndarray:uint16', ...){hint}"
         )
+    if "," in shape:
+        raise DataError(f"{where}: column {names[k]!r} is {encodings[k]!r}; 1-D ids are read")
     return k
+
+
+def _shard(index_uri: str, i: int, shard: Any, field: str) -> MDSShard:
+    """Shard ``i`` of an ``index.json`` (its entry ``shard``), its file pinned."""
+    where = f"{storage.redact(index_uri)} shard {i}"
+    if not isinstance(shard, dict) or shard.get("format") != "mds":
+        got = shard.get("format") if isinstance(shard, dict) else shard
+        raise DataError(f"{where} is {got!r}, not 'mds'")
+    try:
+        k = _column(shard, field, where)
+        compression = str(shard.get("compression") or "")
+        name = _basename(shard)
+        encoding = str(shard["column_encodings"][k]).split(":")
+        sizes = tuple(int(s or 0) for s in shard["column_sizes"])
+        samples = int(shard["samples"])
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise DataError(f"{where}: not an MDS shard entry ({type(e).__name__}: {e})") from None
+    if compression and compression.split(":")[0] not in ("zstd", "gz"):
+        raise DataError(
+            f"{storage.redact(index_uri)}: shard {name} is compressed with {compression!r} "
+            f"(zstd or gz are read)"
+        )
+    uri = sibling(index_uri, name)
+    file = pin(uri)
+    # The shard's bytes (uncompressed: index.json's raw size) bound its samples: a count and
+    # n + 1 offsets of 4 bytes. A count beyond it would lay out work items of nothing.
+    raw = shard.get("raw_data") if compression else None
+    size = raw.get("bytes") if isinstance(raw, dict) else (None if compression else file.size)
+    check_count(storage.redact(uri), samples, size, ("shard", "sample"))
+    return MDSShard(
+        path=storage.redact(uri),
+        file=file,
+        num_records=samples,
+        column=k,
+        sizes=sizes,
+        dtype=_NAMED[encoding[1]] if len(encoding) > 1 and encoding[1] else "",
+        shape=len(encoding) < 3,
+        compression=compression,
+    )
+
+
+def _basename(shard: dict[str, Any]) -> str:
+    """The file of a shard entry: its compressed one when it names a compression."""
+    data = shard["zip_data"] if shard.get("compression") else shard["raw_data"]
+    name = data["basename"]
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"basename {name!r}")
+    return name
 
 
 def open_mds_shards(index_uri: str, field: str) -> list[MDSShard]:
@@ -175,45 +257,24 @@ def open_mds_shards(index_uri: str, field: str) -> list[MDSShard]:
     Raises:
         DataError: An ``index.json`` that is not MDS's, a missing shard, no token column.
     """
-    where = storage.redact(index_uri)
     index = read_listing(index_uri, "shards", "an MDS")
-    out = []
-    for i, shard in enumerate(index["shards"]):
-        if shard.get("format") != "mds":
-            raise DataError(f"{where}: shard {i} is {shard.get('format')!r}, not 'mds'")
-        k = _column(shard, field, f"{where} shard {i}")
-        compression = str(shard.get("compression") or "")
-        name = shard["zip_data"]["basename"] if compression else shard["raw_data"]["basename"]
-        if compression and compression.split(":")[0] not in ("zstd", "gz"):
-            raise DataError(
-                f"{where}: shard {name} is compressed with {compression!r} (zstd or gz are read)"
-            )
-        encoding = str(shard["column_encodings"][k]).split(":")
-        sizes = tuple(int(s or 0) for s in shard["column_sizes"])
-        uri = sibling(index_uri, name)
-        out.append(
-            MDSShard(
-                path=storage.redact(uri),
-                file=pin(uri),
-                num_records=int(shard["samples"]),
-                column=k,
-                sizes=sizes,
-                dtype=_NAMED[encoding[1]] if len(encoding) > 1 and encoding[1] else "",
-                shape=len(encoding) < 3,
-                compression=compression,
-            )
-        )
-    return out
+    shards = [_shard(index_uri, i, shard, field) for i, shard in enumerate(index["shards"])]
+    check_distinct(storage.redact(index_uri), [s.path for s in shards], "shard")
+    return shards
 
 
 def shard_files(index_uri: str) -> list[str]:
-    """The shard files an MDS ``index.json`` names, in order (for the content identity)."""
+    """The shard files an MDS ``index.json`` names, in order (for the content identity).
+
+    An entry without its file names none (the ``index.json`` itself is in the identity, and
+    opening the corpus refuses the entry).
+    """
     index = read_json(index_uri)
-    shards = index.get("shards", []) if isinstance(index, dict) else []
-    return [
-        sibling(
-            index_uri,
-            s["zip_data"]["basename"] if s.get("compression") else s["raw_data"]["basename"],
-        )
-        for s in shards
-    ]
+    shards = index.get("shards") if isinstance(index, dict) else None
+    out = []
+    for shard in shards if isinstance(shards, list) else []:
+        try:
+            out.append(sibling(index_uri, _basename(shard)))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return out

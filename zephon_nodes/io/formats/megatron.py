@@ -94,16 +94,29 @@ class MegatronShard:
         first, last = int(bounds[0]), int(bounds[-1])
         if not 0 <= first <= last <= s or np.any(np.diff(bounds) < 0):
             raise self._corrupt(f"document indices of documents [{start}, {stop})")
+        # Documents tile the sequences: the first starts at 0, the last ends at the last one.
+        if (start == 0 and first != 0) or (stop == self.num_records and last != s):
+            raise self._corrupt(
+                f"document indices of documents [{start}, {stop}) (from {first} to {last} "
+                f"of {s} sequences)"
+            )
         if first == last:
             return [(start + k, np.empty(0, self.dtype)) for k in range(stop - start)]
-        lengths = self._array(lengths_at, "<i4", first, last).astype(np.int64)
-        pointers = self._array(pointers_at, "<i8", first, last)
-        pointer = int(pointers[0])
+        # One sequence before the slice too: its end is where the slice starts (the first
+        # sequence starts at byte 0), so every pointer is checked by the read that covers it.
+        lo = max(first - 1, 0)
+        lengths = self._array(lengths_at, "<i4", lo, last).astype(np.int64)
+        pointers = self._array(pointers_at, "<i8", lo, last)
         item = self.dtype.itemsize
         # Sequences are contiguous in .bin (each pointer is the previous one plus its bytes).
-        expected = pointer + np.concatenate([[0], np.cumsum(lengths[:-1] * item)])
-        if np.any(lengths < 0) or not np.array_equal(pointers, expected):
+        expected = int(pointers[0]) + np.concatenate([[0], np.cumsum(lengths[:-1] * item)])
+        if (
+            np.any(lengths < 0)
+            or not np.array_equal(pointers, expected)
+            or (first == 0 and int(pointers[0]) != 0)
+        ):
             raise self._corrupt(f"sequence pointers of documents [{start}, {stop})")
+        lengths, pointer = lengths[first - lo :], int(pointers[first - lo])
         total = int(lengths.sum())
         blob = self.bin.read(pointer, pointer + total * item)
         ids = np.frombuffer(blob, dtype=self.dtype.newbyteorder("<"))

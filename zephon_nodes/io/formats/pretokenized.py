@@ -58,10 +58,9 @@ def _detect(spec: RecipeDataset, pattern: str) -> str | None:
         if not os.path.isabs(local):
             local = str(Path(spec.base_dir) / local)
     if local.endswith((".idx", ".bin")):
-        stem = local[:-4]
-        if storage.is_remote(local) or any(c in local for c in "*?["):
-            return "megatron" if local.endswith(".idx") else None
-        return "megatron" if os.path.isfile(stem + ".idx") else None
+        # A .bin is Megatron's too (never a text format): one without its .idx is refused
+        # naming the .idx, not read as JSON lines.
+        return "megatron"
     if storage.is_remote(local) and not local.endswith(("index.json", "/")):
         return None  # a remote folder is named by its format (no request per pattern)
     index = local if local.endswith("index.json") else local.rstrip("/") + "/index.json"
@@ -71,8 +70,14 @@ def _detect(spec: RecipeDataset, pattern: str) -> str | None:
         return None
     try:
         data = read_json(index)
-    except DataError:
-        return None
+    except DataError as e:
+        if local.endswith("index.json") or storage.is_remote(index):
+            return None  # a file named so may be text (JSON lines); a remote one may be absent
+        # A local folder's index.json cut short or unreadable: a damaged corpus, not text.
+        raise RecipeError(
+            f"dataset {spec.name!r}: pattern {pattern!r}: {e}; name the dataset's `format` "
+            f'("mds" or "litdata") to have the corpus refused or skipped by its on_error'
+        ) from None
     if isinstance(data, dict) and isinstance(data.get("shards"), list):
         return "mds"
     if isinstance(data, dict) and isinstance(data.get("chunks"), list):
@@ -85,20 +90,31 @@ def pretokenized_format(spec: RecipeDataset) -> str | None:
 
     Detected when every pattern names a Megatron ``.idx`` (or a ``.bin`` with its ``.idx``),
     or an MDS or LitData folder (or its ``index.json``), all of one format.
+
+    Raises:
+        RecipeError: Some patterns name a pre-tokenized corpus and others another format
+            (a Megatron ``.idx`` beside jsonl files would be read as text).
     """
     fmt = getattr(spec, "format", None)
     if fmt is not None:
         return str(fmt)
     if spec.records is not None or not spec.paths:
         return None
-    found = {_detect(spec, p) for p in spec.paths}
-    return found.pop() if len(found) == 1 else None
+    found = {p: _detect(spec, p) for p in spec.paths}
+    formats = set(found.values())
+    if len(formats) > 1 and formats != {None}:
+        named = ", ".join(f"{p!r}: {f or 'not a pre-tokenized corpus'}" for p, f in found.items())
+        raise RecipeError(
+            f"dataset {spec.name!r} mixes formats ({named}): a dataset reads one format; "
+            f"give each its own [[datasets]] entry (or name the corpora's `format`)"
+        )
+    return formats.pop()
 
 
 def _entry_pattern(fmt: str, pattern: str) -> str:
     if fmt == "megatron":
         if pattern.endswith((".idx", ".bin")):
-            return pattern[:-4] + ".idx"
+            return pattern  # a .bin is listed itself: one without its .idx is not left out
         return pattern + ".idx"
     if pattern.endswith("index.json"):
         return pattern
@@ -112,8 +128,10 @@ def corpus_entries(spec: RecipeDataset, fmt: str) -> list[str]:
         RecipeError: A pattern that matches no corpus.
     """
     patterns = tuple(dict.fromkeys(_entry_pattern(fmt, p) for p in spec.paths))
-    entries = dataset_files(_with_paths(spec, patterns))
-    return [str(e) for e in entries]
+    entries = [str(e) for e in dataset_files(_with_paths(spec, patterns))]
+    if fmt == "megatron":  # each .bin stands for its corpus's .idx (refused if it is missing)
+        entries = [e[: -len(".bin")] + ".idx" if e.endswith(".bin") else e for e in entries]
+    return list(dict.fromkeys(entries))
 
 
 def _with_paths(spec: RecipeDataset, paths: tuple[str, ...]) -> Any:
@@ -123,16 +141,27 @@ def _with_paths(spec: RecipeDataset, paths: tuple[str, ...]) -> Any:
 
 
 def corpus_files(spec: RecipeDataset, fmt: str) -> list[str]:
-    """Every file of the dataset's corpora, in order (what its content identity covers)."""
+    """Every file of the dataset's corpora, in order (what its content identity covers).
+
+    A local file that is not there (a ``.bin`` without its ``.idx``, a shard its
+    ``index.json`` names) is left out: opening the corpus refuses it, or skips the corpus
+    and counts it under ``on_error = "skip"``.
+    """
     out: list[str] = []
     for entry in corpus_entries(spec, fmt):
         if fmt == "megatron":
-            out += [entry, entry[: -len(".idx")] + ".bin"]
+            files = [entry, entry[: -len(".idx")] + ".bin"]
         elif fmt == "mds":
-            out += [entry, *shard_files(entry)]
+            files = [entry, *shard_files(entry)] if _there(entry) else [entry]
         else:
-            out += [entry, *chunk_files(entry)]
+            files = [entry, *chunk_files(entry)] if _there(entry) else [entry]
+        out += [f for f in files if _there(f)]
     return out
+
+
+def _there(uri: str) -> bool:
+    """Whether a file exists (a remote one is taken to: its identity reads it anyway)."""
+    return storage.is_remote(uri) or os.path.isfile(storage.local_path(uri))
 
 
 def open_corpus(spec: RecipeDataset, fmt: str, entry: str) -> list[Any]:

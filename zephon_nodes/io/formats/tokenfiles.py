@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import stat
 import threading
 import zlib
 from collections import OrderedDict
@@ -28,6 +29,7 @@ import numpy as np
 import zstandard
 
 from zephon_nodes.core.errors import (
+    CHANGED_FILE,
     CORRUPT_ZSTD,
     MISSING_FILE,
     TRUNCATED_FILE,
@@ -40,6 +42,8 @@ from zephon_nodes.io.storage.remote import fetched, known_checksum
 
 __all__ = [
     "FileRef",
+    "check_count",
+    "check_distinct",
     "decompressed",
     "offset_table",
     "pin",
@@ -67,12 +71,15 @@ class FileRef:
         checksum: Content checksum (``xxh3_128:...``).
         size: Bytes of the file.
         version: A remote object's version tag (every read is pinned to it); empty locally.
+        mtime_ns: A local file's modification time when it was opened (every read checks
+            it and the size, as text shards do); 0 for a remote object.
     """
 
     uri: str
     checksum: str
     size: int
     version: str = ""
+    mtime_ns: int = 0
 
     def read(self, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of the file (a range request for a remote one).
@@ -91,7 +98,9 @@ class FileRef:
                 self.uri, start, stop, tag=self.checksum, version=self.version
             )
         try:
-            blob = os.pread(_descriptor(self.uri, self.checksum), stop - start, start)
+            fd = _descriptor(self.uri, self.checksum)
+            self._check_unchanged(os.fstat(fd))
+            blob = os.pread(fd, stop - start, start)
         except OSError as e:
             raise DataError(
                 f"{self.uri}: cannot read: {e.strerror}", kind=os_error_kind(e)
@@ -103,6 +112,21 @@ class FileRef:
                 kind=TRUNCATED_FILE,
             )
         return blob
+
+    def _check_unchanged(self, st: os.stat_result) -> None:
+        """Refuse a local file whose size or modification time changed since it was opened.
+
+        Under either ``on_error``: what a skip would leave out would depend on when the edit
+        happened, and a read would otherwise give tokens that are not the pinned content's.
+        """
+        if self.mtime_ns and (st.st_size != self.size or st.st_mtime_ns != self.mtime_ns):
+            raise DataError(
+                f"{self.uri}: the file changed during the run (size {self.size} -> "
+                f"{st.st_size}, modification time {self.mtime_ns} -> {st.st_mtime_ns} ns); "
+                f"a corpus must not be edited while a run reads it",
+                kind=CHANGED_FILE,
+                refused_under_skip=True,
+            )
 
     def read_all(self) -> bytes:
         """The whole file."""
@@ -149,9 +173,14 @@ def pin(uri: str) -> FileRef:
                 pass
         return FileRef(uri, checksum, st.size, st.version)
     p = storage.local_path(uri)
-    if not Path(p).is_file():
+    try:
+        local: os.stat_result | None = os.stat(p)
+    except OSError:
+        local = None
+    if local is None or not stat.S_ISREG(local.st_mode):
         raise DataError(f"{p}: data file not found", kind=MISSING_FILE)
-    return FileRef(p, file_checksum(p), Path(p).stat().st_size)
+    # Stat before the checksum: an edit while it is computed is refused at the first read.
+    return FileRef(p, file_checksum(p), local.st_size, mtime_ns=local.st_mtime_ns)
 
 
 def sibling(uri: str, name: str) -> str:
@@ -244,19 +273,63 @@ def uint32s(blob: bytes, where: str) -> np.ndarray:
     return np.frombuffer(blob, dtype="<u4").astype(np.int64)
 
 
+def check_distinct(where: str, names: list[str], kind: str) -> None:
+    """Refuse an ``index.json`` that names one file twice (its records would come twice).
+
+    Raises:
+        DataError: Naming the index, the file and both entries.
+    """
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise DataError(
+                f"{where}: {kind}s {seen[name]} and {i} are both {name!r} (its records would "
+                f"be read twice: an index.json merged twice?)"
+            )
+        seen[name] = i
+
+
+def check_count(where: str, count: int, size: object, names: tuple[str, str]) -> None:
+    """Refuse an ``index.json`` record count that a file of ``size`` bytes cannot hold.
+
+    A file laid out as a count, ``n + 1`` offsets and the records (:func:`offset_table`)
+    holds at most ``size / 4 - 2`` records; ``size`` None (not known before the file is
+    decompressed) checks only that the count is not negative.
+
+    Raises:
+        DataError: Naming the file, the count and the size.
+    """
+    bound = int(size) // 4 - 2 if isinstance(size, int) else None
+    if count < 0 or (bound is not None and count > bound):
+        raise DataError(
+            f"{where}: its index.json lists {count} {names[1]}s, and a {names[0]} of {size} "
+            f"bytes holds at most {max(bound or 0, 0)} (an index.json of other "
+            f"{names[0]}s, or a corrupt one)",
+            kind=TRUNCATED_FILE,
+        )
+
+
 def offset_table(
-    file: FileRef, blob: bytes | None, span: tuple[int, int], where: str, names: tuple[str, str]
+    file: FileRef,
+    blob: bytes | None,
+    span: tuple[int, int, int],
+    where: str,
+    names: tuple[str, str],
 ) -> list[tuple[int, bytes]]:
     """Records ``[start, stop)`` of a file laid out as a count, offsets, then the records.
 
     The layout of an MDS shard and a LitData chunk: the record count (uint32), ``n + 1``
-    byte offsets (uint32), then the records. Read from ``blob`` (the whole file
-    decompressed) or, when it is None, by two range reads of ``file``.
+    byte offsets (uint32), then the records, which end where the file does. Read from
+    ``blob`` (the whole file decompressed) or, when it is None, by two range reads of
+    ``file``. The file must be what its ``index.json`` says, checked without another read:
+    a span from the first record reads the count with the offsets, a span to the last one
+    ends at the end of the file, and the records start after the offsets.
 
     Args:
         file: The file (read by range when there is no ``blob``).
         blob: The whole file decompressed, or None.
-        span: ``(start, stop)``: the records read.
+        span: ``(start, stop, count)``: the records read, and the file's records as its
+            ``index.json`` says.
         where: The file as messages name it.
         names: The file's kind and a record's, for messages (``("shard", "sample")``).
 
@@ -264,9 +337,11 @@ def offset_table(
         ``(record number, raw bytes)`` pairs.
 
     Raises:
-        DataError: The offsets run backwards, or the file is shorter than they say.
+        DataError: The offsets run backwards or out of the file, or the file holds another
+            number of records than its ``index.json`` says.
     """
-    start, stop = span
+    start, stop, count = span
+    size = file.size if blob is None else len(blob)
 
     def part(lo: int, hi: int) -> bytes:
         if blob is None:
@@ -275,11 +350,29 @@ def offset_table(
             raise DataError(f"{where}: a truncated {names[0]}", kind=TRUNCATED_FILE)
         return blob[lo:hi]
 
-    offsets = uint32s(part(4 * (1 + start), 4 * (2 + stop)), where)
-    if np.any(np.diff(offsets) < 0):
+    head = uint32s(part(0 if start == 0 else 4 * (1 + start), 4 * (2 + stop)), where)
+    if start == 0 and int(head[0]) != count:
+        raise _miscounted(where, names, count, f"holds {int(head[0])} {names[1]}s")
+    offsets = head[1:] if start == 0 else head
+    if np.any(np.diff(offsets) < 0) or int(offsets[0]) < 4 * (2 + count):
         raise DataError(f"{where}: corrupt {names[1]} offsets", kind=TRUNCATED_FILE)
+    if stop == count and int(offsets[-1]) != size:
+        raise _miscounted(
+            where,
+            names,
+            count,
+            f"has {size} bytes, its {names[1]} {count - 1} ends at {offsets[-1]}",
+        )
     lo = int(offsets[0])
     data = part(lo, int(offsets[-1]))
     return [
         (start + k, data[a - lo : b - lo]) for k, (a, b) in enumerate(pairwise(offsets.tolist()))
     ]
+
+
+def _miscounted(where: str, names: tuple[str, str], count: int, what: str) -> DataError:
+    return DataError(
+        f"{where}: the {names[0]} {what}, and its index.json lists it with {count} "
+        f"{names[1]}s (an index.json of other {names[0]}s, or a corrupt {names[0]})",
+        kind=TRUNCATED_FILE,
+    )

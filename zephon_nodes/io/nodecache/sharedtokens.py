@@ -12,8 +12,9 @@ store itself, so an entry is never replaced under a reader:
 - Azure Blob: ``Put Blob`` with ``If-None-Match: *`` (strongly consistent);
 - a folder on a shared mount: written to a temporary name in the folder, then linked to its
   name (``link`` fails if the name exists, atomically on POSIX file systems and NFSv3+), so
-  a reader sees a whole entry or none; a file system without hard links falls back to
-  ``rename`` (the last of two simultaneous writers wins; both wrote a valid entry).
+  a reader sees a whole entry or none; a file system without hard links (vfat, SMB, FUSE
+  mounts such as gcsfuse) falls back to ``rename`` (the last of two simultaneous writers
+  wins; both wrote a valid entry).
 
 Every shared entry is checked as a local one is (its key in the header, the checksums of
 its header and sections) before it is kept; a damaged one is counted and computed locally,
@@ -108,6 +109,9 @@ class SharedTokens:
 
 
 _CREATE_ONLY = ("s3", "gs", "gcs", "az", "abfs")
+# What ``link`` raises where a file system has no hard links: vfat (EPERM), SMB/CIFS and
+# s3fs (EOPNOTSUPP), FUSE file systems that do not implement it, gcsfuse among them (ENOSYS).
+_NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS})
 
 
 def _exists_error(e: BaseException) -> bool:
@@ -132,7 +136,7 @@ def _write_local(path: Path, blob: bytes) -> bool:
         except FileExistsError:
             return False
         except OSError as e:
-            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV):
+            if e.errno not in _NO_LINKS:
                 raise
             os.replace(tmp, path)  # no hard links here: whole entries still, last one wins
         return True
