@@ -59,6 +59,9 @@ _IDS = itertools.count()
 # Longest wait for the child to stop after "close" before it is terminated.
 _CLOSE_S = 5.0
 STALL_S = 900.0
+# A new child's first message (spawn, imports, building the node) may take this long when
+# ``stall_s`` is shorter: a start on a loaded node is slow, not stuck.
+_START_S = 120.0
 """Default longest wait for a message from a live child before it is declared stuck.
 
 A work item that runs too long is the child's own error (``worker_timeout_s``, 300 s by
@@ -354,6 +357,7 @@ class _Process:
         self.prefix = f"zephon-{os.getpid()}-engine{next(_IDS)}-"
         self.label = label
         self.stall_s = stall_s
+        self.started = False  # the child's first message came
         ctx = multiprocessing.get_context("spawn")
         try:  # a factory the child cannot load is then an error the child can send
             sent: Callable[[], Any] | _Pickled = _Pickled(factory)
@@ -397,14 +401,19 @@ class _Process:
             f"no batch was lost: restart from the last checkpoint"
         )
 
-    def describe_stall(self) -> str:
+    @property
+    def start_s(self) -> float | None:
+        """Longest wait for the child's first message (at least ``stall_s``)."""
+        return None if self.stall_s is None else max(self.stall_s, _START_S)
+
+    def describe_stall(self, limit: float | None) -> str:
         """Ask the stuck child for its threads' stacks (on stderr); say what happened."""
         with contextlib.suppress(OSError):
             os.kill(self.proc.pid or 0, signal.SIGUSR1)
             time.sleep(1.0)  # faulthandler writes at once; give it the time to
         return (
             f"the engine child process of {self.label} (pid {self.proc.pid}) sent nothing for "
-            f"{self.stall_s:g} s: alive but stuck outside its operators (their own limit is "
+            f"{limit:g} s: alive but stuck outside its operators (their own limit is "
             f"worker_timeout_s); its threads' stacks are on stderr above, and it was stopped; "
             f"no batch was lost: restart from the last checkpoint"
         )
@@ -439,15 +448,17 @@ class _Process:
 
     def _poll(self) -> tuple[Any, ...] | None:
         """One message (a slot's descriptor mapped), or None when the child is gone."""
-        ready = wait([self.conn, self.proc.sentinel], timeout=self.stall_s)
+        limit = self.stall_s if self.started else self.start_s
+        ready = wait([self.conn, self.proc.sentinel], timeout=limit)
         if self.closed:
             raise self.closed_error()
         if not ready:
-            message = self.describe_stall()
+            message = self.describe_stall(limit)
             self.close(wait_s=0.0)  # a stuck child does not read "close"
             raise ChildEngineError(message)
         if self.conn in ready or self.conn.poll(0):
             msg: tuple[Any, ...] = self.conn.recv()
+            self.started = True
             if msg[0] == "map":  # the descriptor follows (EOFError if the child died first)
                 entry = _map_fd(recv_handle(self.conn))
                 with self.maps_lock:
@@ -531,7 +542,9 @@ class ChildRankNode(BaseNode[dict[str, torch.Tensor]]):
         label: Names the child in errors (e.g. ``"rank 3"``).
         stall_s: Longest wait for a message from a live child (:data:`STALL_S`; ``None``:
             for ever); beyond it the child is declared stuck, its threads' stacks are
-            written to stderr, it is stopped and :class:`ChildEngineError` is raised.
+            written to stderr, it is stopped and :class:`ChildEngineError` is raised. A new
+            child's first message (its start: spawn, imports, the node's build) may take
+            up to 120 s when ``stall_s`` is shorter.
     """
 
     def __init__(
