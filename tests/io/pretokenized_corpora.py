@@ -87,18 +87,22 @@ def read_megatron(prefix: Path) -> list[np.ndarray]:
 
 
 def write_mds(
-    folder: Path, docs: list[np.ndarray], compression: str | None = None, size_limit: int = 400
+    folder: Path,
+    docs: list[np.ndarray],
+    compression: str | None = None,
+    size_limit: int = 400,
+    dtype: str = "int32",
 ) -> None:
     """An MDS folder by ``streaming.MDSWriter`` (a token column and an int column)."""
     with side():
         from streaming import MDSWriter
 
-        columns = {"id": "int", "tokens": "ndarray:int32"}
+        columns = {"id": "int", "tokens": f"ndarray:{dtype}"}
         with MDSWriter(
             out=str(folder), columns=columns, compression=compression, size_limit=size_limit
         ) as w:
             for i, d in enumerate(docs):
-                w.write({"id": i, "tokens": d.astype(np.int32)})
+                w.write({"id": i, "tokens": d.astype(dtype)})
 
 
 def read_mds(folder: Path) -> list[np.ndarray]:

@@ -171,6 +171,16 @@ def test_id_outside_the_vocabulary_refused(tmp_path: Path) -> None:
             run(recipe((spec,), work=WorkSpec(chunk_size=2)), 1, 4)
 
 
+def test_a_uint64_id_is_named_as_stored(tmp_path: Path) -> None:
+    """An id of 2**63 or more in a uint64 column is named as stored, not wrapped to -1."""
+    docs = [d.astype(np.uint64) for d in pc.documents(6)]
+    docs[4][1] = np.uint64(2**64 - 1)
+    pc.write_mds(tmp_path / "mds", docs, dtype="uint64")
+    spec = DatasetSpec("c", paths=("mds",), base_dir=tmp_path)
+    with pytest.raises(DataError, match=rf"token id {2**64 - 1} is outside the recipe"):
+        run(recipe((spec,), work=WorkSpec(chunk_size=2)), 1, 4)
+
+
 def test_tokenizer_mismatch_refused(tmp_path: Path) -> None:
     """A stated vocab_size or a tokenizer file beside the corpus that is not the recipe's."""
     _, path = _corpus("megatron", tmp_path)

@@ -180,10 +180,13 @@ def token_batch(item: WorkItem, rows: Any, vocab_size: int, skipped: Skipped = (
     out_of_range = (wide < 0) | (wide >= (vocab_size or 2**31))
     bad = np.flatnonzero(out_of_range)
     if len(bad):
-        k = int(np.searchsorted(np.cumsum(lengths), bad[0], side="right"))
+        ends = np.cumsum(lengths)
+        k = int(np.searchsorted(ends, bad[0], side="right"))
+        # the id as stored (a uint64 id of 2**63 or more wraps negative in ``wide``)
+        stored = docs[k][int(bad[0] - (ends[k] - lengths[k]))]
         raise DataError(
             f"dataset {item.dataset_name!r}: {item.shard.where(rows[k][0])}: token id "
-            f"{int(wide[bad[0]])} is outside the recipe tokenizer's vocabulary of "
+            f"{int(stored)} is outside the recipe tokenizer's vocabulary of "
             f"{vocab_size} (the corpus was tokenized with another tokenizer)",
             refused_under_skip=True,
         )
