@@ -116,6 +116,26 @@ def test_stale_files_of_dead_ranks_are_removed() -> None:
             f.unlink(missing_ok=True)
 
 
+def test_stale_files_of_another_pid_namespace_are_kept() -> None:
+    """Containers sharing /dev/shm (``--ipc=host``) but not their pid namespace: a file whose
+    owner's pid is not alive *here* may be a live rank's there; only this namespace's stale
+    files are removed (before, any ``zephon-<pid>-`` file of a pid not alive here was)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    own = os.stat("/proc/self/ns/pid").st_ino
+    theirs = shm.SHM_DIR / f"zephon-{dead.pid}-ns{own + 1}-0-1-2"
+    stale = shm.SHM_DIR / f"zephon-{dead.pid}-ns{own}-0-1-2"
+    try:
+        theirs.write_bytes(b"x")
+        stale.write_bytes(b"x")
+        assert shm.remove_stale_segments() >= 1
+        assert theirs.exists() and not stale.exists()
+        assert shm.pool_prefix(7).startswith(f"zephon-{os.getpid()}-ns{own}-7-")
+    finally:
+        for f in (theirs, stale):
+            f.unlink(missing_ok=True)
+
+
 def test_killed_worker_leaves_no_file() -> None:
     """A worker dies after writing its result's file: WorkerError, and close() removes it."""
     with WorkerPool(1, "process", timeout_s=60) as p:

@@ -18,9 +18,9 @@ crashed or raising is a :class:`ChildEngineError` (or the child's own error) as 
 batches it had sent are handed out, and on every later ``next()`` until a reset; a
 ``close()`` from another thread makes a ``next()`` waiting on the child raise it too; a live
 child that sends nothing for ``stall_s`` (15 minutes by default) is stuck: its threads' stacks
-go to stderr, it is stopped and the error says so. Files:
-without ``memfd`` a slot file ``/dev/shm/zephon-<parent pid>-engine<n>-...`` is unlinked as
-soon as it is made; ``close()``, garbage collection and interpreter exit stop the child; a
+go to stderr, it is stopped and the error says so. Files: without ``memfd`` a slot file
+``/dev/shm/zephon-<parent pid>-ns<pid namespace>-engine<n>-...`` is unlinked as soon as it
+is made; ``close()``, garbage collection and interpreter exit stop the child; a
 child whose parent is gone exits (its mappings go with it).
 """
 
@@ -354,7 +354,7 @@ class _Process:
         self, factory: Callable[[], Any], prefetch: int, label: str, stall_s: float | None
     ) -> None:
         shm.remove_stale_segments()  # files of trainers that were killed
-        self.prefix = f"zephon-{os.getpid()}-engine{next(_IDS)}-"
+        self.prefix = f"{shm.process_prefix()}engine{next(_IDS)}-"
         self.label = label
         self.stall_s = stall_s
         self.started = False  # the child's first message came

@@ -13,8 +13,11 @@ Memory is bounded: one arena per worker, plus the results in flight that did not
 exit path removes the files: the rank unlinks an arena the first time it maps it and a
 result file as soon as it arrives (even one nobody reads); closing the pool removes what a
 killed worker left; a worker whose rank died (SIGKILL) removes the rank's files before it
-exits; and a new pool removes files of ranks that no longer exist. Names start with
-``zephon-<rank pid>-<pool>-<worker pid>-``.
+exits; and a new pool removes files of ranks that no longer exist in its own pid namespace.
+Names start with ``zephon-<rank pid>-ns<pid namespace>-<pool>-<worker pid>-``: containers
+that share ``/dev/shm`` but not their pid namespace (one container per GPU with
+``--ipc=host``) see each other's files under pids that mean nothing to them, and leave them
+alone.
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ MIN_BYTES = 64 * 1024
 _ALIGN = 64
 _HEADER = 64
 _PREFIX = "zephon-"
-_NAME = re.compile(r"^zephon-(\d+)-")
+# The owner's pid and, since names carry it, its pid namespace (names of earlier versions
+# have none).
+_NAME = re.compile(r"^zephon-(\d+)-(?:ns(\d+)-)?")
 _counter = itertools.count()
 
 
@@ -72,9 +77,22 @@ def available() -> bool:
     return SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK)
 
 
+def _pid_namespace() -> int:
+    """The inode of this process's pid namespace (0 where ``/proc`` does not say)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def process_prefix() -> str:
+    """The file-name prefix of this process's files: its pid and pid namespace."""
+    return f"{_PREFIX}{os.getpid()}-ns{_pid_namespace()}-"
+
+
 def pool_prefix(pool_id: int) -> str:
     """The file-name prefix of one pool of this process."""
-    return f"{_PREFIX}{os.getpid()}-{pool_id}-"
+    return f"{process_prefix()}{pool_id}-"
 
 
 def remove_segments(prefix: str) -> int:
@@ -93,15 +111,19 @@ def remove_segments(prefix: str) -> int:
 
 
 def remove_stale_segments() -> int:
-    """Unlink files of ranks (processes) that no longer exist; return the count."""
+    """Unlink files of ranks (processes) that no longer exist; return the count.
+
+    Only files of this pid namespace: another namespace's pids are not this one's.
+    """
     n = 0
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
         return 0
+    own = str(_pid_namespace())
     for name in names:
         m = _NAME.match(name)
-        if m is None:
+        if m is None or m.group(2) not in (None, own):
             continue
         try:
             os.kill(int(m.group(1)), 0)
