@@ -1,0 +1,113 @@
+"""Imperfect input to ``zephon`` commands, as a new user gives it: one line naming the file and
+the problem, a non-zero status, never a traceback, nothing hangs and nothing is silently lost.
+
+The commands run through :func:`zephon_nodes.cli.main`, so an exception other than a
+``ZephonError`` fails the test (it would be a traceback for the user).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.commands.run import zephon_process
+from tests.commands.test_inspect import saved_state
+from zephon_nodes import cli, save_state
+
+
+def fails(capsys: Any, *argv: object) -> str:
+    """Run ``zephon ARGV`` and return its one-line error (status 2, nothing on stdout)."""
+    status = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert status == 2, (status, out, err)
+    assert out == ""
+    assert err.startswith(f"zephon {argv[0]}: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def variant(base: dict[str, Any], directory: Path, edit: Any) -> Path:
+    """Save a copy of ``base`` changed by ``edit`` (checksummed: only its shape is wrong)."""
+    state = copy.deepcopy(base)
+    edit(state)
+    save_state(directory, state)
+    return directory
+
+
+# Checksummed states whose shape a resume refuses (each once made `zephon inspect` print a
+# traceback or report the state as fine).
+MALFORMED = {
+    "step-not-int-with-micro": (
+        lambda s: s.update(step="two", micro=1),
+        "checkpoint step='two' must be an integer",
+    ),
+    "no-step-with-micro": (
+        lambda s: (s.pop("step"), s.update(micro=1)),
+        "misses key(s): ['step']",
+    ),
+    "stage-without-lanes": (lambda s: s.update(stage={"x": 1}), "'stage'"),
+    "mixture-log-of-ints": (
+        lambda s: s.update(mixture={"log": [5], "effects": {}}),
+        "mixture log entry 0",
+    ),
+    "lanes-a-list": (lambda s: s.update(lanes=[1, 2]), "'lanes' must be a dict"),
+    "lane-negative": (
+        lambda s: s["lanes"].update({"0": [0, -5]}),
+        "lane 0: expected [window, consumed]",
+    ),
+    "lineage-a-list": (lambda s: s.update(lineage=[5]), "lineage must be a dict"),
+}
+
+
+class TestInspectMalformedState:
+    @pytest.mark.parametrize("case", sorted(MALFORMED))
+    def test_one_line_naming_the_file_and_problem(
+        self, case: str, recipe_path: Path, tmp_path: Path, capsys: Any
+    ) -> None:
+        base = saved_state(recipe_path, tmp_path / "good")
+        edit, problem = MALFORMED[case]
+        bad = variant(base, tmp_path / "bad", edit)
+        for argv in (("inspect", bad), ("inspect", bad, "--json")):
+            err = fails(capsys, *argv)
+            assert f"{bad}: " in err and problem in err, err
+
+    def test_a_good_state_is_still_shown(
+        self, recipe_path: Path, tmp_path: Path, capsys: Any
+    ) -> None:
+        saved_state(recipe_path, tmp_path / "good")
+        assert cli.main(["inspect", str(tmp_path / "good")]) == 0
+        assert "lane positions" in capsys.readouterr().out
+
+
+class TestLanesCheckpoint:
+    def test_malformed_state_is_refused(
+        self, recipe_path: Path, tmp_path: Path, capsys: Any
+    ) -> None:
+        base = saved_state(recipe_path, tmp_path / "good")
+        bad = variant(base, tmp_path / "bad", lambda s: s.update(lanes=[1, 2]))
+        err = fails(capsys, "lanes", "--checkpoint", bad)
+        assert f"{bad}: checkpoint 'lanes' must be a dict" in err
+
+    def test_global_batch_out_of_range_does_not_hang(
+        self, recipe_path: Path, tmp_path: Path
+    ) -> None:
+        """A checkpoint's global batch of 2**60 was taken as --global-batch unchecked: the
+        lane search counted to 2**60 (it hung)."""
+        base = saved_state(recipe_path, tmp_path / "good")
+        bad = variant(base, tmp_path / "bad", lambda s: s["recipe"].update(global_batch_size=2**60))
+        done = zephon_process("lanes", "--checkpoint", bad, "--dp", "1", timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"checkpoint {bad}: recipe.global_batch_size=1152921504606846976 must be" in (
+            done.stderr
+        )
+
+
+def test_saved_state_is_valid_json(recipe_path: Path, tmp_path: Path) -> None:
+    """The base of the variants above is a state a resume accepts (not a broken fixture)."""
+    saved_state(recipe_path, tmp_path / "good")
+    state = json.loads((tmp_path / "good" / "zephon_state.json").read_text())
+    assert state["step"] == 3 and len(state["lanes"]) == 4
