@@ -111,3 +111,26 @@ def test_saved_state_is_valid_json(recipe_path: Path, tmp_path: Path) -> None:
     saved_state(recipe_path, tmp_path / "good")
     state = json.loads((tmp_path / "good" / "zephon_state.json").read_text())
     assert state["step"] == 3 and len(state["lanes"]) == 4
+
+
+class TestRecompressNameClash:
+    def test_two_shards_of_one_name_are_refused_before_writing(
+        self, tmp_path: Path, capsys: Any
+    ) -> None:
+        """``a/x.jsonl`` and ``b/x.jsonl`` were both written to ``OUT/x.jsonl.zst``: the second
+        replaced the first, whose records were silently lost."""
+        for folder, n in (("a", 5), ("b", 7)):
+            (tmp_path / folder).mkdir()
+            lines = [json.dumps({"text": f"{folder} {i}"}) for i in range(n)]
+            (tmp_path / folder / "x.jsonl").write_text("\n".join(lines) + "\n")
+        a, b, out = tmp_path / "a" / "x.jsonl", tmp_path / "b" / "x.jsonl", tmp_path / "out"
+        err = fails(capsys, "recompress", a, b, "--output-dir", out)
+        assert f"{a} and {b} would both be written to {out / 'x.jsonl.zst'}" in err
+        assert not (out / "x.jsonl.zst").exists()
+
+    def test_one_shard_matched_twice_is_written_once(self, tmp_path: Path, capsys: Any) -> None:
+        shard = tmp_path / "x.jsonl"
+        shard.write_text(json.dumps({"text": "one"}) + "\n")
+        out = tmp_path / "out"
+        assert cli.main(["recompress", str(shard), str(shard), "--output-dir", str(out)]) == 0
+        assert capsys.readouterr().out == f"{out / 'x.jsonl.zst'}: 1 frame(s)\n"
