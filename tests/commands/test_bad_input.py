@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.commands.conftest import RECIPE, write_recipe
 from tests.commands.run import zephon_process
 from tests.commands.test_inspect import saved_state
 from zephon_nodes import cli, save_state
@@ -134,3 +135,33 @@ class TestRecompressNameClash:
         out = tmp_path / "out"
         assert cli.main(["recompress", str(shard), str(shard), "--output-dir", str(out)]) == 0
         assert capsys.readouterr().out == f"{out / 'x.jsonl.zst'}: 1 frame(s)\n"
+
+
+class TestDemo:
+    def test_save_at_not_before_the_last_step_is_refused_at_once(
+        self, recipe_path: Path, capsys: Any
+    ) -> None:
+        """``--save-at`` = ``--steps`` printed the table, then 'MISMATCH (this is a bug)'."""
+        err = fails(capsys, "demo", "--recipe", recipe_path, "--steps", 3, "--save-at", 3)
+        assert "--save-at=3 must be in [1, 2]" in err
+        err = fails(capsys, "demo", "--recipe", recipe_path, "--steps", 3, "--save-at", 5)
+        assert "--save-at=5 must be in [1, 2]" in err  # was: 'steps=-2 must be an integer'
+
+    def test_lanes_that_dp_4_cannot_share_are_refused_at_once(
+        self, tmp_path: Path, capsys: Any
+    ) -> None:
+        recipe = write_recipe(tmp_path, RECIPE.replace("num_lanes = 4", "num_lanes = 2"))
+        err = fails(capsys, "demo", "--recipe", recipe, "--steps", 3, "--save-at", 1)
+        assert "num_lanes=2 must be a multiple of 4" in err
+
+    def test_a_recipe_whose_data_ends_first_is_no_mismatch(
+        self, recipe_path: Path, capsys: Any
+    ) -> None:
+        """The fixture's 300 documents end before step 100: the demo called that a bug."""
+        status = cli.main(
+            ["demo", "--recipe", str(recipe_path), "--steps", "100", "--save-at", "5"]
+        )
+        out, err = capsys.readouterr()
+        assert "MISMATCH" not in err and status == 0, (out, err)
+        assert "(the data ends after step " in out
+        assert "differs" not in out.split("naive rank-sharded")[0]
