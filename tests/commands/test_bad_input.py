@@ -165,3 +165,33 @@ class TestDemo:
         assert "MISMATCH" not in err and status == 0, (out, err)
         assert "(the data ends after step " in out
         assert "differs" not in out.split("naive rank-sharded")[0]
+
+
+class TestOutputReplacesTheCheckpointRead:
+    @pytest.mark.parametrize("command", ["relane", "amend"])
+    def test_refused_and_the_checkpoint_kept(
+        self, command: str, recipe_path: Path, tmp_path: Path, capsys: Any
+    ) -> None:
+        """``--output`` naming the checkpoint's own folder overwrote it: the run's only copy
+        of the state it was taken at was gone."""
+        saved_state(recipe_path, tmp_path / "ckpt")
+        file = tmp_path / "ckpt" / "zephon_state.json"
+        before = file.read_bytes()
+        rest = ["--num-lanes", "8"] if command == "relane" else [recipe_path]
+        for checkpoint, output in (
+            (tmp_path / "ckpt", tmp_path / "ckpt"),
+            (file, tmp_path / "ckpt" / "."),
+        ):
+            err = fails(capsys, command, recipe_path, checkpoint, *rest, "--output", output)
+            assert f"--output {output} would replace the checkpoint read ({file})" in err
+        assert file.read_bytes() == before
+
+    def test_a_missing_checkpoint_creates_no_output_folder(
+        self, recipe_path: Path, tmp_path: Path, capsys: Any
+    ) -> None:
+        out = tmp_path / "out"
+        err = fails(
+            capsys, "relane", recipe_path, tmp_path / "nope", "--num-lanes", 8, "--output", out
+        )
+        assert f"no checkpoint at {tmp_path / 'nope'}" in err
+        assert not out.exists()

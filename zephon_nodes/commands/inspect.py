@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +127,19 @@ def load_checkpoint_for_output(args: argparse.Namespace) -> None:
     ``amend``): run before their engine is imported, so that a wrong path is refused at once.
 
     Raises:
-        CheckpointError: If the output directory is not writable or no checkpoint is there.
+        CheckpointError: If no checkpoint is there, the output would replace the checkpoint
+            read, or the output directory is not writable.
     """
+    args.state = load_any(args.checkpoint)  # first: a wrong path creates no output folder
+    source = Path(args.checkpoint)
+    source = source if source.is_file() else source / STATE_FILE
+    target = Path(args.output) / STATE_FILE
+    if source.exists() and target.exists() and os.path.samefile(source, target):
+        raise CheckpointError(
+            f"--output {args.output} would replace the checkpoint read ({source}); write the "
+            "changed checkpoint to another folder and keep this one"
+        )
     check_writable(args.output)
-    args.state = load_any(args.checkpoint)
 
 
 def run(args: argparse.Namespace) -> int:
