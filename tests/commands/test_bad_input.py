@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.commands.conftest import RECIPE, write_recipe
@@ -195,3 +196,43 @@ class TestOutputReplacesTheCheckpointRead:
         )
         assert f"no checkpoint at {tmp_path / 'nope'}" in err
         assert not out.exists()
+
+
+class TestDigestDumpDamagedFile:
+    @pytest.fixture
+    def dump(self, recipe_path: Path, tmp_path: Path, capsys: Any) -> Path:
+        folder = tmp_path / "dump"
+        argv = ["digest", str(recipe_path), "--steps", "2", "--dump-batches", str(folder)]
+        assert cli.main(argv) == 0
+        capsys.readouterr()
+        return folder
+
+    @pytest.mark.parametrize(
+        ("case", "problem"),
+        [
+            ("empty", "cannot read batch dump"),  # was EOFError
+            ("truncated", "cannot read batch dump"),  # was zipfile.BadZipFile
+            ("no-lane-field", "expected a 'lane' field of one integer per row"),  # KeyError
+            ("short-field", "field 'labels' has 1 rows, 'lane' has 8"),
+        ],
+    )
+    def test_one_line_naming_the_file(
+        self, case: str, problem: str, dump: Path, capsys: Any
+    ) -> None:
+        step = dump / "step-00000002.npz"
+        data = step.read_bytes()
+        if case == "empty":
+            step.write_bytes(b"")
+        elif case == "truncated":
+            step.write_bytes(data[:100])
+        else:
+            with np.load(step) as f:
+                fields = {k: f[k] for k in f.files}
+            if case == "no-lane-field":
+                del fields["lane"]
+            else:
+                fields["labels"] = fields["labels"][:1]
+            with open(step, "wb") as out:
+                np.savez(out, **fields)
+        err = fails(capsys, "digest-dump", dump)
+        assert f"{step}: " in err and problem in err, err
