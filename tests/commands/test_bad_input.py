@@ -236,3 +236,25 @@ class TestDigestDumpDamagedFile:
                 np.savez(out, **fields)
         err = fails(capsys, "digest-dump", dump)
         assert f"{step}: " in err and problem in err, err
+
+
+class TestVerifyRefusesBeforeRunning:
+    """What failed only after the whole matrix (minutes to hours) fails before the reference."""
+
+    @pytest.mark.parametrize(
+        ("flags", "problem"),
+        [
+            (["--report", "/nonexistent-zephon-folder/r.html"], "folder /nonexistent-zephon-"),
+            (["--report", "FOLDER"], "expected a .html or .png file name"),
+            (["--workers", "-1"], "--num-workers=-1 must be an integer in [0, 1024]"),
+            (["--checkpoint-step", "0"], "checkpoint step 0 must be in [1, 2)"),
+        ],
+    )
+    def test_one_line_and_no_setting_run(
+        self, flags: list[str], problem: str, recipe_path: Path, tmp_path: Path, capsys: Any
+    ) -> None:
+        folder = tmp_path / "a.html"
+        folder.mkdir()
+        flags = [str(folder) if f == "FOLDER" else f for f in flags]
+        err = fails(capsys, "verify", recipe_path, "--steps", 2, "--dp", 1, *flags)
+        assert problem in err, err  # and fails() checked it is the only line: no [reference]
