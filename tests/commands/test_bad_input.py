@@ -258,3 +258,17 @@ class TestVerifyRefusesBeforeRunning:
         flags = [str(folder) if f == "FOLDER" else f for f in flags]
         err = fails(capsys, "verify", recipe_path, "--steps", 2, "--dp", 1, *flags)
         assert problem in err, err  # and fails() checked it is the only line: no [reference]
+
+
+class TestIndexOutput:
+    @pytest.mark.parametrize("case", ["under-a-file", "a-folder"])
+    def test_refused_before_any_shard_is_read(
+        self, case: str, recipe_path: Path, tmp_path: Path, capsys: Any
+    ) -> None:
+        """The shards were all read (an hour over a large bucket) before the write failed."""
+        shard = recipe_path.parent / "data.jsonl"
+        output = shard / "i.json" if case == "under-a-file" else tmp_path
+        err = fails(capsys, "index", shard, "--output", output)
+        assert "indexing shards" not in err  # the one line is the refusal, no progress
+        want = f"{shard} is not a folder" if case == "under-a-file" else "is a folder"
+        assert f"--output {output}: {want}" in err, err
