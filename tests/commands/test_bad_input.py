@@ -272,3 +272,18 @@ class TestIndexOutput:
         assert "indexing shards" not in err  # the one line is the refusal, no progress
         want = f"{shard} is not a folder" if case == "under-a-file" else "is a folder"
         assert f"--output {output}: {want}" in err, err
+
+
+class TestDigestFlagsNamedInErrors:
+    def test_cache_limit_zero_names_the_flag(self, recipe_path: Path, capsys: Any) -> None:
+        """It named the Settings field (``Settings.cache_limit=0``), not the user's flag."""
+        err = fails(capsys, "digest", recipe_path, "--steps", 1, "--cache-limit", "0")
+        assert "error: --cache-limit=0 must be an integer in [1, 2**62]" in err, err
+
+    def test_dump_folder_that_cannot_be_made_names_the_flag(
+        self, recipe_path: Path, capsys: Any
+    ) -> None:
+        """It was '<path>: Not a directory', status 1, from the first step's write."""
+        folder = recipe_path / "dump"  # under a file
+        err = fails(capsys, "digest", recipe_path, "--steps", 1, "--dump-batches", folder)
+        assert f"--dump-batches {folder}: cannot make the dump folder: Not a directory" in err
