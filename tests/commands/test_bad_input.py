@@ -287,3 +287,16 @@ class TestDigestFlagsNamedInErrors:
         folder = recipe_path / "dump"  # under a file
         err = fails(capsys, "digest", recipe_path, "--steps", 1, "--dump-batches", folder)
         assert f"--dump-batches {folder}: cannot make the dump folder: Not a directory" in err
+
+
+def test_lanes_checkpoint_without_a_global_batch_asks_for_the_flag(
+    recipe_path: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """It said '--dp and --global-batch are required (or give --checkpoint)' to a user who
+    gave --checkpoint."""
+    base = saved_state(recipe_path, tmp_path / "good")
+    ckpt = variant(base, tmp_path / "bare", lambda s: s.pop("recipe"))
+    status = cli.main(["lanes", "--checkpoint", str(ckpt), "--dp", "2"])
+    out, err = capsys.readouterr()
+    assert status == 2 and out.startswith(f"checkpoint {ckpt}: num_lanes=4"), out
+    assert f"--global-batch is required: checkpoint {ckpt} records no global batch size" in err

@@ -138,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
         _show_checkpoint(args)
         if args.dp is None:
             return 0
+    if args.checkpoint is not None and args.global_batch is None:
+        raise RecipeError(
+            f"--global-batch is required: checkpoint {args.checkpoint} records no global batch "
+            "size (a state without its recipe summary)"
+        )
     if args.dp is None or args.global_batch is None:
         raise RecipeError("--dp and --global-batch are required (or give --checkpoint)")
     if args.flush_every is None:
