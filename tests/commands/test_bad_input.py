@@ -300,3 +300,10 @@ def test_lanes_checkpoint_without_a_global_batch_asks_for_the_flag(
     out, err = capsys.readouterr()
     assert status == 2 and out.startswith(f"checkpoint {ckpt}: num_lanes=4"), out
     assert f"--global-batch is required: checkpoint {ckpt} records no global batch size" in err
+
+
+@pytest.mark.parametrize("value", ["inf", "1e-300"])
+def test_explain_tokens_per_s_out_of_range(value: str, recipe_path: Path, capsys: Any) -> None:
+    """inf printed '~0.0 s at inf Mtok/s'; 1e-300 a first-batch time of 300 digits."""
+    err = fails(capsys, "explain", recipe_path, "--tokens-per-s", value)
+    assert f"--tokens-per-s={float(value)} must be a number in [1, 1e12]" in err
