@@ -18,7 +18,7 @@ import pytest
 from tests.commands.conftest import RECIPE, write_recipe
 from tests.commands.run import zephon_process
 from tests.commands.test_inspect import saved_state
-from zephon_nodes import cli, save_state
+from zephon_nodes import __version__, cli, save_state
 
 
 def fails(capsys: Any, *argv: object) -> str:
@@ -307,3 +307,11 @@ def test_explain_tokens_per_s_out_of_range(value: str, recipe_path: Path, capsys
     """inf printed '~0.0 s at inf Mtok/s'; 1e-300 a first-batch time of 300 digits."""
     err = fails(capsys, "explain", recipe_path, "--tokens-per-s", value)
     assert f"--tokens-per-s={float(value)} must be a number in [1, 1e12]" in err
+
+
+def test_version(capsys: Any) -> None:
+    """``zephon --version`` said 'the following arguments are required: COMMAND'."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"zephon-nodes {__version__}\n"
