@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+from zephon_nodes import __version__
 from zephon_nodes.core.errors import ZephonError
 from zephon_nodes.io.storage.retry import redact
 from zephon_nodes.recipe.bounds import check_setting
@@ -122,6 +123,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         prog="zephon",
         description="Elastically deterministic training data: digest, verify and inspect recipes.",
     )
+    parser.add_argument("--version", action="version", version=f"zephon-nodes {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name, (module, help_line) in COMMANDS.items():

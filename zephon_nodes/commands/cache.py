@@ -46,13 +46,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         RecipeError: A limit is not a byte size.
     """
     settings = current()
-    limit = vars(args).get("cache_limit")
-    if limit is not None:
-        settings = settings.replace(cache_limit=limit)
-    if args.token_cache is not None:
-        settings = settings.replace(token_cache=args.token_cache)
-    if args.token_cache_limit is not None:
-        settings = settings.replace(token_cache_limit=args.token_cache_limit)
+    for flag, field, value in (
+        ("--cache-limit", "cache_limit", vars(args).get("cache_limit")),
+        ("--token-cache", "token_cache", args.token_cache),
+        ("--token-cache-limit", "token_cache_limit", args.token_cache_limit),
+    ):
+        if value is None:
+            continue
+        try:
+            settings = settings.replace(**{field: value})
+        except RecipeError as e:  # name the flag the user gave, not the Settings field
+            raise RecipeError(str(e).replace(f"Settings.{field}=", f"{flag}=")) from None
     return settings
 
 

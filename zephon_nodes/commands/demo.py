@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon_nodes.commands.demo_corpus import build_corpus, train_tokenizer
+from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.verification.baselines import naive_digests
@@ -63,11 +64,23 @@ def _first_diff(got: list[str], ref: list[str], first: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon demo``."""
+    if args.steps < 2:
+        raise RecipeError(f"--steps={args.steps} must be >= 2 (a checkpoint is taken in between)")
+    if not 1 <= args.save_at < args.steps:
+        raise RecipeError(
+            f"--save-at={args.save_at} must be in [1, {args.steps - 1}]: a step before "
+            f"--steps={args.steps}, so that the resumed runs have steps to compare"
+        )
     recipe_path = Path(args.recipe) if args.recipe else default_recipe_path()
     if args.recipe is None:
         prepare_default(recipe_path)
     pipeline = Pipeline(Recipe.from_toml(recipe_path))
     r = pipeline.recipe
+    if r.num_lanes % 4:
+        raise RecipeError(
+            f"{recipe_path}: the demo runs at dp 1, 2 and 4, so num_lanes={r.num_lanes} must "
+            "be a multiple of 4 (zephon verify --dp takes the dp sizes your recipe allows)"
+        )
     print(
         f"recipe {recipe_path} (fingerprint {pipeline.fingerprint[:16]}...): "
         f"{r.num_lanes} lanes, global batch {r.global_batch_size}, seq_len {r.seq_len}, "
@@ -86,6 +99,14 @@ def run(args: argparse.Namespace) -> int:
     )
     print("|----------------------------------------|---------|------------------------|---------|")
     ref, secs = run_digests(1, 1)
+    if len(ref) <= args.save_at:
+        raise RecipeError(
+            f"{recipe_path}: the data ends after step {len(ref)}, before --save-at="
+            f"{args.save_at}; give a smaller --save-at"
+        )
+    if len(ref) < args.steps:  # a finite recipe: compare the steps it has
+        print(f"(the data ends after step {len(ref)}: every setting is compared over them)")
+        args.steps = len(ref)
     label, head = "reference: dp 1, 1 worker", (ref[0][:16] + "...") if ref else "(no data)"
     steps = f"1-{len(ref)}"
     print(f"| {label:<38} | {steps:<7} | {head:<22} | {secs:5.2f} s |")

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import functools
 import json
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -123,6 +124,14 @@ def _check_save_args(args: argparse.Namespace) -> None:
         raise RecipeError("--save-at and --checkpoint-dir must be given together")
     if args.checkpoint_dir is not None:
         check_writable(args.checkpoint_dir)  # now, not when the save step is reached
+    if args.dump_batches is not None:
+        try:
+            os.makedirs(args.dump_batches, exist_ok=True)
+        except OSError as e:
+            raise RecipeError(
+                f"--dump-batches {args.dump_batches}: cannot make the dump folder: "
+                f"{e.strerror or e}"
+            ) from None
 
 
 def _check_save_at(args: argparse.Namespace, first: int, resumed: bool) -> None:

@@ -181,8 +181,11 @@ def run(args: argparse.Namespace) -> int:
     """Run ``zephon explain``."""
     if args.num_workers < 0:
         raise RecipeError(f"--num-workers={args.num_workers} must be >= 0")
-    if not args.tokens_per_s > 0:
-        raise RecipeError(f"--tokens-per-s={args.tokens_per_s} must be > 0")
+    if not 1 <= args.tokens_per_s <= 1e12:  # also refuses nan and inf
+        raise RecipeError(
+            f"--tokens-per-s={args.tokens_per_s} must be a number in [1, 1e12] (tokens per "
+            "second per worker)"
+        )
     if args.lookahead < 1:
         raise RecipeError(f"--lookahead={args.lookahead} must be >= 1")
     info = explain(

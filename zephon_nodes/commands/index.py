@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
             "FILE: a web server cannot be written to (nor listed: name each shard's URL); "
             'then set the dataset\'s index = "FILE"'
         )
+    if args.output is not None:
+        _check_output(args.output)
     bar = Progress(None, "indexing shards", "shard", disable=args.quiet)
     try:
         directory, manifest = build_index(
@@ -82,3 +84,27 @@ def run(args: argparse.Namespace) -> int:
         f"{storage.redact(location)}: {len(shards)} shard(s), {records:,} records, {size:,} bytes"
     )
     return 0
+
+
+def _check_output(output: str) -> None:
+    """Refuse a local ``--output`` that cannot be written, before any shard is read.
+
+    Missing folders are made when the index is written, so the nearest existing one must be
+    a writable folder.
+
+    Raises:
+        RecipeError: If the output is a folder, or the folder it would be made in is a file
+            or not writable.
+    """
+    if storage.is_remote(output):
+        return  # an object store is checked when the index is written
+    path = os.path.abspath(storage.local_path(output))
+    if os.path.isdir(path):
+        raise RecipeError(f"--output {output}: is a folder; name the index file (.../{INDEX_NAME})")
+    folder = os.path.dirname(path)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise RecipeError(f"--output {output}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise RecipeError(f"--output {output}: the folder {folder} is not writable")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.state.files import STATE_FILE, check_writable, load_state
 from zephon_nodes.state.layout import load_checkpoint
-from zephon_nodes.state.lineage import LINEAGE_KEY, describe_lineage, kept_stage
-from zephon_nodes.state.mixture import LOG_KEY
+from zephon_nodes.state.lineage import LINEAGE_KEY, Lineage, describe_lineage, kept_stage
+from zephon_nodes.state.mixture import LOG_KEY, WEIGHTS_KEY, parse_mixture_state
 from zephon_nodes.state.schema import (
     FINGERPRINT_KEY,
     FORMAT_KEY,
@@ -22,13 +23,15 @@ from zephon_nodes.state.schema import (
     PASS_KEY,
     STAGE_KEY,
     STEP_KEY,
+    RankState,
 )
-from zephon_nodes.state.stage import summarize_changes
+from zephon_nodes.state.stage import StageState, summarize_changes
 
 __all__ = [
     "CHECKPOINT_HELP",
     "add_checkpoint_arg",
     "add_parser",
+    "check_shape",
     "load_any",
     "load_checkpoint_for_output",
     "report",
@@ -89,6 +92,37 @@ def load_any(path: str | Path) -> dict[str, Any]:
     return load_checkpoint(p)
 
 
+def check_shape(state: dict[str, Any], where: str | Path) -> dict[str, Any]:
+    """Hold a loaded state to the shape every loader of it checks, and return it.
+
+    The checks a resume makes before it compares the state with a recipe: the keys, types and
+    ranges (:meth:`RankState.from_dict`), the lineage of a re-laned checkpoint, the stage
+    section of a changed recipe and the decision log of a dynamic mixture (its dataset names
+    taken from the log, since no recipe is at hand). A state that passes is printed safely.
+
+    Raises:
+        CheckpointError: ``<where>: <the problem>``.
+    """
+    try:
+        parsed = RankState.from_dict(state)
+        lineage = Lineage.from_state(state[LINEAGE_KEY]) if state.get(LINEAGE_KEY) else None
+        while lineage is not None:  # the stage sections the re-lanes keep are reported too
+            if lineage.stage is not None:
+                StageState.from_state(lineage.stage, lineage.num_lanes)
+            lineage = lineage.parent
+        if state.get(STAGE_KEY) is not None:
+            StageState.from_state(state[STAGE_KEY], parsed.num_lanes)
+        if state.get(MIXTURE_KEY) is not None:
+            log = state[MIXTURE_KEY].get(LOG_KEY)
+            first = log[0] if isinstance(log, list) and log else None
+            weights = first.get(WEIGHTS_KEY) if isinstance(first, dict) else None
+            names = [str(n) for n in weights] if isinstance(weights, dict) else []
+            parse_mixture_state(state[MIXTURE_KEY], names, list(parsed.lanes), parsed.step)
+    except CheckpointError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    return state
+
+
 def load_checkpoint_for_output(args: argparse.Namespace) -> None:
     """Refuse an unwritable ``args.output``, then load ``args.checkpoint`` into ``args.state``.
 
@@ -96,15 +130,24 @@ def load_checkpoint_for_output(args: argparse.Namespace) -> None:
     ``amend``): run before their engine is imported, so that a wrong path is refused at once.
 
     Raises:
-        CheckpointError: If the output directory is not writable or no checkpoint is there.
+        CheckpointError: If no checkpoint is there, the output would replace the checkpoint
+            read, or the output directory is not writable.
     """
+    args.state = load_any(args.checkpoint)  # first: a wrong path creates no output folder
+    source = Path(args.checkpoint)
+    source = source if source.is_file() else source / STATE_FILE
+    target = Path(args.output) / STATE_FILE
+    if source.exists() and target.exists() and os.path.samefile(source, target):
+        raise CheckpointError(
+            f"--output {args.output} would replace the checkpoint read ({source}); write the "
+            "changed checkpoint to another folder and keep this one"
+        )
     check_writable(args.output)
-    args.state = load_any(args.checkpoint)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon inspect`` without ``--recipe`` (see :func:`route_recipe`)."""
-    return report(args, load_any(args.checkpoint))
+    return report(args, check_shape(load_any(args.checkpoint), args.checkpoint))
 
 
 def report(

@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from zephon_nodes.commands.inspect import load_any
+from zephon_nodes.commands.inspect import check_shape, load_any
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.recipe.bounds import SETTINGS, check_setting
 from zephon_nodes.state.lineage import describe_lineage
@@ -138,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
         _show_checkpoint(args)
         if args.dp is None:
             return 0
+    if args.checkpoint is not None and args.global_batch is None:
+        raise RecipeError(
+            f"--global-batch is required: checkpoint {args.checkpoint} records no global batch "
+            "size (a state without its recipe summary)"
+        )
     if args.dp is None or args.global_batch is None:
         raise RecipeError("--dp and --global-batch are required (or give --checkpoint)")
     if args.flush_every is None:
@@ -192,14 +197,18 @@ def run(args: argparse.Namespace) -> int:
 
 def _show_checkpoint(args: argparse.Namespace) -> None:
     """Print a checkpoint's lane count and lineage; default ``--global-batch`` from it."""
-    state = load_any(args.checkpoint)
+    state = check_shape(load_any(args.checkpoint), args.checkpoint)
     recipe = state.get(RECIPE_KEY) if isinstance(state.get(RECIPE_KEY), dict) else {}
     assert isinstance(recipe, dict)
+    # Values from the checkpoint are held to the recipe's bounds, as the flags were.
+    where = f"checkpoint {args.checkpoint}: recipe."
     if args.global_batch is None and isinstance(recipe.get("global_batch_size"), int):
-        args.global_batch = recipe["global_batch_size"]
+        args.global_batch = check_setting(
+            "global_batch_size", recipe["global_batch_size"], where=where
+        )
     # The replay a restore costs is in the checkpoint's flush_every, unless --flush-every says.
     if args.flush_every is None and isinstance(recipe.get("flush_every"), int):
-        args.flush_every = recipe["flush_every"]
+        args.flush_every = check_setting("flush_every", recipe["flush_every"], where=where)
     lines = describe_lineage(state.get(LINEAGE_KEY))
     if args.json:  # with --dp, the JSON list of lane counts alone
         if args.dp is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("patterns", nargs="+", metavar="PATTERN", help="local shard glob patterns")
     p.add_argument("--output-dir", required=True, help="folder for the re-compressed shards")
-    p.add_argument("--frame-mb", type=float, default=4.0, help="text per frame in MB (4)")
-    p.add_argument("--level", type=int, default=3, help="zstd level (3)")
+    p.add_argument("--frame-mb", type=float, default=4.0, help="text per frame in MB")
+    p.add_argument("--level", type=int, default=3, help="zstd level")
     p.set_defaults(run=__name__)
 
 
@@ -47,10 +48,30 @@ def run(args: argparse.Namespace) -> int:
         if not matches:
             raise RecipeError(f"pattern {pattern!r} matches no file")
         files.extend(matches)
-    out = Path(args.output_dir)
-    for f in files:
-        name = Path(f).name
-        target = out / (name if name.endswith(".zst") else name + ".zst")
+    for f, target in _targets(files, Path(args.output_dir)).items():
         n = recompress_file(f, target, int(args.frame_mb * (1 << 20)), args.level)
         print(f"{target}: {n} frame(s)", file=sys.stdout)
     return 0
+
+
+def _targets(files: list[str], out: Path) -> dict[str, Path]:
+    """Each shard's output file in ``out`` (a shard matched twice is written once).
+
+    Raises:
+        RecipeError: If two shards would be written to one file (same name in two folders,
+            or ``x.jsonl`` beside ``x.jsonl.zst``): the second would replace the first.
+    """
+    targets: dict[str, Path] = {}
+    by_target: dict[Path, str] = {}
+    for f in files:
+        name = Path(f).name
+        target = out / (name if name.endswith(".zst") else name + ".zst")
+        seen = by_target.get(target)
+        if seen is not None and os.path.realpath(seen) != os.path.realpath(f):
+            raise RecipeError(
+                f"{seen} and {f} would both be written to {target} (the second would replace "
+                "the first): recompress shards of one name into different --output-dir folders"
+            )
+        by_target[target] = f
+        targets.setdefault(f, target)
+    return targets

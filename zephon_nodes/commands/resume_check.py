@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from zephon_nodes.commands.inspect import load_any, report
+from zephon_nodes.commands.inspect import check_shape, load_any, report
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.restore_checks import check_rank_state
@@ -23,7 +23,7 @@ __all__ = ["resume_check", "run"]
 
 def run(args: argparse.Namespace) -> int:
     """Run ``zephon inspect --recipe``; exit status 1 if the recipe cannot resume."""
-    state = load_any(args.checkpoint)
+    state = check_shape(load_any(args.checkpoint), args.checkpoint)
     return report(args, state, resume_check(state, Recipe.from_toml(args.recipe)))
 
 

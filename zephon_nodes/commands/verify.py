@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -16,6 +18,7 @@ from zephon_nodes.engine.operator_pools import OPERATOR_WORKERS_HELP, operator_w
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import RUNNERS
 from zephon_nodes.recipe import Recipe
+from zephon_nodes.recipe.bounds import check_setting
 from zephon_nodes.verification.baselines import naive_digests
 from zephon_nodes.verification.matrix import (
     SettingResult,
@@ -198,12 +201,42 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
 
 
+def _check_before_running(args: argparse.Namespace) -> None:
+    """Refuse, before the matrix runs (minutes or hours), what would fail only after it.
+
+    Raises:
+        RecipeError: A worker count out of range, a checkpoint step outside the run, a report
+            that cannot be written (its folder missing or read-only, a folder at its path, a
+            ``.png`` without matplotlib).
+    """
+    for w in args.workers:
+        check_setting("--num-workers", w)
+    k = args.checkpoint_step
+    if k is not None and not args.no_resume and not 1 <= k < args.steps:
+        raise RecipeError(
+            f"--checkpoint-step: checkpoint step {k} must be in [1, {args.steps}) (a step "
+            f"before --steps={args.steps}, so that the resumed runs have steps to compare)"
+        )
+    for path in args.report:
+        p = Path(path)
+        folder = p.parent
+        if p.suffix.lower() not in (".html", ".htm", ".png") or p.is_dir():
+            raise RecipeError(f"--report {path}: expected a .html or .png file name")
+        if not folder.is_dir():
+            raise RecipeError(f"--report {path}: the folder {folder} does not exist")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise RecipeError(f"--report {path}: the folder {folder} is not writable")
+        if p.suffix.lower() == ".png" and importlib.util.find_spec("matplotlib") is None:
+            raise RecipeError(
+                f"--report {path}: a .png report needs matplotlib "
+                "(pip install zephon-nodes[report]); a .html report needs nothing"
+            )
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise RecipeError(f"--steps={args.steps} must be >= 1")
-    for path in args.report:
-        if Path(path).suffix.lower() not in (".html", ".htm", ".png"):
-            raise RecipeError(f"--report {path}: expected a .html or .png file name")
+    _check_before_running(args)
     recipe = Recipe.from_toml(args.recipe)
     pipeline = Pipeline(recipe)
     pipeline.check_produces()

@@ -25,6 +25,8 @@ import json
 import os
 import re
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 
 from zephon_nodes.core.errors import DataError
+from zephon_nodes.engine.multiplexer import LANE_KEY
 from zephon_nodes.io.storage.cache import umask_mode
 from zephon_nodes.io.storage.storage import redact
 from zephon_nodes.verification.digest import digest_microbatches
@@ -112,7 +115,7 @@ def dump_digests(folder: str | os.PathLike[str]) -> dict[int, str]:
     for step, paths in sorted(by_step.items()):
         if step in whole and len(paths) > 1:
             raise DataError(f"{root}: step {step} has both a whole-batch file and rank files")
-        digests[step] = digest_microbatches([_load(p) for p in paths])
+        digests[step] = digest_microbatches(_check_fields([_load(p) for p in paths], paths))
     return digests
 
 
@@ -120,8 +123,41 @@ def _load(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot read batch dump: {e}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        # EOFError: an empty file; BadZipFile, zlib.error: a truncated or damaged one.
+        raise DataError(f"{path}: cannot read batch dump: {e or type(e).__name__}") from None
+
+
+def _check_fields(
+    batches: list[dict[str, np.ndarray]], paths: Sequence[Path]
+) -> list[dict[str, np.ndarray]]:
+    """Refuse files of one step that the digest cannot combine: naming the file and field.
+
+    Each needs the ``lane`` field (one integer per row), the fields of the step's first
+    file, and as many rows in every field as in ``lane``.
+
+    Raises:
+        DataError: Naming the file and what is wrong.
+    """
+    fields = sorted(batches[0])
+    for batch, path in zip(batches, paths, strict=True):
+        lanes = batch.get(LANE_KEY)
+        if lanes is None or lanes.ndim != 1 or lanes.dtype.kind not in "iu":
+            raise DataError(
+                f"{path}: not a batch dump: expected a '{LANE_KEY}' field of one integer per "
+                f"row, got fields {sorted(batch)}"
+            )
+        if sorted(batch) != fields:
+            raise DataError(
+                f"{path}: fields {sorted(batch)} differ from {paths[0].name}'s {fields}"
+            )
+        for key, value in batch.items():
+            if value.ndim == 0 or len(value) != len(lanes):
+                raise DataError(
+                    f"{path}: field {key!r} has {len(value) if value.ndim else 'no'} rows, "
+                    f"'{LANE_KEY}' has {len(lanes)}"
+                )
+    return batches
 
 
 class StepDumper:
