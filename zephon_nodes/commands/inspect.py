@@ -105,7 +105,8 @@ def check_shape(state: dict[str, Any], where: str | Path) -> dict[str, Any]:
     """
     try:
         parsed = RankState.from_dict(state)
-        lineage = Lineage.from_state(state[LINEAGE_KEY]) if state.get(LINEAGE_KEY) else None
+        raw = state.get(LINEAGE_KEY)
+        lineage = Lineage.from_state(raw) if raw is not None else None
         while lineage is not None:  # the stage sections the re-lanes keep are reported too
             if lineage.stage is not None:
                 StageState.from_state(lineage.stage, lineage.num_lanes)
