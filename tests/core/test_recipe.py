@@ -73,6 +73,8 @@ def test_issue_recipe_loads_with_paths_relative_to_the_file(tmp_path, monkeypatc
             "work.epochs=0 must be an integer in",
         ),
         ("this is = not toml [", "not a valid TOML file"),
+        ("", "the recipe is empty: it needs a \\[tokenizer\\] table"),
+        ("# only a comment\n", "the recipe is empty"),
     ],
 )
 def test_invalid_recipes_are_refused_with_the_field(tmp_path, text, message):

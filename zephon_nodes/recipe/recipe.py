@@ -270,6 +270,11 @@ class Recipe:
             source: The file the data came from, used in error messages.
         """
         where = f"{source}: " if source else ""
+        if isinstance(data, Mapping) and not data:
+            raise RecipeError(
+                f"{where}the recipe is empty: it needs a [tokenizer] table and at least one "
+                f"[[datasets]] entry (docs/recipe.md)"
+            )
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         top = _Fields(data, where + "recipe")
         _misspelled_tables(data, where)
