@@ -15,7 +15,14 @@ import pytest
 from tests.state.recipes import mixed_recipe, plain_recipe
 from zephon_nodes import CheckpointError, Pipeline, simulate
 from zephon_nodes.engine.relane import for_state
-from zephon_nodes.state import FORMAT, RankState, load_checkpoint, load_state, unwrap_state
+from zephon_nodes.state import (
+    FORMAT,
+    RankState,
+    load_checkpoint,
+    load_state,
+    save_state,
+    unwrap_state,
+)
 from zephon_nodes.state.migrate import upgrade
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -47,11 +54,15 @@ def test_single_file(plain: Pipeline, dp: int) -> None:
     assert resumed(plain, state, dp, 7) == EXPECTED["plain"][SAVED_AT:]
 
 
-def test_unchecked_single_file(plain: Pipeline) -> None:
-    with pytest.raises(CheckpointError, match="carries no checksum"):
+def test_unchecked_single_file(plain: Pipeline, tmp_path: Path) -> None:
+    with pytest.raises(
+        CheckpointError, match=r"carries no checksum.*write it again with save_state"
+    ):
         load_state(FIXTURES / "unchecked")
     state = load_state(FIXTURES / "unchecked", allow_unchecked=True)
     assert state == load_state(FIXTURES / "single")
+    again = save_state(tmp_path, state)  # what the message says: then the commands read it
+    assert load_state(again) == state
     assert resumed(plain, state, 2, 7) == EXPECTED["plain"][SAVED_AT:]
 
 

@@ -104,8 +104,10 @@ def decode_checked(raw: bytes, where: str | os.PathLike[str], *, allow_unchecked
     if not allow_unchecked:
         raise CheckpointError(
             f"{where}: the file carries no checksum (a state written before zephon-nodes "
-            f"checksummed its checkpoints, or a hand-made one); load it with "
-            f"load_state(path, allow_unchecked=True) if you trust it"
+            f"checksummed its checkpoints, or a hand-made one); if you trust it, load it in "
+            f"Python with load_state(path, allow_unchecked=True) and write it again with "
+            f"save_state (which adds the checksum): the zephon commands read checksummed "
+            f"states only"
         )
     return obj
 
