@@ -35,7 +35,11 @@ class Unreachable:
     """Work items of a finite run left past the end of its shortest lane, after a change.
 
     A step takes samples from every lane: the data ends when the first lane runs out, and
-    what the other lanes still hold then is never used.
+    what the other lanes still hold then is never used. Counted in work items, this is an
+    estimate: the lanes run out in step with each other in samples, so it is exact (to within
+    a flush window per lane) when every work item makes the same number of samples; a lane
+    whose items hold fewer tokens ends sooner than its count says
+    (``tests/stages/test_unreachable_accounting.py``).
 
     Attributes:
         items: Work items past the shortest lane's end (summed over lanes).
@@ -57,8 +61,9 @@ class Unreachable:
         return (
             f"warning: after {change}, {self.items} of the {self.remaining} remaining work "
             f"items ({self.share:.0%}) lie past the end of the shortest lane and go unused "
-            f"when the finite data ends; fewer lanes or an earlier checkpoint keeps more of "
-            f"the data"
+            f"when the finite data ends (counted in work items, an estimate: a lane whose "
+            f"items hold fewer tokens runs out sooner); fewer lanes or an earlier checkpoint "
+            f"keeps more of the data"
         )
 
 
@@ -108,7 +113,8 @@ def unreachable(pipeline: Any, state: Mapping[str, Any]) -> Unreachable | None:
     """What a state leaves unreachable before the end of finite data (None: endless data).
 
     Counted in work items: per lane, the items from the start of its current flush window
-    to its end; what exceeds the shortest lane's count is unreachable.
+    to its end; what exceeds the shortest lane's count is unreachable. An estimate when work
+    items differ in size (:class:`Unreachable`).
     """
     segment = segment_for(pipeline, state)
     source = segment.work_source
