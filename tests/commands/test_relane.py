@@ -145,3 +145,16 @@ def test_relane_warns_about_lanes_without_untouched_items(
     starved = json.loads(got.out)["lanes_without_untouched_items"]
     assert starved and all(0 <= lane < 12 for lane in starved)
     assert f"warning: {len(starved)} of 12 new lanes get no untouched work item" in got.err
+    assert "the other lanes' samples go unused" in got.err
+    # At the last step every work item was touched: every new lane is starved, and the
+    # warning does not speak of other lanes.
+    last = tmp_path / "last"
+    assert zephon("digest", recipe, "--steps", "38", "--save-at", "38",
+                  "--checkpoint-dir", str(last)) == 0  # fmt: skip
+    capsys.readouterr()
+    args = ["--num-lanes", "2", "--output", str(tmp_path / "o2"), "--json"]
+    assert zephon("relane", recipe, str(last), *args) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["lanes_without_untouched_items"] == [0, 1]
+    assert "warning: 2 of 2 new lanes get no untouched work item" in got.err
+    assert "other lanes" not in got.err

@@ -44,11 +44,16 @@ def run(args: argparse.Namespace) -> int:
             print(warning, file=sys.stderr)
     if starved:
         out["lanes_without_untouched_items"] = starved
+        every = len(starved) == int(new["num_lanes"])
         print(
             f"warning: {len(starved)} of {new['num_lanes']} new lanes get no untouched work item "
             f"(lanes {starved[:8]}{'...' if len(starved) > 8 else ''}): the finite data ends "
-            f"when their leftovers run out and the other lanes' samples go unused; fewer lanes "
-            f"or an earlier checkpoint keeps more of the data",
+            + (
+                "when the lanes' leftovers run out; "
+                if every
+                else "when their leftovers run out and the other lanes' samples go unused; "
+            )
+            + "fewer lanes or an earlier checkpoint keeps more of the data",
             file=sys.stderr,
         )
     if args.json:
