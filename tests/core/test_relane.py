@@ -113,6 +113,33 @@ def run(pipeline: Pipeline, dp: int, steps: int, state: Any = None, **kw: Any) -
     return list(simulate(pipeline, dp, steps, num_workers=0, resume_state=state, **kw))
 
 
+def segment(
+    pipeline: Pipeline,
+    state: dict[str, Any] | None,
+    step: int,
+    steps: int,
+    dp_pick: int,
+    delivered: Counter,
+) -> dict[str, Any] | None:
+    """Run ``steps`` steps from ``state`` (after ``step``) at the dp size ``dp_pick`` picks;
+    add the pairs delivered; return the state saved after them (None: the data ended)."""
+    dps = divisors(pipeline.num_lanes)
+    saved: list[dict[str, Any]] = []
+    batches = run(
+        pipeline,
+        dps[dp_pick % len(dps)],
+        steps,
+        state,
+        save_at=step + steps,
+        on_save=saved.append,
+        keep_batches=True,
+    )
+    for _, mbs in batches:
+        for mb in mbs:
+            _pairs(mb, delivered)
+    return saved[0] if saved else None
+
+
 def corpus_pairs(texts: list[str]) -> Counter:
     """Every (input, label) pair the documents hold, from first principles (bos/eos added)."""
     out: Counter = Counter()
@@ -221,22 +248,10 @@ def test_chains_of_relanes_lose_nothing(case: dict[str, Any]) -> None:
     pipeline, state, step = Pipeline(recipe), None, 0
     delivered: Counter = Counter()
     for steps, dp_pick, lanes_after in case["chain"]:
-        dps = divisors(pipeline.num_lanes)
-        saved: list[dict[str, Any]] = []
-        batches = run(
-            pipeline,
-            dps[dp_pick % len(dps)],
-            steps,
-            state,
-            save_at=step + steps,
-            on_save=saved.append,
-            keep_batches=True,
-        )
-        for _, mbs in batches:
-            for mb in mbs:
-                _pairs(mb, delivered)
-        assume(saved)  # the data lasted to the change
-        state, step = saved[0], step + steps
+        state = segment(pipeline, state, step, steps, dp_pick, delivered)
+        assume(state is not None)  # the data lasted to the change
+        assert state is not None
+        step += steps
         if lanes_after is not None:
             state = relane_state(pipeline, state, lanes_after)
             pipeline = Pipeline(recipe.replace(num_lanes=lanes_after))

@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tests.core.test_relane import ALPHABETS, _pairs, _texts, corpus_pairs, run
+from tests.core.test_relane import ALPHABETS, _pairs, _texts, corpus_pairs, run, segment
 from tests.strategies import divisors
 from zephon_nodes import (
     DatasetSpec,
@@ -112,22 +112,10 @@ def test_delivered_held_and_counted_drops_are_the_corpus(case: dict[str, Any]) -
     pipeline, state, step = Pipeline(recipe), None, 0
     delivered: Counter = Counter()
     for steps, dp_pick, change in case["chain"]:
-        dps = divisors(pipeline.num_lanes)
-        saved: list[dict[str, Any]] = []
-        batches = run(
-            pipeline,
-            dps[dp_pick % len(dps)],
-            steps,
-            state,
-            save_at=step + steps,
-            on_save=saved.append,
-            keep_batches=True,
-        )
-        for _, mbs in batches:
-            for mb in mbs:
-                _pairs(mb, delivered)
-        assume(saved)  # the data lasted to the change
-        state, step = saved[0], step + steps
+        state = segment(pipeline, state, step, steps, dp_pick, delivered)
+        assume(state is not None)  # the data lasted to the change
+        assert state is not None
+        step += steps
         if change is None:
             break
         try:
