@@ -198,9 +198,14 @@ def test_relane_keeps_every_document_once_and_is_elastic(
 
 
 @st.composite
-def relane_chains(draw: st.DrawFn) -> dict[str, Any]:
-    """A finite one-dataset recipe long enough for a chain of up to 4 re-lanes."""
+def change_chains(
+    draw: st.DrawFn, deals: tuple[str, ...], kinds: tuple[str, ...], fewest: int
+) -> dict[str, Any]:
+    """A finite one-dataset recipe long enough for a chain of ``fewest``-4 changes, and the
+    chain: ``(steps before the change, dp of the segment, change)``, the last change None;
+    a change is ``("relane", lanes)`` or ``("seq_len", n)``, of the ``kinds`` given."""
     G = draw(st.sampled_from([4, 6, 8, 12, 24]))
+    lanes = [d for d in divisors(G) if d <= 8]
     n = draw(st.integers(100, 250))
     recipe = Recipe(
         datasets=(
@@ -208,30 +213,28 @@ def relane_chains(draw: st.DrawFn) -> dict[str, Any]:
         ),
         tokenizer=TokenizerSpec(kind="bytes", add_bos=True, add_eos=True),
         seed=draw(st.integers(0, 2**32)),
-        num_lanes=draw(st.sampled_from([d for d in divisors(G) if d <= 8])),
+        num_lanes=draw(st.sampled_from(lanes)),
         global_batch_size=G,
         seq_len=draw(st.integers(8, 40)),
         flush_every=draw(st.integers(1, 4)),
         work=WorkSpec(
-            chunk_size=draw(st.integers(1, 3)),
-            epochs=1,
-            deal=draw(st.sampled_from(["balanced", "round_robin"])),
+            chunk_size=draw(st.integers(1, 3)), epochs=1, deal=draw(st.sampled_from(deals))
         ),
         shuffle=ShuffleSpec(draw(st.sampled_from([0, 1, 4]))),
         pack=PackSpec(
             mode=draw(st.sampled_from(["concat", "bestfit"])), bins=draw(st.sampled_from([1, 4]))
         ),
     )
-    k = draw(st.integers(2, 4), label="re-lanes")
-    lanes = [d for d in divisors(G) if d <= 8]
+    changes = [("relane", n) for n in lanes] if "relane" in kinds else []
+    changes += [("seq_len", s) for s in (8, 16, 24, 33)] if "seq_len" in kinds else []
+    k = draw(st.integers(fewest, 4), label="changes")
     return {
         "recipe": recipe,
-        # (steps before the change, dp of the segment, lanes after it); the last has none.
         "chain": [
             (
                 draw(st.integers(1, 3)),
                 draw(st.integers(0, 7)),
-                draw(st.sampled_from(lanes)) if i < k else None,
+                draw(st.sampled_from(changes)) if i < k else None,
             )
             for i in range(k + 1)
         ],
@@ -239,7 +242,7 @@ def relane_chains(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @settings(max_examples=12)
-@given(case=relane_chains())
+@given(case=change_chains(("balanced", "round_robin"), ("relane",), 2))
 def test_chains_of_relanes_lose_nothing(case: dict[str, Any]) -> None:
     """Re-laned 2-4 times at random steps and dp sizes: delivered + what the lanes still hold
     at the end is exactly the corpus (bos and eos once per document): no document lost or
@@ -247,14 +250,14 @@ def test_chains_of_relanes_lose_nothing(case: dict[str, Any]) -> None:
     recipe = case["recipe"]
     pipeline, state, step = Pipeline(recipe), None, 0
     delivered: Counter = Counter()
-    for steps, dp_pick, lanes_after in case["chain"]:
+    for steps, dp_pick, change in case["chain"]:
         state = segment(pipeline, state, step, steps, dp_pick, delivered)
         assume(state is not None)  # the data lasted to the change
         assert state is not None
         step += steps
-        if lanes_after is not None:
-            state = relane_state(pipeline, state, lanes_after)
-            pipeline = Pipeline(recipe.replace(num_lanes=lanes_after))
+        if change is not None:
+            state = relane_state(pipeline, state, change[1])
+            pipeline = Pipeline(recipe.replace(num_lanes=change[1]))
     with WorkerPool(2, "thread") as pool:
         rest = drain(pipeline, state, pool)
     texts = [r["text"] for r in recipe.datasets[0].records]

@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 
-from tests.core.test_relane import ALPHABETS, _pairs, _texts, corpus_pairs, run, segment
-from tests.strategies import divisors
+from tests.core.test_relane import _pairs, change_chains, corpus_pairs, run, segment
 from zephon_nodes import (
     DatasetSpec,
     Pipeline,
@@ -34,49 +32,9 @@ from zephon_nodes.cli import main
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.engine.relane import for_state, relane_state
 from zephon_nodes.engine.stages import amend_state
-from zephon_nodes.recipe import PackSpec
 from zephon_nodes.state.files import save_state
 
 OUTCOMES: Counter[str] = Counter()
-
-
-@st.composite
-def chains(draw: st.DrawFn) -> dict[str, Any]:
-    """A finite one-dataset recipe and a chain of 1-4 changes: re-lanes and seq_len amendments."""
-    G = draw(st.sampled_from([4, 6, 8, 12, 24]))
-    lanes = [d for d in divisors(G) if d <= 8]
-    n = draw(st.integers(100, 250))
-    recipe = Recipe(
-        datasets=(
-            DatasetSpec("a", records=tuple({"text": t} for t in _texts(draw, ALPHABETS[0], n))),
-        ),
-        tokenizer=TokenizerSpec(kind="bytes", add_bos=True, add_eos=True),
-        seed=draw(st.integers(0, 2**32)),
-        num_lanes=draw(st.sampled_from(lanes)),
-        global_batch_size=G,
-        seq_len=draw(st.integers(8, 40)),
-        flush_every=draw(st.integers(1, 4)),
-        # An amendment continues round-robin streams only (amend_state).
-        work=WorkSpec(chunk_size=draw(st.integers(1, 3)), epochs=1, deal="round_robin"),
-        shuffle=ShuffleSpec(draw(st.sampled_from([0, 1, 4]))),
-        pack=PackSpec(
-            mode=draw(st.sampled_from(["concat", "bestfit"])), bins=draw(st.sampled_from([1, 4]))
-        ),
-    )
-    changes = [("relane", n) for n in lanes] + [("seq_len", s) for s in (8, 16, 24, 33)]
-    k = draw(st.integers(1, 4))
-    return {
-        "recipe": recipe,
-        # (steps before the change, dp of the segment, the change); the last has none.
-        "chain": [
-            (
-                draw(st.integers(1, 3)),
-                draw(st.integers(0, 7)),
-                draw(st.sampled_from(changes)) if i < k else None,
-            )
-            for i in range(k + 1)
-        ],
-    }
 
 
 def _held_and_reported(pipeline: Pipeline, state: dict[str, Any]) -> tuple[Counter, int]:
@@ -105,8 +63,9 @@ def _change(pipeline: Pipeline, state: dict[str, Any], change: tuple[str, int]) 
     return amend_state(pipeline, state, Pipeline(new)), new
 
 
+# An amendment continues round-robin streams only (amend_state).
 @settings(max_examples=15)
-@given(case=chains())
+@given(case=change_chains(("round_robin",), ("relane", "seq_len"), 1))
 def test_delivered_held_and_counted_drops_are_the_corpus(case: dict[str, Any]) -> None:
     recipe = case["recipe"]
     pipeline, state, step = Pipeline(recipe), None, 0
