@@ -108,12 +108,10 @@ def test_a_change_counts_the_short_last_sample_of_a_window_the_shuffle_kept() ->
         shuffle=ShuffleSpec(4),
     )
     p = Pipeline(recipe)
-    saved: list[dict[str, Any]] = []
     delivered: Counter = Counter()
-    for _, mbs in run(p, 1, 1, None, save_at=1, on_save=saved.append, keep_batches=True):
-        for mb in mbs:
-            _pairs(mb, delivered)
-    state = amend_state(p, saved[0], Pipeline(recipe))
+    saved = segment(p, None, 0, 1, 0, delivered)
+    assert saved is not None
+    state = amend_state(p, saved, Pipeline(recipe))
     held, reported = _held_and_reported(Pipeline(recipe), state)
     want = corpus_pairs(texts)
     assert not delivered + held - want

@@ -67,8 +67,7 @@ class OperatorClock:
     def add(self, times: Iterable[tuple[str, float]]) -> None:
         """Add one call's ``(operator, seconds)`` pairs."""
         for name, secs in times:
-            self.busy_s[name] = self.busy_s.get(name, 0.0) + secs
-            self.calls[name] = self.calls.get(name, 0) + 1
+            self.add_one(name, secs)
 
     def add_one(self, name: str, secs: float) -> None:
         """Add one call of one operator (:meth:`add` without building a tuple per call)."""

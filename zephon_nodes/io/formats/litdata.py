@@ -27,6 +27,8 @@ import zstandard
 from zephon_nodes.core.errors import CORRUPT_ZSTD, TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
+    bad_ids,
+    bad_parts,
     check_count,
     check_distinct,
     decompressed,
@@ -105,12 +107,8 @@ class LitDataShard:
             raise DataError(f"{self.where(record)}: a truncated item", kind=TRUNCATED_FILE)
         sizes = heads.unpack_from(item)
         if heads.size + sum(sizes) != len(item):
-            raise DataError(
-                f"{self.where(record)}: an item of {len(item)} bytes, its leaves' sizes say "
-                f"{heads.size + sum(sizes)} (a corrupt chunk, or an index.json of other "
-                f"chunks)",
-                kind=TRUNCATED_FILE,
-            )
+            said = heads.size + sum(sizes)
+            raise bad_parts(self.where(record), len(item), said, NAMES, "leaves")
         pos = heads.size + sum(sizes[: self.leaf])
         value = item[pos : pos + sizes[self.leaf]]
         dtype, offset, count = self.dtype, 0, None
@@ -127,12 +125,7 @@ class LitDataShard:
         ids = _DTYPES[dtype]
         body = len(value) - offset
         if body % ids.itemsize or (count is not None and body != count * ids.itemsize):
-            shape = f"{count} ids" if count is not None else "whole ids"
-            raise DataError(
-                f"{self.where(record)}: a token leaf of {body} bytes is not {shape} of {ids} "
-                f"(a corrupt item, or an index.json of other chunks)",
-                kind=TRUNCATED_FILE,
-            )
+            raise bad_ids(self.where(record), body, ids, count, NAMES, "leaf")
         return np.frombuffer(value, dtype=ids, offset=offset)
 
     def where(self, record: int) -> str:

@@ -24,6 +24,8 @@ import numpy as np
 from zephon_nodes.core.errors import TRUNCATED_FILE, DataError
 from zephon_nodes.io.formats.tokenfiles import (
     FileRef,
+    bad_ids,
+    bad_parts,
     check_count,
     check_distinct,
     decompressed,
@@ -51,6 +53,7 @@ _NAMED = {
     "int64": "<i8",
 }
 _DTYPES = {name: np.dtype(name) for name in VALUE_DTYPES.values()}
+_NAMES = ("shard", "sample")  # a file's kind and a record's, for messages
 _SCALAR_SIZES = {
     "int": 8,
     "uint8": 1,
@@ -107,9 +110,7 @@ class MDSShard:
             return []
         codec = self.compression.split(":")[0]
         blob = decompressed(self.file, codec) if codec else None
-        samples = offset_table(
-            self.file, blob, (start, stop, self.num_records), self.path, ("shard", "sample")
-        )
+        samples = offset_table(self.file, blob, (start, stop, self.num_records), self.path, _NAMES)
         nvar = sum(1 for size in self.sizes if not size)
         heads = struct.Struct(f"<{nvar}I")
         return [(k, self._decode(sample, k, heads)) for k, sample in samples]
@@ -120,54 +121,48 @@ class MDSShard:
         var = iter(heads.unpack_from(sample))
         sizes = [fixed or next(var) for fixed in self.sizes]
         if heads.size + sum(sizes) != len(sample):
-            raise DataError(
-                f"{self.where(record)}: a sample of {len(sample)} bytes, its columns' sizes say "
-                f"{heads.size + sum(sizes)} (a corrupt shard, or an index.json of other shards)",
-                kind=TRUNCATED_FILE,
-            )
+            said = heads.size + sum(sizes)
+            raise bad_parts(self.where(record), len(sample), said, _NAMES, "columns")
         pos = heads.size + sum(sizes[: self.column])
         value = sample[pos : pos + sizes[self.column]]
-        return _ndarray(value, self.dtype, self.shape, lambda: self.where(record))
+        return _ndarray(value, self.dtype, self.shape, self.where, record)
 
     def where(self, record: int) -> str:
         """Describe a sample's place for error messages."""
         return f"{self.path} sample {record}"
 
 
-def _ndarray(value: bytes, dtype: str, shaped: bool, where: Callable[[], str]) -> np.ndarray:
-    """Decode one ``ndarray`` value (streaming's ``NDArray`` layout).
+def _ndarray(
+    value: bytes, dtype: str, shaped: bool, where: Callable[[int], str], record: int
+) -> np.ndarray:
+    """Decode one ``ndarray`` value (streaming's ``NDArray`` layout) of sample ``record``.
 
     Raises:
         DataError: Not 1-D integers, or a value whose bytes are not its shape's ids
-            (``where()`` names the sample).
+            (``where(record)`` names the sample).
     """
     pos = 0
     if not dtype:
         code = value[0] if value else -1
         if code not in VALUE_DTYPES:
-            raise DataError(f"{where()}: token column of dtype code {code}, not integers")
+            raise DataError(f"{where(record)}: token column of dtype code {code}, not integers")
         dtype, pos = VALUE_DTYPES[code], 1
     ids = _DTYPES[dtype]
     count = None
     if shaped:
         if len(value) <= pos:
-            raise DataError(f"{where()}: a truncated token column", kind=TRUNCATED_FILE)
+            raise DataError(f"{where(record)}: a truncated token column", kind=TRUNCATED_FILE)
         byte = value[pos]
         ndim, width = byte >> 2, _SHAPE_WIDTHS[byte & 3]
         if ndim != 1:
-            raise DataError(f"{where()}: a token column of {ndim} dimensions (1 is read)")
+            raise DataError(f"{where(record)}: a token column of {ndim} dimensions (1 is read)")
         if len(value) < pos + 1 + width:
-            raise DataError(f"{where()}: a truncated token column", kind=TRUNCATED_FILE)
+            raise DataError(f"{where(record)}: a truncated token column", kind=TRUNCATED_FILE)
         count = int.from_bytes(value[pos + 1 : pos + 1 + width], "little")
         pos += 1 + width
     body = len(value) - pos
     if body % ids.itemsize or (count is not None and body != count * ids.itemsize):
-        shape = f"{count} ids" if count is not None else "whole ids"
-        raise DataError(
-            f"{where()}: a token column of {body} bytes is not {shape} of {ids} (a corrupt "
-            f"sample, or an index.json of other shards)",
-            kind=TRUNCATED_FILE,
-        )
+        raise bad_ids(where(record), body, ids, count, _NAMES, "column")
     return np.frombuffer(value, dtype=ids, offset=pos)
 
 
@@ -229,7 +224,7 @@ def _shard(index_uri: str, i: int, shard: Any, field: str) -> MDSShard:
     # n + 1 offsets of 4 bytes. A count beyond it would lay out work items of nothing.
     raw = shard.get("raw_data") if compression else None
     size = raw.get("bytes") if isinstance(raw, dict) else (None if compression else file.size)
-    check_count(storage.redact(uri), samples, size, ("shard", "sample"))
+    check_count(storage.redact(uri), samples, size, _NAMES)
     return MDSShard(
         path=storage.redact(uri),
         file=file,
