@@ -334,8 +334,16 @@ def survey(n: int) -> None:  # pragma: no cover - run by hand
         truth = past_the_first_to_end(got["unread"])
         share = truth / left.remaining if left.remaining else 0.0
         print(left.items, truth, left.remaining, f"{left.share:.3f} {share:.3f}", flush=True)
+        tally["cases"] += 1
+        tally[
+            "exact" if left.items == truth else "too low" if left.items < truth else "too high"
+        ] += 1
+        tally["warning on the other side"] += (left.share >= 0.1) != (share >= 0.1)
 
+    tally: Counter[str] = Counter()
+    print("reported  from-the-run  held  reported-share  run-share")
     one()
+    print(", ".join(f"{k}: {v}" for k, v in tally.items()))
 
 
 def test_an_amendment_that_leaves_30_percent_warns_and_says_it_estimates(tmp_path: Path) -> None:
