@@ -5,11 +5,15 @@ half the files it crossed when the issue was filed. This counts it, for four kin
 (plain, after a planned stage, amended, re-laned 4 -> 8), on a tiny corpus written to a
 temporary folder (three jsonl datasets, the ``bytes`` tokenizer, one worker thread):
 
-* ``all``: the ``zephon_nodes`` files whose functions the main thread enters (``sys.setprofile``
-  "call" events) over ``node.reset(state); next(node)``; the pool's threads are not counted
-  (they run the operators, the same for a fresh start);
+* ``all``: the ``zephon_nodes`` files whose functions are entered (``sys.setprofile`` and
+  ``threading.setprofile`` "call" events) over ``node.reset(state); next(node)`` by the calling
+  thread and the threads started inside the window (the restore threads that replay the lanes);
+  the pool's workers are not counted (they run the operators, the same for a fresh start);
 * ``fresh``: the same over ``node.reset(None); next(node)`` on a node of the same pipeline;
-* ``restore``: the files in ``all`` and not in ``fresh``: what restoring adds to a first batch.
+* ``restore``: the files in ``all`` and not in ``fresh``: what restoring adds to a first batch;
+* ``climbs``: the calls over ``all`` from a module into one that imports it (directly or not,
+  by the import graph of ``grimp``, import-linter's): a call back up through an object or a
+  function handed down, the "climbs back up" issue 32 counted.
 
 Pipelines, nodes and states are built before the counted window. Usage::
 
@@ -28,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import grimp
 
 import zephon_nodes
 from zephon_nodes.engine.pipeline import Pipeline
@@ -63,23 +69,53 @@ def _recipe(root: Path, names: str = "ab", **top: Any) -> Recipe:
     return Recipe.from_dict(raw, base_dir=root)
 
 
-def entered(call: Callable[[], Any]) -> set[str]:
-    """The package files whose functions the calling thread enters during ``call()``."""
+def _module(path: str) -> str:
+    """``zephon_nodes/engine/relane/__init__.py`` -> ``zephon_nodes.engine.relane``."""
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def entered(call: Callable[[], Any]) -> tuple[set[str], set[tuple[str, str]]]:
+    """The package files entered during ``call()`` and the calls between them (caller, callee).
+
+    Counted on the calling thread and on threads started during the call, except the pool's
+    workers (``zephon-worker-k``).
+    """
     files: set[str] = set()
-    me = threading.current_thread()
+    calls: set[tuple[str, str]] = set()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and threading.current_thread() is me:
-            name = frame.f_code.co_filename
-            if name.startswith(PACKAGE):
-                files.add("zephon_nodes" + name[len(PACKAGE) :])
+        if event != "call" or threading.current_thread().name.startswith("zephon-worker"):
+            return
+        name = frame.f_code.co_filename
+        if not name.startswith(PACKAGE):
+            return
+        callee = "zephon_nodes" + name[len(PACKAGE) :]
+        files.add(callee)
+        back = frame.f_back
+        while back is not None and not back.f_code.co_filename.startswith(PACKAGE):
+            back = back.f_back  # through the standard library (functools, threading, torchdata)
+        if back is not None and back.f_code.co_filename != name:
+            calls.add(("zephon_nodes" + back.f_code.co_filename[len(PACKAGE) :], callee))
 
     sys.setprofile(profile)
+    threading.setprofile(profile)
     try:
         call()
     finally:
         sys.setprofile(None)
-    return files
+        threading.setprofile(None)
+    return files, calls
+
+
+def climbs(calls: set[tuple[str, str]]) -> list[str]:
+    """The calls from a module into one that imports it (``caller -> callee``, modules)."""
+    graph = grimp.build_graph("zephon_nodes")  # import-linter's graph (a test dependency)
+    out = set()
+    for caller, callee in calls:
+        a, b = _module(caller), _module(callee)
+        if graph.chain_exists(importer=b, imported=a):
+            out.add(f"{a.removeprefix('zephon_nodes.')} -> {b.removeprefix('zephon_nodes.')}")
+    return sorted(out)
 
 
 def _saved(pipeline: Pipeline, steps: int) -> dict[str, Any]:
@@ -100,10 +136,10 @@ def count(kind: str, pipeline: Pipeline, state: dict[str, Any]) -> dict[str, Any
     lanes = list(range(pipeline.recipe.num_lanes))
     with WorkerPool(1, "thread") as pool:
         fresh_node = pipeline.rank_node(lanes=lanes, pool=pool)
-        fresh = entered(lambda: _first_batch(fresh_node, None))
+        fresh, _ = entered(lambda: _first_batch(fresh_node, None))
         fresh_node.close()
         node = pipeline.rank_node(lanes=lanes, pool=pool)
-        every = entered(lambda: _first_batch(node, dict(state)))
+        every, calls = entered(lambda: _first_batch(node, dict(state)))
         node.close()
     return {
         "kind": kind,
@@ -111,6 +147,7 @@ def count(kind: str, pipeline: Pipeline, state: dict[str, Any]) -> dict[str, Any
         "fresh": len(fresh),
         "restore": sorted(every - fresh),
         "files": sorted(every),
+        "climbs": climbs(calls),
     }
 
 
@@ -144,11 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print(json.dumps(row))
         return 0
-    print("| state | files, reset + first batch | fresh first batch | restore only |")
-    print("|---|---|---|---|")
+    print("| state | files, reset + first batch | fresh first batch | restore only | climbs |")
+    print("|---|---|---|---|---|")
     for r in rows:
         only = ", ".join(f.removeprefix("zephon_nodes/") for f in r["restore"])
-        print(f"| {r['kind']} | {r['all']} | {r['fresh']} | {len(r['restore'])}: {only} |")
+        up = ", ".join(r["climbs"])
+        print(f"| {r['kind']} | {r['all']} | {r['fresh']} | {len(r['restore'])}: {only} |", end="")
+        print(f" {len(r['climbs'])}: {up} |")
     return 0
 
 

@@ -26,3 +26,8 @@ def test_each_kind_of_state_is_counted(tmp_path: Path) -> None:
     assert "zephon_nodes/state/stage.py" in rows["staged"]["restore"]
     assert "zephon_nodes/state/stage.py" not in rows["plain"]["files"]
     assert "zephon_nodes/engine/relane/sources.py" in rows["relaned"]["restore"]
+    # the lanes replay on restore threads (engine/parallel_map.run_together): counted too
+    assert "zephon_nodes/engine/windowed.py" in rows["plain"]["files"]
+    # a call back up: the replay check, run by parallel_map for the node, which imports it
+    assert "engine.parallel_map -> engine.replay_check" in rows["plain"]["climbs"]
+    assert all(" -> " in c for row in rows.values() for c in row["climbs"])
