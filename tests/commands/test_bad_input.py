@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import zstandard
 
 from tests.commands.conftest import RECIPE, write_recipe
 from tests.commands.run import zephon_process
@@ -315,3 +316,32 @@ def test_version(capsys: Any) -> None:
         cli.main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out == f"zephon-nodes {__version__}\n"
+
+
+class TestIndexOfWhatIsNoShard:
+    def test_a_recipe_given_as_a_shard_is_refused(self, recipe_path: Path, capsys: Any) -> None:
+        """``zephon index recipe.toml`` indexed the recipe as 3+ JSON lines records (exit 0)."""
+        err = fails(capsys, "index", recipe_path)
+        assert f"{recipe_path}: record 1 is not a JSON object" in err, err
+        assert "not a recipe" in err, err
+        assert not (recipe_path.parent / "zephon-index.json").exists()
+
+    @pytest.mark.parametrize("name", ["notes.txt", "notes.txt.zst"])
+    def test_json_lines_under_another_name_are_indexed(
+        self, name: str, tmp_path: Path, capsys: Any
+    ) -> None:
+        """Any name is read as JSON lines (the default kind): a text of JSON lines still is."""
+        lines = "".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(5)).encode()
+        if name.endswith(".zst"):
+            lines = zstandard.ZstdCompressor().compress(lines)
+        (tmp_path / name).write_bytes(lines)
+        assert cli.main(["index", str(tmp_path / name), "--quiet"]) == 0
+        assert "1 shard(s), 5 records" in capsys.readouterr().out
+
+    def test_a_text_file_is_refused_in_a_compressed_shard_too(
+        self, tmp_path: Path, capsys: Any
+    ) -> None:
+        shard = tmp_path / "notes.txt.zst"
+        shard.write_bytes(zstandard.ZstdCompressor().compress(b"just some notes\nmore\n"))
+        err = fails(capsys, "index", shard)
+        assert f"{shard}: record 1 is not a JSON object (b'just some notes')" in err, err

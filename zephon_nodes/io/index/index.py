@@ -387,7 +387,48 @@ def _common_dir(dirs: Sequence[str]) -> str:
     return "/".join(common) or "/"
 
 
-def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
+# Names a JSON-lines shard goes by; any other name read as JSON lines (the default kind) has
+# its first record checked, so that `zephon index recipe.toml` is refused, not indexed.
+_JSON_LINES = (".jsonl", ".json", ".ndjson", ".jsonl.zst", ".json.zst", ".ndjson.zst")
+_FIRST_RECORD_CAP = 1 << 20
+
+
+def _check_json_lines(path: Path, kind: str, first: np.ndarray, name: str) -> None:
+    """Refuse a file whose first record is not a JSON object (a recipe, a README, a script).
+
+    Raises:
+        DataError: Naming the file, its first record and what a shard is.
+    """
+    start, end = int(first[0]), int(first[1])
+    size = min(end - start, _FIRST_RECORD_CAP)
+    with open(path, "rb") as f:
+        if kind == "jsonl.zst":
+            with zstandard.ZstdDecompressor().stream_reader(f) as plain:
+                head = plain.read(start + size)
+                while len(head) < start + size and (more := plain.read(start + size - len(head))):
+                    head += more
+            text = head[start:]
+        else:
+            f.seek(start)
+            text = f.read(size)
+    if size == end - start:
+        try:
+            ok = isinstance(json.loads(text), dict)
+        except ValueError:
+            ok = False
+    else:  # a first record over 1 MiB: its first byte says whether it opens an object
+        ok = text.lstrip()[:1] == b"{"
+    if not ok:
+        recipe = " (zephon index takes a dataset's shard files, not a recipe)"
+        raise DataError(
+            f"{name}: record 1 is not a JSON object ({text[:40]!r}): a shard named neither "
+            "*.jsonl, *.parquet nor *.tar is read as JSON lines"
+            + (recipe if name.endswith((".toml", ".yaml", ".yml")) else ""),
+            kind="unreadable_file",
+        )
+
+
+def _local_entry(path: Path, kind: str, every: int, name: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"kind": kind}
     if kind in ("jsonl", "jsonl.zst"):
         if kind == "jsonl.zst":
@@ -399,6 +440,8 @@ def _local_entry(path: Path, kind: str, every: int) -> dict[str, Any]:
             entry["frames"] = _frames(path)
         else:
             index = index_file(path)
+        if len(index) and not name.endswith(_JSON_LINES):
+            _check_json_lines(path, kind, index[0], name)
         entry["records"] = int(index.shape[0])
         entry["every"] = every
         entry["offsets"] = [int(x) for x in index[::every, 0].tolist()]
@@ -428,12 +471,12 @@ def build_entry(uri: str, every: int = EVERY) -> dict[str, Any]:
     st = storage.stat(uri)
     if storage.is_remote(uri):
         with fetched(uri, st) as (tmp, checksum):
-            entry = _local_entry(tmp, kind, every)
+            entry = _local_entry(tmp, kind, every, storage.redact(uri))
     else:
         path = Path(storage.local_path(uri))
         checksum = file_checksum(path)
         try:
-            entry = _local_entry(path, kind, every)
+            entry = _local_entry(path, kind, every, uri)
         except DataError as e:
             raise DataError(f"{uri}: {str(e).partition(': ')[2] or e}", kind=e.kind) from None
     return {"bytes": st.size, "version": st.version, "checksum": checksum, **entry}
