@@ -198,6 +198,31 @@ class TestOutputReplacesTheCheckpointRead:
         assert f"no checkpoint at {tmp_path / 'nope'}" in err
         assert not out.exists()
 
+    @pytest.mark.parametrize("command", ["relane", "amend"])
+    def test_a_refused_change_creates_no_output_folder(
+        self, command: str, recipe_path: Path, tmp_path: Path, capsys: Any
+    ) -> None:
+        """The folders of ``--output`` were made before the change was refused: a new user
+        found an empty ``out/relaned`` and took it for the result."""
+        saved_state(recipe_path, tmp_path / "ckpt")
+        other = tmp_path / "other.toml"  # another seed: the checkpoint's recipe differs
+        other.write_text(recipe_path.read_text().replace("seed = ", "seed = 1"))
+        out = tmp_path / "out" / "changed"
+        rest = ["--num-lanes", "8"] if command == "relane" else [other]
+        fails(capsys, command, other, tmp_path / "ckpt", *rest, "--output", out)  # refused
+        assert not (tmp_path / "out").exists()
+
+    def test_an_output_under_a_file_is_still_refused_first(
+        self, recipe_path: Path, tmp_path: Path, capsys: Any
+    ) -> None:
+        saved_state(recipe_path, tmp_path / "ckpt")
+        (tmp_path / "f").write_text("x")
+        out = tmp_path / "f" / "changed"
+        err = fails(
+            capsys, "relane", recipe_path, tmp_path / "ckpt", "--num-lanes", 8, "--output", out
+        )
+        assert f"checkpoint directory {out} is not writable" in err, err
+
 
 class TestDigestDumpDamagedFile:
     @pytest.fixture

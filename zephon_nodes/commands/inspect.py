@@ -143,7 +143,7 @@ def load_checkpoint_for_output(args: argparse.Namespace) -> None:
             f"--output {args.output} would replace the checkpoint read ({source}); write the "
             "changed checkpoint to another folder and keep this one"
         )
-    check_writable(args.output)
+    check_writable(args.output, create=False)  # made when the changed state is saved
 
 
 def run(args: argparse.Namespace) -> int:

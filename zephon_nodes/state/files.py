@@ -8,6 +8,7 @@ wrote (:mod:`zephon_nodes.state.migrate`). The multi-rank layout is
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import tempfile
@@ -63,19 +64,31 @@ def write_atomic(target: Path, data: bytes) -> None:
         raise
 
 
-def check_writable(directory: str | os.PathLike[str]) -> Path:
+def check_writable(directory: str | os.PathLike[str], *, create: bool = True) -> Path:
     """Check at start-up that checkpoints can be written to ``directory`` (created if absent).
 
     Creates and removes a small probe file, so a read-only mount, missing permission or a
     path that is a file fails now, not hours later at the first save.
+
+    Args:
+        directory: Where the checkpoints go.
+        create: Make ``directory`` (and its parents) now. False: an absent ``directory`` is
+            left absent and the probe goes to the nearest folder above it that exists (for a
+            command that may still refuse its work: it leaves no empty folder behind).
 
     Raises:
         CheckpointError: Naming the directory and the OS error.
     """
     d = Path(directory)
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=d, prefix=".zephon-probe.", suffix=".tmp")
+        if create:
+            d.mkdir(parents=True, exist_ok=True)
+        probe_dir = d
+        while not create and not probe_dir.exists() and probe_dir != probe_dir.parent:
+            probe_dir = probe_dir.parent
+        if not probe_dir.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probe_dir))
+        fd, probe = tempfile.mkstemp(dir=probe_dir, prefix=".zephon-probe.", suffix=".tmp")
         try:
             os.write(fd, b"0")
             os.fsync(fd)
