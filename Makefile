@@ -98,10 +98,12 @@ test: lint
 # The long scenarios that `make test` runs shortened (not run by CI): ZEPHON_FULL_SCENARIOS=1
 # gives the example and fault tests their long sizes (20 kills, every dp size, more steps);
 # each test's docstring says what CI runs instead. About 13 minutes on 2 cores (their CI time
-# before the trim).
+# before the trim). Its Hypothesis examples are new at every run (profile "long"; CI's are
+# derandomized: the same examples each time).
 LONG ?= tests/examples tests/fault/test_kill_resume.py tests/engine/test_timeline_property.py
 test-long: install-test
-	ZEPHON_FULL_SCENARIOS=1 HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest --durations=25 $(LONG)
+	ZEPHON_FULL_SCENARIOS=1 HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest --durations=25 \
+	  --hypothesis-show-statistics $(LONG)
 
 # The second supported Python: a small smoke subset in its own venv (CI runs it after `test`).
 # torch for 3.12 comes from PyPI as a CUDA build of several GB; pip's cache keeps the download.

@@ -17,6 +17,9 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+# make test-long: the ci profile's settings with new random examples at every run (ci is
+# derandomized: the same examples each time); a failure prints the blob that reproduces it.
+settings.register_profile("long", settings.get_profile("ci"), derandomize=False)
 settings.register_profile(
     "dev",
     deadline=None,

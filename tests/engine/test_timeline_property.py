@@ -30,8 +30,10 @@ next pass as the library defines it (a new ``iter()``: ``reset(None)`` on the ra
 reached the end; docs/torchdata.md, "Epochs"); a segment whose data ends early does the same.
 A recipe with ``[[stages]]`` has no second pass: that refusal ends the run.
 
-CI runs a bounded number of examples (``HYPOTHESIS_PROFILE=ci``); ``ZEPHON_FULL_SCENARIOS=1``
-(``make test-long``) runs 200.
+CI runs a bounded number of examples (``HYPOTHESIS_PROFILE=ci``: derandomized, the same
+chains at every run); ``make test-long`` runs 200 new ones each time (``ZEPHON_FULL_SCENARIOS=1``,
+profile ``long``); more by hand with ``ZEPHON_TIMELINE_EXAMPLES=N HYPOTHESIS_PROFILE=long
+... --hypothesis-seed=S`` (under the ci profile a seed changes nothing).
 """
 
 from __future__ import annotations
