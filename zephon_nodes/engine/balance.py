@@ -145,7 +145,9 @@ def sizes_key(dataset: Dataset, dataset_index: int, chain: Callable[[WorkItem], 
     if type(parse) is not ParseJsonl or type(tokenize) is not Tokenize:
         return None
     rest = [[op.seq_len, op.mode] for op in ops[2:] if type(op) is LongDocuments]
-    identity = tokenizer_identity(tokenize.spec) if tokenize.tokenizer is None else None
+    identity = (
+        tokenizer_identity(tokenize.spec, tokenize.sha256) if tokenize.tokenizer is None else None
+    )
     contents = _contents_digest(dataset)
     if identity is None or contents is None or len(rest) != len(ops) - 2:
         return None
