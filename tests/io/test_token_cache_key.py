@@ -7,6 +7,7 @@ gives (never an entry stored for the other recipe).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,3 +221,35 @@ def test_a_tokenizer_file_changed_after_the_build_is_refused_by_the_workers(
         list(simulate(built, 1, 10_000, runner="process"))
     path.write_bytes(first)
     assert digests(_tokenizer_recipe(tmp_path, "hf", path)) == expected
+
+
+def test_entries_of_the_code_before_the_huge_document_cut_fix_are_not_served(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries keyed under code version 1 are never served (issue: 13d68f6 changed ids).
+
+    13d68f6 changed the ids a huge document is tokenized into (a cut the check windows
+    accepted while the whole text merged across it), so entries written before it may hold
+    ids the parse and tokenize of today do not give. Here every entry written under version
+    1's keys holds other ids (each shifted by one): a run today gives the cache-off digests.
+    """
+    from zephon_nodes.io.nodecache.tokenstore import Entry, read_entry, write_entry
+    from zephon_nodes.operators import tokencache
+
+    write_corpus(tmp_path / "d")
+    r = _recipe(tmp_path / "d")
+    off = digests(r)
+    monkeypatch.setenv(ENABLED_ENV, "on")
+    with monkeypatch.context() as m:
+        m.setattr(tokencache, "CODE_VERSION", 1)
+        assert digests(r) == off
+    stored = sorted((cache / "data").iterdir())
+    assert stored
+    for path in stored:  # the same entries, other ids (3..258 stay the byte tokenizer's)
+        blob = path.read_bytes()
+        key = json.loads(blob[24 : 24 + int.from_bytes(blob[8:12], "little")])["key"]
+        old = read_entry(path, key)
+        shifted = 3 + (old.tokens - 3 + 1) % 256
+        with open(path, "wb") as f:
+            write_entry(f, Entry(shifted, old.lengths, old.skipped, old.cpu_ns), key)
+    assert digests(r) == off
