@@ -345,6 +345,9 @@ def load_tokenizer(spec: TokenizerSpec, sha256: str | None = None) -> Tokenizer:
                     tok = ByteTokenizer()
                 else:
                     assert path is not None
+                    if not data:  # found loaded above, and dropped since (_TOKENIZERS.clear())
+                        found, data = _read(spec.kind, path)
+                        _same_file(path, found, digest)
                     tok = _load(spec.kind, path, data)
                 _TOKENIZERS[key] = tok
     if spec.kind == "hf":
