@@ -200,9 +200,8 @@ def test_changed_shard_or_tokenizer_never_hits_an_old_entry(
     on(monkeypatch)
     warm = digests(recipe(tmp_path / "d", tokenizer=spec))
     n = len(entries(cache))
-    # Another tokenizer file (one more token, "record"; a new path: load_tokenizer keeps one
-    # tokenizer per path in a process): every item is a miss, the digests the cache-free
-    # run's.
+    # Another tokenizer file (one more token, "record"; at another path: the same path is
+    # test_token_cache_key's): every item is a miss, the digests the cache-free run's.
     from tokenizers import Tokenizer
 
     edited = Tokenizer.from_file(str(tok))

@@ -118,6 +118,24 @@ class TestHFTokenizer:
         with pytest.raises(RecipeError, match="no bos token"):
             Pipeline(r)
 
+    def test_missing_bos_is_refused_after_the_file_was_loaded_without_bos(self, tmp_path):
+        """A process that ran the file with add_bos off: a recipe asking for bos is refused.
+
+        (It was checked only when the file was first loaded in the process: the second
+        recipe's documents then began with id -1, the "bos id" of a tokenizer without one.)
+        """
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.train_from_iterator(DOCS, trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>"]))
+        tok.save(str(tmp_path / "t.json"))
+        plain = TokenizerSpec(kind="hf", path=tmp_path / "t.json", add_bos=False, add_eos=False)
+        records = DatasetSpec("d", records=({"text": "ab"},))
+        Pipeline(recipe(records, plain))
+        with pytest.raises(RecipeError, match="no bos token"):
+            Pipeline(recipe(records, TokenizerSpec(kind="hf", path=tmp_path / "t.json")))
+
 
 class VowelTokenizer:
     """A user tokenizer: 1 for a vowel, 2 otherwise (module level, so it pickles)."""

@@ -45,9 +45,11 @@ def expected(corpus: list[list[str]], bos_eos: int = 2) -> list[int]:
     return out
 
 
-def recipe(folder: Path, seed: int = 3, lanes: int = 4, **tok: bool) -> Recipe:
+def recipe(
+    folder: Path, seed: int = 3, lanes: int = 4, pattern: str = "*.jsonl", **tok: bool
+) -> Recipe:
     return Recipe(
-        datasets=(DatasetSpec("d", paths=(str(folder / "*.jsonl"),)),),
+        datasets=(DatasetSpec("d", paths=(str(folder / pattern),)),),
         tokenizer=TokenizerSpec(kind="bytes", **tok),
         seed=seed,
         num_lanes=lanes,
@@ -116,6 +118,31 @@ def test_changed_content_or_tokenizer_computes_new_sizes(tmp_path: Path, calls: 
     calls.clear()
     no_eos = Pipeline(recipe(tmp_path / "d", add_eos=False))
     assert sizes(no_eos) == expected(changed, bos_eos=1) and calls
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_the_same_bytes_as_plain_text_lines_are_sized_as_lines(
+    indexed: bool, tmp_path: Path, calls: list[int]
+) -> None:
+    """``.txt`` shards holding the bytes of ``.jsonl`` ones sized before: each line is a text.
+
+    The shards' checksums are the same; their records are not (a plain-text line is its
+    own text, JSON and all), so neither are the sizes, nor the deal made of them. With
+    dataset indexes the key is made from their columns.
+    """
+    corpus = texts()
+    write(tmp_path / "d", corpus)
+    (tmp_path / "t").mkdir()
+    for s in range(SHARDS):
+        (tmp_path / "t" / f"p{s}.txt").write_bytes((tmp_path / "d" / f"p{s}.jsonl").read_bytes())
+    for folder, pattern in (("d", "*.jsonl"), ("t", "*.txt")) if indexed else ():
+        directory, manifest = index.build_index([str(tmp_path / folder / pattern)], workers=1)
+        index.write_index(manifest, str(tmp_path / folder / index.INDEX_NAME), directory)
+    assert sizes(Pipeline(recipe(tmp_path / "d"))) == expected(corpus)
+    lines = [[json.dumps({"text": t}) for t in shard] for shard in corpus]
+    calls.clear()
+    assert sizes(Pipeline(recipe(tmp_path / "t", pattern="*.txt"))) == expected(lines)
+    assert calls
 
 
 def test_a_damaged_sizes_file_is_recomputed_and_counted(tmp_path: Path, calls: list[int]) -> None:

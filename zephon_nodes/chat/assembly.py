@@ -58,8 +58,11 @@ def chat_chain(recipe: Recipe, tok: Tokenizer) -> Chain:
             f"used with [chat]: it needs encode_with_offsets(text) -> (ids, [(start, end) "
             f"character offsets])"
         )
+    # The file's SHA-256 as loaded here: every worker renders with that content.
+    sha256 = None if custom is not None else getattr(tok, "sha256", None)
+    template = chat_template(recipe, tok)
     ops: list[Any] = [
-        RenderChat(recipe.tokenizer, recipe.chat, chat_template(recipe, tok), skip, custom)
+        RenderChat(recipe.tokenizer, recipe.chat, template, skip, custom, sha256=sha256)
     ]
     if recipe.pack.mode == "bestfit":
         ops.append(LongDocuments(recipe.seq_len, recipe.pack.long_documents))

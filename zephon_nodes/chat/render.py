@@ -172,6 +172,9 @@ class RenderChat:
         template: The chat template, with its special token texts.
         skip: Indexes of the datasets whose ``on_error`` is ``"skip"``.
         tokenizer: A custom tokenizer object (it travels with the operator).
+        sha256: The SHA-256 of the tokenizer file the pipeline was built with (see
+            :func:`~zephon_nodes.operators.tokenize.load_tokenizer`; None: its content when
+            it is loaded).
     """
 
     tokenizer_spec: TokenizerSpec
@@ -180,6 +183,7 @@ class RenderChat:
     skip: frozenset[int] = frozenset()
     tokenizer: Any = field(default=None, compare=False, repr=False)
     name: str = "render_chat"
+    sha256: str | None = None
 
     def _specials(self, tok: Tokenizer) -> dict[str, int]:
         tokens = dict(self.template.tokens)
@@ -202,7 +206,9 @@ class RenderChat:
             reason: str = skip_reason(e, item.shard.path)
             skipped = add_skipped((), reason, item.stop - item.start)
             return DocBatch(empty, np.zeros(0, np.int64), item.dataset, skipped, np.zeros(0, bool))
-        tok = self.tokenizer if self.tokenizer is not None else load_tokenizer(self.tokenizer_spec)
+        tok = self.tokenizer
+        if tok is None:
+            tok = load_tokenizer(self.tokenizer_spec, self.sha256)
         specials = self._specials(tok)
         docs: list[np.ndarray] = []
         masks: list[np.ndarray] = []

@@ -48,7 +48,10 @@ def stateless_chain(recipe: Recipe, tokenizer: Tokenizer, *, trace: bool = False
             Filter.from_spec(spec, index) if spec.kind == "filter" else Map.from_spec(spec, index)
         )
     custom = tokenizer if recipe.tokenizer.kind == "custom" else None
-    ops.append(Tokenize(recipe.tokenizer, tokenizer=custom))
+    # The file's SHA-256 as loaded here: every worker tokenizes with that content (the
+    # token cache keys its entries by it).
+    sha256 = None if custom is not None else getattr(tokenizer, "sha256", None)
+    ops.append(Tokenize(recipe.tokenizer, tokenizer=custom, sha256=sha256))
     if recipe.pack.mode == "bestfit":
         ops.append(LongDocuments(recipe.seq_len, recipe.pack.long_documents))
     return Chain(ops if trace else cached_chain(ops, recipe))

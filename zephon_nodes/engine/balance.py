@@ -41,6 +41,7 @@ from zephon_nodes.core.errors import FILE_ERROR_KINDS
 from zephon_nodes.core.work_item import WorkItem
 from zephon_nodes.engine.work import DatasetWorkSource, WorkSource
 from zephon_nodes.io.dataset import Dataset
+from zephon_nodes.io.formats.lines import is_text_lines
 from zephon_nodes.io.index.lazyshards import LazyShards
 from zephon_nodes.io.nodecache.itemsizes import node_sizes
 from zephon_nodes.operators.bestfit import LongDocuments
@@ -133,7 +134,8 @@ def sizes_key(dataset: Dataset, dataset_index: int, chain: Callable[[WorkItem], 
     index's columns, else each opened shard's checksum) and record counts, the chunk size,
     the text field, the dataset's error policy, the parse's vocabulary check, the tokenizer's
     identity (:func:`~zephon_nodes.operators.tokencache.tokenizer_identity`: its file, options,
-    library and the parse/tokenize code version) and the long-document rule. Only a chain of
+    library and the parse/tokenize code version), the long-document rule and which shards are
+    plain-text lines. Only a chain of
     parse, tokenize (not a custom tokenizer) and the long-document rule is keyed: filters and
     maps run registered code no key can see. A shard without a checksum: None.
     """
@@ -145,7 +147,9 @@ def sizes_key(dataset: Dataset, dataset_index: int, chain: Callable[[WorkItem], 
     if type(parse) is not ParseJsonl or type(tokenize) is not Tokenize:
         return None
     rest = [[op.seq_len, op.mode] for op in ops[2:] if type(op) is LongDocuments]
-    identity = tokenizer_identity(tokenize.spec) if tokenize.tokenizer is None else None
+    identity = (
+        tokenizer_identity(tokenize.spec, tokenize.sha256) if tokenize.tokenizer is None else None
+    )
     contents = _contents_digest(dataset)
     if identity is None or contents is None or len(rest) != len(ops) - 2:
         return None
@@ -159,9 +163,22 @@ def sizes_key(dataset: Dataset, dataset_index: int, chain: Callable[[WorkItem], 
             dataset_index in parse.skip,
             parse.vocab_size,
             rest,
+            # plain-text shards are parsed otherwise than JSON ones of the same bytes
+            *([["text-lines", lines]] if (lines := _text_lines(dataset)) else []),
         ]
     )
     return "s-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:40]
+
+
+def _text_lines(dataset: Dataset) -> list[int]:
+    """Indexes of the dataset's plain-text shards (``.txt``: each line is a text)."""
+    shards = dataset.shards
+    if isinstance(shards, LazyShards):  # their paths from the index: no shard is opened
+        table, rows = shards.files.table, shards.files.rows
+        paths: Any = (table.uri(int(row)) for row in rows)
+    else:
+        paths = (getattr(shard, "path", "") for shard in shards)
+    return [k for k, path in enumerate(paths) if is_text_lines(path)]
 
 
 def _contents_digest(dataset: Dataset) -> str | None:

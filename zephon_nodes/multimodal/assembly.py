@@ -45,7 +45,12 @@ def multimodal_chain(recipe: Recipe, tokenizer: Tokenizer) -> Chain:
             ParseMultimodal(fields, skip),
             DecodeImages(image, skip),
             TokenizeMultimodal(
-                recipe.tokenizer, placeholder_id(recipe, tokenizer), image.merge, tokenizer=custom
+                recipe.tokenizer,
+                placeholder_id(recipe, tokenizer),
+                image.merge,
+                tokenizer=custom,
+                # The file's SHA-256 as loaded here: every worker tokenizes with that content.
+                sha256=None if custom is not None else getattr(tokenizer, "sha256", None),
             ),
         ]
     )

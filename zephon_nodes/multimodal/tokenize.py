@@ -72,6 +72,9 @@ class TokenizeMultimodal:
         placeholder_id: Id of the image placeholder token.
         merge: Patches per placeholder along each side.
         tokenizer: A tokenizer object to use instead of loading ``spec`` (custom tokenizers).
+        sha256: The SHA-256 of the tokenizer file the pipeline was built with (see
+            :func:`~zephon_nodes.operators.tokenize.load_tokenizer`; None: its content when
+            it is loaded).
     """
 
     spec: TokenizerSpec
@@ -79,10 +82,13 @@ class TokenizeMultimodal:
     merge: int = 1
     name: str = "tokenize_multimodal"
     tokenizer: Any = field(default=None, compare=False, repr=False)
+    sha256: str | None = None
 
     def __call__(self, batch: MMBatch) -> MMDocBatch:
         """Tokenize every sample of the batch."""
-        tok = self.tokenizer if self.tokenizer is not None else load_tokenizer(self.spec)
+        tok = self.tokenizer
+        if tok is None:
+            tok = load_tokenizer(self.spec, self.sha256)
         texts = [r.text for r in batch.records]
         ids = tok.encode_batch(texts) if texts else []
         m2 = self.merge * self.merge

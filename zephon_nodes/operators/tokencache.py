@@ -62,8 +62,9 @@ __all__ = [
 # Skip reasons of a whole file (see core.errors.FileErrorKind): not stored.
 FILE_ERRORS = FILE_ERROR_KINDS
 # Bump when parse or tokenize could give other ids for the same records (old entries are
-# then never hit again).
-CODE_VERSION = 1
+# then never hit again). 2: a huge document's cut needs the whole word beside it in each check
+# window (13d68f6): version 1 could store ids of a cut the whole text merges across.
+CODE_VERSION = 2
 
 
 def _library_version(kind: str) -> str:
@@ -81,18 +82,24 @@ def _library_version(kind: str) -> str:
     return "builtin"
 
 
-def tokenizer_identity(spec: Any) -> str | None:
+def tokenizer_identity(spec: Any, sha256: str | None = None) -> str | None:
     """A digest of everything about a tokenizer spec that decides its ids (None: custom).
 
     Args:
         spec: A :class:`~zephon_nodes.recipe.tokenizer.TokenizerSpec`.
+        sha256: The SHA-256 of the file its tokenizer was loaded from (what
+            :class:`~zephon_nodes.operators.tokenize.Tokenize` holds and its workers load);
+            None: the file's now.
     """
     if spec.kind == "custom":
         return None
+    canonical = spec.canonical()  # kind, file SHA-256, add_bos, add_eos
+    if sha256 is not None:
+        canonical["sha256"] = sha256
     text = json.dumps(
         {
             "code": CODE_VERSION,
-            "tokenizer": spec.canonical(),  # kind, file SHA-256, add_bos, add_eos
+            "tokenizer": canonical,
             "library": _library_version(spec.kind),
         },
         sort_keys=True,
@@ -249,7 +256,7 @@ def cached_chain(ops: list[Any], recipe: Any) -> list[Any]:
         return ops
     if tokenize.tokenizer is not None or any(not isinstance(o, LongDocuments) for o in ops[2:]):
         return ops
-    identity = tokenizer_identity(recipe.tokenizer)
+    identity = tokenizer_identity(recipe.tokenizer, tokenize.sha256)
     if identity is None:
         return ops
     root, shared = str(default_root()), shared_location() or ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -140,14 +141,21 @@ class SentencePieceTokenizer:
 
     Args:
         path: The ``.model`` file.
+        data: The file's bytes, already read (None: read from ``path``).
+
+    Attributes:
+        sha256: The SHA-256 of the model it was loaded from.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, data: bytes | None = None) -> None:
         import sentencepiece as spm
 
         self.path = str(path)
         try:
-            self.sp = spm.SentencePieceProcessor(model_file=self.path)
+            if data is None:
+                data = Path(self.path).read_bytes()
+            self.sha256 = hashlib.sha256(data).hexdigest()
+            self.sp = spm.SentencePieceProcessor(model_proto=data)
         except (OSError, RuntimeError) as e:
             raise RecipeError(f"cannot load sentencepiece model {self.path}: {e}") from None
         self.bos_id = int(self.sp.bos_id())
@@ -189,9 +197,13 @@ class HFTokenizer:
 
     Args:
         path: The ``tokenizer.json`` file.
+        data: The file's bytes, already read (None: read from ``path``).
+
+    Attributes:
+        sha256: The SHA-256 of the file it was loaded from.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, data: bytes | None = None) -> None:
         try:
             from tokenizers import Tokenizer as _HF
         except ImportError:  # pragma: no cover - tokenizers is in the torchtitan extra
@@ -200,7 +212,10 @@ class HFTokenizer:
             ) from None
         self.path = str(path)
         try:
-            self.tok = _HF.from_file(self.path)
+            if data is None:
+                data = Path(self.path).read_bytes()
+            self.sha256 = hashlib.sha256(data).hexdigest()
+            self.tok = _HF.from_buffer(data)
         except Exception as e:
             raise RecipeError(f"cannot load tokenizer file {self.path}: {e}") from None
         vocab = self.tok.get_vocab(with_added_tokens=True)
@@ -254,13 +269,73 @@ def _check_special(spec: TokenizerSpec, tok: Tokenizer) -> None:
         raise RecipeError(f"tokenizer {where}: add_eos is set but it has no eos token")
 
 
-_TOKENIZERS: dict[tuple[str, str | None], Any] = {}
+# (kind, path, SHA-256 of the bytes it was loaded from) -> the tokenizer. Keyed by content,
+# not by path alone: a file retrained in place is another tokenizer, and its ids must never be
+# those of the one a process loaded from that path before (nor be stored in the token cache
+# under the new file's digest).
+_TOKENIZERS: dict[tuple[str, str | None, str], Any] = {}
 _LOCK = threading.Lock()
 
 
-def load_tokenizer(spec: TokenizerSpec) -> Tokenizer:
-    """Load (once per process) the tokenizer a spec names."""
-    key = (spec.kind, str(spec.path) if spec.path is not None else None)
+def _read(kind: str, path: str) -> tuple[str, bytes]:
+    """The SHA-256 and the bytes of the tokenizer file at ``path``.
+
+    Raises:
+        RecipeError: The file cannot be read.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        what = "sentencepiece model" if kind == "sentencepiece" else "tokenizer file"
+        raise RecipeError(f"cannot load {what} {path}: {e}") from None
+    return hashlib.sha256(data).hexdigest(), data
+
+
+def _same_file(path: str, digest: str, expected: str | None) -> None:
+    """Raise unless the file's SHA-256 ``digest`` is ``expected`` (None: anything is)."""
+    if expected is not None and digest != expected:
+        raise RecipeError(
+            f"tokenizer file {path} changed since the pipeline was built (its SHA-256 is now "
+            f"{digest[:16]}..., it was {expected[:16]}...): its ids would not be the recipe's; "
+            "build the pipeline again (restart the run)"
+        )
+
+
+def _load(kind: str, path: str, data: bytes) -> SentencePieceTokenizer | HFTokenizer:
+    if kind == "sentencepiece":
+        return SentencePieceTokenizer(path, data)
+    return HFTokenizer(path, data)
+
+
+def load_tokenizer(spec: TokenizerSpec, sha256: str | None = None) -> Tokenizer:
+    """Load the tokenizer a spec names: once per process per content of its file.
+
+    Args:
+        spec: The tokenizer spec.
+        sha256: The SHA-256 its file had when the pipeline was built (what the operators
+            that tokenize hold): the tokenizer loaded from those bytes, without reading the
+            file again once it is loaded. None: the file's content now (read and hashed).
+
+    Raises:
+        RecipeError: The file cannot be loaded, or no longer has the SHA-256 ``sha256``
+            (it changed since the pipeline was built: the ids would not be the recipe's).
+    """
+    if spec.kind == "custom":
+        # Never cached: the registration may change between recipes.
+        assert spec.name is not None
+        custom = _custom_tokenizer(spec.name)
+        _check_special(spec, custom)
+        return custom
+    if spec.kind not in ("bytes", "sentencepiece", "hf"):
+        raise RecipeError(f"unknown tokenizer kind {spec.kind!r}")
+    path = str(spec.path) if spec.path is not None else None
+    data = b""
+    digest = sha256 or ""
+    if spec.kind != "bytes" and (sha256 is None or (spec.kind, path, sha256) not in _TOKENIZERS):
+        assert path is not None
+        digest, data = _read(spec.kind, path)
+        _same_file(path, digest, sha256)
+    key = (spec.kind, path, digest)
     tok = _TOKENIZERS.get(key)
     if tok is None:
         with _LOCK:
@@ -268,22 +343,15 @@ def load_tokenizer(spec: TokenizerSpec) -> Tokenizer:
             if tok is None:
                 if spec.kind == "bytes":
                     tok = ByteTokenizer()
-                elif spec.kind == "sentencepiece":
-                    assert spec.path is not None
-                    tok = SentencePieceTokenizer(spec.path)
-                elif spec.kind == "hf":
-                    assert spec.path is not None
-                    tok = HFTokenizer(spec.path)
-                    _check_special(spec, tok)
-                elif spec.kind == "custom":
-                    # Never cached: the registration may change between recipes.
-                    assert spec.name is not None
-                    custom = _custom_tokenizer(spec.name)
-                    _check_special(spec, custom)
-                    return custom
                 else:
-                    raise RecipeError(f"unknown tokenizer kind {spec.kind!r}")
+                    assert path is not None
+                    if not data:  # found loaded above, and dropped since (_TOKENIZERS.clear())
+                        found, data = _read(spec.kind, path)
+                        _same_file(path, found, digest)
+                    tok = _load(spec.kind, path, data)
                 _TOKENIZERS[key] = tok
+    if spec.kind == "hf":
+        _check_special(spec, tok)
     return tok
 
 
@@ -295,17 +363,23 @@ class Tokenize:
         spec: The recipe's tokenizer spec (the tokenizer itself is loaded in each worker).
         tokenizer: A tokenizer object to use instead of loading ``spec`` (custom tokenizers:
             it travels with the operator, so it must pickle for the process runner).
+        sha256: The SHA-256 of the tokenizer file the pipeline was built with: each worker
+            loads that content, or refuses a file that has changed since (None: the file's
+            content when it is loaded; the token cache keys entries by it).
     """
 
     spec: TokenizerSpec
     name: str = "tokenize"
     tokenizer: Any = field(default=None, compare=False, repr=False)
+    sha256: str | None = None
 
     def __call__(self, batch: TextBatch | DocBatch) -> DocBatch:
         """Tokenize every text of the batch (a pre-tokenized ``DocBatch`` passes through)."""
         if isinstance(batch, DocBatch):
             return batch
-        tok = self.tokenizer if self.tokenizer is not None else load_tokenizer(self.spec)
+        tok = self.tokenizer
+        if tok is None:
+            tok = load_tokenizer(self.spec, self.sha256)
         if getattr(tok, "encode_pieces", None) is not None:
             # Sentencepiece and HF tokenizers encode a batch faster as a whole; only a batch
             # with a huge text goes piece by piece (the byte tokenizer always does).
