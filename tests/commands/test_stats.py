@@ -16,7 +16,9 @@ end of ``"end"`` datasets, at every dp size:
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import itertools
+import os
 from collections import Counter
 from typing import Any
 
@@ -235,3 +237,51 @@ def test_end_of_data_counts_every_sample_once(case: dict[str, Any], dp: int) -> 
     assert not delivered + held - want, "a pair delivered or held twice, or not in the corpus"
     if n == 1:
         assert delivered + held == want
+
+
+def _paused_end_dataset() -> tuple[Recipe, list[tuple[int, dict[str, float]]]]:
+    """Found by the property: ``d1`` ("end") paused after step 3, when one lane had already
+    reached its end and the others never will (they read only the repeating ``d0``)."""
+    recipe = _recipe((30, 26), ("repeat", "end"), (3.0, 3.0))
+    return recipe, [(1, {"d0": 4.0, "d1": 4.0}), (3, {"d0": 1.0, "d1": 0.0})]
+
+
+def _within(seconds: int, fn: Any) -> Any:
+    """``fn()``, failing (not hanging) when it takes longer than ``seconds``."""
+    with cf.ThreadPoolExecutor(1) as ex:
+        future = ex.submit(fn)
+        try:
+            return future.result(timeout=seconds)
+        except cf.TimeoutError:
+            os._exit(3)  # the hung thread cannot be stopped: end the test process, red
+
+
+def test_the_end_of_data_report_names_lanes_that_never_end() -> None:
+    """The data ends where the first lane runs dry; counting what the others hold drained
+    them without end (``zephon digest`` and ``zephon stats`` hung after the last step). A
+    lane that never ends is named instead, and the counts are of the lanes that end."""
+    recipe, updates = _paused_end_dataset()
+    stats = _within(60, lambda: compute_stats(recipe, 100, 2, 0, mixture_updates=updates))
+    end = stats["end_of_data"]
+    assert stats["steps"] == 3
+    ended: dict[str, Any] = {}
+    for _ in simulate(
+        Pipeline(recipe), 1, 100, num_workers=0, mixture_updates=updates, on_end=ended.update
+    ):
+        pass
+    bound = 2000  # samples: far more than the corpus makes in one pass
+    drained = {}
+    with WorkerPool(0, "thread") as pool:
+        node = Pipeline(recipe).rank_node(lanes=list(range(recipe.num_lanes)), pool=pool)
+        try:
+            node.reset(ended)
+            for lane, it in node.lanes.items():
+                drained[lane] = sum(1 for _ in itertools.islice(it, bound + 1))
+        finally:
+            node.close()
+    endless = sorted(lane for lane, n in drained.items() if n > bound)
+    assert endless and len(endless) < recipe.num_lanes  # the case: some lanes end, some not
+    assert end["endless_lanes"] == endless
+    counts = {lane: n for lane, n in drained.items() if n <= bound}
+    assert end["unused_per_lane"] == {str(lane): n for lane, n in counts.items()}
+    assert end["unused_samples"] == sum(counts.values())

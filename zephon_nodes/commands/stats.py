@@ -15,7 +15,7 @@ from zephon_nodes.commands.cache import add_token_cache_args, settings_from_args
 from zephon_nodes.commands.options import add_workers_arg
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import using
-from zephon_nodes.engine.end_of_data import unused_samples
+from zephon_nodes.engine.end_of_data import end_counts
 from zephon_nodes.engine.mixture_log import read_updates
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
@@ -302,7 +302,7 @@ def _end_of_data(
 ) -> dict[str, Any]:
     """What the data's end left unread, from the rank states before the step that ended."""
     recipe = pipeline.recipe
-    unused = unused_samples(pipeline, ended, pool)
+    unused, endless = end_counts(pipeline, ended, pool)
     delivered = produced * recipe.global_batch_size
     total = delivered + sum(unused.values())
     return {
@@ -310,6 +310,7 @@ def _end_of_data(
         "unused_samples": sum(unused.values()),
         "unused_fraction": sum(unused.values()) / total if total else 0.0,
         "unused_per_lane": {str(lane): n for lane, n in sorted(unused.items())},
+        "endless_lanes": endless,
         "policy": recipe.work.end_of_data,
     }
 
@@ -423,10 +424,12 @@ def _run(args: argparse.Namespace) -> int:
     end = stats["end_of_data"]
     if end is not None:
         per_lane = ", ".join(f"{k}: {v}" for k, v in end["unused_per_lane"].items())
+        never = end["endless_lanes"]
         print(
             f"end of data after {stats['steps']} steps: {end['unused_samples']} of "
             f"{end['delivered_samples'] + end['unused_samples']} samples unused "
             f"({end['unused_fraction']:.2%}); per lane: {{{per_lane}}}"
+            + (f"; lanes {never} never end, not counted" if never else "")
         )
     for key in ("skipped_records", "skipped_files", "filtered"):
         for name, reasons in stats[key].items():
