@@ -116,3 +116,35 @@ def test_set_mixture_from_another_thread_acts_between_two_steps(
 def _wait_for_step(node: Any, step: int) -> None:
     while node.step < step:
         time.sleep(1e-4)
+
+
+def test_the_error_policy_ends_when_a_paused_lane_never_would() -> None:
+    """``work.end_of_data = "error"``: the data ends where one lane runs dry while the
+    others, their ``"end"`` dataset paused by a decision, read a repeating one for ever.
+    Counting what they hold drained them without end: the training loop hung at the end of
+    the data. The error names the lanes that never end (red: killed after 60 s)."""
+    from tests.commands.test_stats import _paused_end_dataset, _within
+    from zephon_nodes import WorkSpec
+    from zephon_nodes.core.errors import DataError
+
+    recipe, updates = _paused_end_dataset()
+    recipe = recipe.replace(work=WorkSpec(chunk_size=2, epochs=1, end_of_data="error"))
+
+    def run() -> str:
+        with WorkerPool(0, "thread") as pool:
+            node = Pipeline(recipe).rank_node(1, 0, pool=pool)
+            node.reset(None)
+            try:
+                for step in range(100):
+                    for at, weights in updates:
+                        if at == step:
+                            node.set_mixture(weights)
+                    next(node)
+            except DataError as e:
+                return str(e)
+            finally:
+                node.close()
+        return "no error"
+
+    message = _within(60, run)
+    assert "after step 3" in message and "lanes [0, 1, 2] never end" in message, message

@@ -17,7 +17,7 @@ from zephon_nodes.commands.progress import progress_bar
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import Settings, using
 from zephon_nodes.engine.child import ChildRankNode
-from zephon_nodes.engine.end_of_data import format_unused, unused_samples
+from zephon_nodes.engine.end_of_data import end_counts, format_unused
 from zephon_nodes.engine.mixture_log import (
     read_updates,
     refuse_updates_after_stages,
@@ -203,9 +203,10 @@ def _report(
             file=sys.stderr,
         )
     if ended:
-        unused = unused_samples(pipeline, ended)
+        unused, endless = end_counts(pipeline, ended)
         delivered = int(ended[STEP_KEY]) * pipeline.recipe.global_batch_size
-        print(f"zephon digest: end of data: {format_unused(unused, delivered)}", file=sys.stderr)
+        line = format_unused(unused, delivered, endless)
+        print(f"zephon digest: end of data: {line}", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -15,11 +15,12 @@ from zephon_nodes.commands.cache import add_token_cache_args, settings_from_args
 from zephon_nodes.commands.options import add_workers_arg
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.core.settings import using
-from zephon_nodes.engine.end_of_data import unused_samples
+from zephon_nodes.engine.end_of_data import end_counts
 from zephon_nodes.engine.mixture_log import read_updates
 from zephon_nodes.engine.multiplexer import Multiplexer
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
+from zephon_nodes.engine.work import WorkSource
 from zephon_nodes.operators.pack import IGNORE_INDEX
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.state.merge import merge_states
@@ -138,7 +139,7 @@ def compute_stats(
         except StopIteration:
             ended = merge_states(before)
         cache = pipeline.cache_stats()  # before the documents are counted (they read again)
-        changes, documents, skipped = _documents(pipeline, ranks, pool)
+        changes, documents, skipped = _documents(pipeline, ranks, pool, ended)
         end_of_data = None
         if ended is not None:
             end_of_data = _end_of_data(pipeline, ended, tally.produced, pool)
@@ -271,13 +272,24 @@ class _Tally:
 
 
 def _documents(
-    pipeline: Pipeline, ranks: Sequence[Multiplexer], pool: WorkerPool
+    pipeline: Pipeline,
+    ranks: Sequence[Multiplexer],
+    pool: WorkerPool,
+    ended: Mapping[str, Any] | None,
 ) -> tuple[dict[str, Any] | None, dict[str, int], dict[str, dict[str, int]]]:
-    """The recipe changes the ranks went through, and the documents and skipped records."""
-    lanes: dict[int, Any] = {}
+    """The recipe changes the ranks went through, and the documents and skipped records.
+
+    Each lane's items are those its rank's work source deals (the decisions made are in
+    it), up to the lane's position after the last step produced: when the data ended, the
+    merged state before the step that could not be filled (``ended``), since the ranks
+    before the one that ran dry had read on into that step.
+    """
+    lanes: dict[int, tuple[WorkSource, tuple[int, int]]] = {}
     for node in ranks:
-        for lane, (w, c) in node.get_state()[LANES_KEY].items():
-            lanes[int(lane)] = (w, c)
+        positions = (ended if ended is not None else node.get_state())[LANES_KEY]
+        for lane in node.lanes:
+            w, c = positions[str(lane)]
+            lanes[lane] = (node.work_source, (w, c))
     changes = summarize_changes(node.get_state().get(STAGE_KEY) for node in ranks)
     if changes:  # documents are counted over the base recipe's streams only
         return changes, {}, {}
@@ -290,7 +302,7 @@ def _end_of_data(
 ) -> dict[str, Any]:
     """What the data's end left unread, from the rank states before the step that ended."""
     recipe = pipeline.recipe
-    unused = unused_samples(pipeline, ended, pool)
+    unused, endless = end_counts(pipeline, ended, pool)
     delivered = produced * recipe.global_batch_size
     total = delivered + sum(unused.values())
     return {
@@ -298,6 +310,7 @@ def _end_of_data(
         "unused_samples": sum(unused.values()),
         "unused_fraction": sum(unused.values()) / total if total else 0.0,
         "unused_per_lane": {str(lane): n for lane, n in sorted(unused.items())},
+        "endless_lanes": endless,
         "policy": recipe.work.end_of_data,
     }
 
@@ -318,16 +331,22 @@ def _split_skipped(
 
 
 def _count_items(
-    pipeline: Pipeline, lanes: Mapping[int, tuple[int, int]], pool: WorkerPool
+    pipeline: Pipeline,
+    lanes: Mapping[int, tuple[WorkSource, tuple[int, int]]],
+    pool: WorkerPool,
 ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    """Count documents and skipped records over the work items the lanes read."""
+    """Count documents and skipped records over the work items the lanes read.
+
+    ``lanes`` maps each lane to the work source it reads and its position ``[window,
+    consumed]``.
+    """
     k = pipeline.recipe.flush_every
     names = [d.name for d in pipeline.recipe.datasets]
     items = []
     for lane in sorted(lanes):
-        window, consumed = lanes[lane]
+        source, (window, consumed) = lanes[lane]
         for i in range((window + (1 if consumed else 0)) * k):
-            item = pipeline.work_source.work(lane, i)
+            item = source.work(lane, i)
             if item is None:
                 break
             items.append(item)
@@ -405,10 +424,12 @@ def _run(args: argparse.Namespace) -> int:
     end = stats["end_of_data"]
     if end is not None:
         per_lane = ", ".join(f"{k}: {v}" for k, v in end["unused_per_lane"].items())
+        never = end["endless_lanes"]
         print(
             f"end of data after {stats['steps']} steps: {end['unused_samples']} of "
             f"{end['delivered_samples'] + end['unused_samples']} samples unused "
             f"({end['unused_fraction']:.2%}); per lane: {{{per_lane}}}"
+            + (f"; lanes {never} never end, not counted" if never else "")
         )
     for key in ("skipped_records", "skipped_files", "filtered"):
         for name, reasons in stats[key].items():

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zephon_nodes.core.errors import CheckpointError
 from zephon_nodes.engine.pipeline import Pipeline
 from zephon_nodes.engine.pool import WorkerPool
 
-__all__ = ["all_ranks_continue", "format_unused", "unused_samples"]
+__all__ = ["all_ranks_continue", "end_counts", "format_unused", "unused_samples"]
 
 
 def unused_samples(
     pipeline: Pipeline, state: Mapping[str, Any], pool: WorkerPool | None = None
 ) -> dict[int, int]:
-    """Count the samples every lane holds after the last full global batch.
+    """Count the samples every lane that ends holds after the last full global batch.
 
     ``state`` is the merged state after the last step the data could fill (any dp size's,
     merged with :func:`~zephon_nodes.state.merge_states`). One rank node over
@@ -23,7 +23,23 @@ def unused_samples(
     size, the workers or the runner.
 
     Returns:
-        ``{lane: samples never delivered}``, every lane included.
+        ``{lane: samples never delivered}``, every lane included but those that never end
+        (see :func:`end_counts`).
+
+    Raises:
+        CheckpointError: If the data does not end at ``state`` (a full step still fits).
+    """
+    return end_counts(pipeline, state, pool)[0]
+
+
+def end_counts(
+    pipeline: Pipeline, state: Mapping[str, Any], pool: WorkerPool | None = None
+) -> tuple[dict[int, int], list[int]]:
+    """:func:`unused_samples`, and the lanes that never end (not drained: they have no end).
+
+    A mixture's lane whose ``"end"`` datasets a decision paused while a ``"repeat"`` one
+    goes on never ends (``Multiplexer.endless_lanes``); the data ended where another lane
+    ran dry.
 
     Raises:
         CheckpointError: If the data does not end at ``state`` (a full step still fits).
@@ -36,7 +52,7 @@ def unused_samples(
         try:
             next(node)
         except StopIteration:
-            return node.unused_samples()
+            return node.unused_samples(), node.endless_lanes()
         raise CheckpointError(
             f"the data does not end after step {state.get('step')}: another global batch fits"
         )
@@ -45,12 +61,17 @@ def unused_samples(
             pool.close()
 
 
-def format_unused(unused: Mapping[int, int], delivered: int) -> str:
-    """One line: total unused samples, their share, and the count per lane."""
+def format_unused(unused: Mapping[int, int], delivered: int, endless: Sequence[int] = ()) -> str:
+    """One line: total unused samples, their share, the count per lane, the endless lanes."""
     total = sum(unused.values())
     share = total / (total + delivered) if total + delivered else 0.0
     per_lane = ", ".join(f"{lane}: {n}" for lane, n in sorted(unused.items()))
-    return f"{total} of {total + delivered} samples unused ({share:.2%}); per lane: {{{per_lane}}}"
+    line = f"{total} of {total + delivered} samples unused ({share:.2%}); per lane: {{{per_lane}}}"
+    if endless:
+        line += (
+            f"; lanes {list(endless)} never end (their 'end' datasets have weight 0), not counted"
+        )
+    return line
 
 
 def all_ranks_continue(has_next: bool, group: Any = None) -> bool:

@@ -529,12 +529,14 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
         self.timeline.enter_planned_stage(self)
 
     def unused_samples(self) -> dict[int, int]:
-        """Count, per owned lane, the samples of this pass never delivered (end of data).
+        """Count, per owned lane that ends, the samples of this pass never delivered.
 
         A finite stream stops after its last full global batch: the rows already taken for
         the unfinished step and everything the lanes still hold are not delivered. Call
         after ``next()`` raised StopIteration; the lanes are drained to count (the same
-        work as reading them). The counts do not depend on the dp size or workers.
+        work as reading them). The counts do not depend on the dp size or workers. A lane
+        that never ends (:meth:`endless_lanes`: its ``"end"`` datasets paused by a
+        decision while a repeating one goes on) holds no count: it has no end to count to.
 
         Raises:
             RuntimeError: If the stream has not ended.
@@ -543,7 +545,10 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             raise RuntimeError("unused_samples() is known only after the stream has ended")
         if self._unused is None:
             unused = {}
+            endless = set(self.endless_lanes())
             for i, lane in self.lanes.items():
+                if i in endless:
+                    continue
                 n = self._partial.get(i, 0)
                 while True:
                     try:
@@ -555,13 +560,28 @@ class Multiplexer(BaseNode[dict[str, torch.Tensor]]):
             self._unused = unused
         return dict(self._unused)
 
+    def endless_lanes(self) -> list[int]:
+        """The owned lanes whose stream of this pass never ends (sorted).
+
+        A mixture's lane ends where it would take an item of an ``"end"`` dataset's next
+        pass; after a decision (or a schedule) that gives every such dataset weight 0 while
+        a ``"repeat"`` one goes on, it never does. The data still ends when another lane
+        runs dry.
+        """
+        source = self.work_source.for_pass(self._pass)
+        if source is None:
+            return []
+        return sorted(i for i in self.lanes if source.lane_length(i) is None)
+
     def _refuse_unused(self) -> None:
+        endless = self.endless_lanes()
         unused = {i: n for i, n in self.unused_samples().items() if n}
-        if unused:
+        if unused or endless:
+            never = f"; lanes {endless} never end" if endless else ""
             raise DataError(
                 f"work.end_of_data='error': the data ended after step {self._step} with "
-                f"{sum(unused.values())} samples not delivered (per lane: {unused}); the "
-                f"lanes hold different amounts of data"
+                f"{sum(unused.values())} samples not delivered (per lane: {unused}{never}); "
+                f"the lanes hold different amounts of data"
             )
 
     def get_state(self) -> dict[str, Any]:

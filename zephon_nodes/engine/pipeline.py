@@ -273,6 +273,7 @@ class Pipeline:
         """
         last = self.num_lanes - 1
         if self.work_source.work(last, 0) is None:
+            self._check_short_end_datasets()
             items = sum(d.num_work_items for d in self.datasets)
             if items >= self.num_lanes:  # enough items: they are not dealt, not too few
                 raise RecipeError(
@@ -286,6 +287,35 @@ class Pipeline:
                 f"num_lanes={self.num_lanes} but the data holds only {items} work item(s) "
                 f"per epoch: lane {last} gets none, so the recipe can produce no global batch "
                 f"(use fewer lanes, a smaller work.chunk_size or more data)"
+            )
+
+    def _check_short_end_datasets(self) -> None:
+        """Refuse a mixture whose ``"end"`` dataset has fewer items per pass than lanes.
+
+        A mixture's lane ends where it would take an item of such a dataset's next pass;
+        lane ``l`` takes the dataset's items ``l, l + L, ...``, so a dataset of at most
+        ``l`` items over its epochs ends lane ``l`` at its first item of it.
+
+        Raises:
+            RecipeError: Naming the datasets, their work items and the lane count.
+        """
+        recipe = self.recipe
+        epochs = recipe.work.epochs
+        if len(recipe.datasets) < 2 or epochs is None or len(self.datasets) != len(recipe.datasets):
+            return
+        short = [
+            (spec.name, ds.num_work_items)
+            for spec, ds in zip(recipe.datasets, self.datasets, strict=True)
+            if spec.on_exhausted == "end" and ds.num_work_items * epochs < self.num_lanes
+        ]
+        if short:
+            named = ", ".join(f"{name!r} ({n} work item(s))" for name, n in short)
+            raise RecipeError(
+                f"lane {self.num_lanes - 1} gets no work item: dataset(s) {named} with "
+                f'on_exhausted = "end" hold fewer work items per pass (x work.epochs={epochs}) '
+                f"than the {self.num_lanes} lanes, and a mixture's lane ends where it would "
+                f'take one past the pass; give them on_exhausted = "repeat", a smaller '
+                f"chunk_size, or use fewer lanes"
             )
 
     @property
