@@ -9,7 +9,12 @@ from zephon_nodes.chat.template import ChatTemplate
 from zephon_nodes.core.errors import RecipeError
 from zephon_nodes.operators.bestfit import LongDocuments
 from zephon_nodes.operators.chain import Chain
-from zephon_nodes.operators.tokenize import HFTokenizer, SentencePieceTokenizer, Tokenizer
+from zephon_nodes.operators.tokenize import (
+    HFTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    loaded_sha256,
+)
 from zephon_nodes.recipe import Recipe
 
 __all__ = ["chat_chain", "chat_template"]
@@ -58,8 +63,7 @@ def chat_chain(recipe: Recipe, tok: Tokenizer) -> Chain:
             f"used with [chat]: it needs encode_with_offsets(text) -> (ids, [(start, end) "
             f"character offsets])"
         )
-    # The file's SHA-256 as loaded here: every worker renders with that content.
-    sha256 = None if custom is not None else getattr(tok, "sha256", None)
+    sha256 = loaded_sha256(recipe.tokenizer, tok)
     template = chat_template(recipe, tok)
     ops: list[Any] = [
         RenderChat(recipe.tokenizer, recipe.chat, template, skip, custom, sha256=sha256)

@@ -21,7 +21,7 @@ from zephon_nodes.operators.filter import Filter
 from zephon_nodes.operators.map import Map
 from zephon_nodes.operators.parse import ParseJsonl
 from zephon_nodes.operators.tokencache import cached_chain
-from zephon_nodes.operators.tokenize import Tokenize, Tokenizer
+from zephon_nodes.operators.tokenize import Tokenize, Tokenizer, loaded_sha256
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.schedule import WeightSchedule
 
@@ -48,9 +48,7 @@ def stateless_chain(recipe: Recipe, tokenizer: Tokenizer, *, trace: bool = False
             Filter.from_spec(spec, index) if spec.kind == "filter" else Map.from_spec(spec, index)
         )
     custom = tokenizer if recipe.tokenizer.kind == "custom" else None
-    # The file's SHA-256 as loaded here: every worker tokenizes with that content (the
-    # token cache keys its entries by it).
-    sha256 = None if custom is not None else getattr(tokenizer, "sha256", None)
+    sha256 = loaded_sha256(recipe.tokenizer, tokenizer)
     ops.append(Tokenize(recipe.tokenizer, tokenizer=custom, sha256=sha256))
     if recipe.pack.mode == "bestfit":
         ops.append(LongDocuments(recipe.seq_len, recipe.pack.long_documents))

@@ -8,7 +8,7 @@ from zephon_nodes.multimodal.pack import MultimodalPacker
 from zephon_nodes.multimodal.records import DEFAULT_IMAGE_FIELD, ParseMultimodal
 from zephon_nodes.multimodal.tokenize import TokenizeMultimodal
 from zephon_nodes.operators.chain import Chain
-from zephon_nodes.operators.tokenize import Tokenizer
+from zephon_nodes.operators.tokenize import Tokenizer, loaded_sha256
 from zephon_nodes.recipe import Recipe
 from zephon_nodes.recipe.image import ImageSpec
 
@@ -49,8 +49,7 @@ def multimodal_chain(recipe: Recipe, tokenizer: Tokenizer) -> Chain:
                 placeholder_id(recipe, tokenizer),
                 image.merge,
                 tokenizer=custom,
-                # The file's SHA-256 as loaded here: every worker tokenizes with that content.
-                sha256=None if custom is not None else getattr(tokenizer, "sha256", None),
+                sha256=loaded_sha256(recipe.tokenizer, tokenizer),
             ),
         ]
     )

@@ -93,13 +93,10 @@ def tokenizer_identity(spec: Any, sha256: str | None = None) -> str | None:
     """
     if spec.kind == "custom":
         return None
-    canonical = spec.canonical()  # kind, file SHA-256, add_bos, add_eos
-    if sha256 is not None:
-        canonical["sha256"] = sha256
     text = json.dumps(
         {
             "code": CODE_VERSION,
-            "tokenizer": canonical,
+            "tokenizer": spec.canonical(sha256),  # kind, file SHA-256, add_bos, add_eos
             "library": _library_version(spec.kind),
         },
         sort_keys=True,

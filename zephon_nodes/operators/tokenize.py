@@ -24,6 +24,7 @@ __all__ = [
     "Tokenize",
     "Tokenizer",
     "load_tokenizer",
+    "loaded_sha256",
 ]
 
 
@@ -353,6 +354,17 @@ def load_tokenizer(spec: TokenizerSpec, sha256: str | None = None) -> Tokenizer:
     if spec.kind == "hf":
         _check_special(spec, tok)
     return tok
+
+
+def loaded_sha256(spec: TokenizerSpec, tokenizer: Tokenizer) -> str | None:
+    """The SHA-256 of the file ``tokenizer`` was loaded from, for the operators to carry.
+
+    Every worker then tokenizes with that content (and the token cache keys its entries by
+    it). None for a custom tokenizer (it travels with the operator) and the byte tokenizer.
+    """
+    if spec.kind == "custom":
+        return None
+    return getattr(tokenizer, "sha256", None)
 
 
 @dataclass(frozen=True)

@@ -58,10 +58,15 @@ class TokenizerSpec:
         if self.kind != "custom" and self.name is not None:
             raise RecipeError(f"tokenizer.name is only used with kind='custom', not {self.kind!r}")
 
-    def canonical(self) -> dict[str, Any]:
-        """Data-defining fields: the kind, the file's SHA-256 (not its path) and bos/eos."""
-        digest = None
-        if self.path is not None:
+    def canonical(self, sha256: str | None = None) -> dict[str, Any]:
+        """Data-defining fields: the kind, the file's SHA-256 (not its path) and bos/eos.
+
+        Args:
+            sha256: The file's SHA-256 when the caller holds it (the content a tokenizer was
+                loaded from): the file is then not read again.
+        """
+        digest = sha256
+        if digest is None and self.path is not None:
             if not Path(self.path).is_file():
                 raise RecipeError(f"tokenizer file not found: {self.path}")
             digest = _file_sha256(Path(self.path))
